@@ -1,0 +1,31 @@
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: venv demo test lint bench clean
+
+# torch is installed first and pinned: on this kind of machine 2.13.0 is a CPU build already on disk,
+# while an unpinned torch would pull a multi-GB CUDA build from the registry.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install -q -e ".[test]" "torch==$(TORCH_VERSION)"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/flexbatch run --input examples/prompts.parquet --output out/demo --overwrite
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf out .pytest_cache
