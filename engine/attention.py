@@ -1,0 +1,38 @@
+"""Attention over a KV cache, and the masks that make left-padded batches exact.
+
+Slots are positions in the padded batch: row b's real tokens occupy slots [pad_b, end). A query may attend to
+a key when the key is a real token, is not in the future, and (with a sliding window) lies within the window.
+Each query may always attend to its own slot, so a padding query never sees an all-masked row (NaN)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def prefill_mask(key_valid: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
+    """key_valid [B, S] bool -> mask [B, 1, S, S] bool (True = may attend)."""
+    B, S = key_valid.shape
+    q_idx = torch.arange(S).view(S, 1)
+    k_idx = torch.arange(S).view(1, S)
+    allowed = k_idx <= q_idx
+    if sliding_window is not None:
+        allowed = allowed & (q_idx - k_idx < sliding_window)
+    mask = allowed.view(1, 1, S, S) & key_valid.view(B, 1, 1, S)
+    return mask | torch.eye(S, dtype=torch.bool).view(1, 1, S, S)
+
+
+def decode_mask(key_valid: torch.Tensor, end: int, sliding_window: int | None = None) -> torch.Tensor:
+    """key_valid [B, T] bool, one query at slot end-1 -> mask [B, 1, 1, end] bool."""
+    B = key_valid.shape[0]
+    mask = key_valid[:, :end].clone()
+    if sliding_window is not None and end > sliding_window:
+        mask[:, : end - sliding_window] = False
+    mask[:, end - 1] = True
+    return mask.view(B, 1, 1, end)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
+    """q [B, NH, S, D], k/v [B, KVH, T, D] (KVH divides NH), mask [B, 1, S, T] -> [B, NH, S, D]."""
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)

@@ -1,0 +1,30 @@
+"""Compute dtype selection: bfloat16 where the CPU has native bf16 (AMX or AVX512-BF16), else float32."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from engine.errors import InvalidParamsError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+
+
+@cache
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    if name not in DTYPES:
+        raise InvalidParamsError(f"dtype={name!r} is invalid: use one of {', '.join(DTYPE_CHOICES)}")
+    return DTYPES[name]

@@ -1,0 +1,24 @@
+"""A preallocated KV cache for one batch: per layer, K and V of shape [B, KVH, max_len, D]."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype):
+        shape = (batch, kv_heads, max_len, head_dim)
+        self.max_len = max_len
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int):
+        """Write k_new/v_new [B, KVH, S, D] at slots [start, start+S); return K, V over slots [0, start+S)."""
+        end = start + k_new.shape[2]
+        assert end <= self.max_len, (end, self.max_len)
+        self.k[layer][:, :, start:end] = k_new
+        self.v[layer][:, :, start:end] = v_new
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -1,0 +1,43 @@
+"""Per-family transformer functions. Each family object exposes the same four steps, which the generation
+loop (and later the block schedule) calls layer by layer:
+
+    begin_step(ctx)            per step, shared by all layers (e.g. rotary cos/sin)
+    embed(gw, ids, ctx) -> h   token ids [B, S] -> hidden [B, S, H]
+    layer(lw, h, ctx, i) -> h  one transformer layer with its KV cache
+    head(gw, h) -> logits      hidden [B, H] -> float32 logits [B, V]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv_cache import KVCache
+from engine.spec import ModelSpec
+
+
+@dataclass
+class StepContext:
+    """What one forward step over a batch needs besides weights: positions [B, S], attention mask
+    [B, 1, S, T], the first cache slot this step writes, and the cache."""
+
+    positions: torch.Tensor
+    mask: torch.Tensor
+    start: int
+    cache: KVCache
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def family_for(spec: ModelSpec, dtype: torch.dtype):
+    if spec.family == "opt":
+        from engine.models.opt import OPTModel
+
+        return OPTModel(spec, dtype)
+    from engine.models.llama import LlamaModel
+
+    return LlamaModel(spec, dtype)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.nn.functional.linear(x, w, b)

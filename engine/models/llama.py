@@ -1,0 +1,69 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2): RMSNorm, rotary positions, GQA attention, SwiGLU MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import attend
+from engine.models import StepContext, linear
+from engine.rope import apply_rope, cos_sin, inv_frequencies
+from engine.spec import ModelSpec
+from engine.weights import LayerWeights, require
+
+_ACT = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalized in float32, scaled in the input dtype."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+class LlamaModel:
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype):
+        self.spec = spec
+        self.dtype = dtype
+        self.inv_freq = inv_frequencies(spec.rope, spec.head_dim)
+        self.act = _ACT[spec.activation]
+
+    def begin_step(self, ctx: StepContext) -> None:
+        ctx.rope = cos_sin(self.inv_freq, ctx.positions, self.dtype)
+
+    def embed(self, gw: LayerWeights, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        return F.embedding(ids, require(gw, "embed_tokens.weight", "the embeddings"))
+
+    def layer(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
+        eps = self.spec.norm_eps
+        x = rms_norm(h, require(lw, "input_layernorm.weight", f"layer {i}"), eps)
+        h = h + self._attention(lw, x, ctx, i)
+        x = rms_norm(h, require(lw, "post_attention_layernorm.weight", f"layer {i}"), eps)
+        return h + self._mlp(lw, x)
+
+    def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
+        B, S, _ = x.shape
+        NH, KVH, D = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
+        p = "self_attn."
+        q = linear(x, lw[p + "q_proj.weight"], lw.get(p + "q_proj.bias")).view(B, S, NH, D).transpose(1, 2)
+        k = linear(x, lw[p + "k_proj.weight"], lw.get(p + "k_proj.bias")).view(B, S, KVH, D).transpose(1, 2)
+        v = linear(x, lw[p + "v_proj.weight"], lw.get(p + "v_proj.bias")).view(B, S, KVH, D).transpose(1, 2)
+        cos, sin = ctx.rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_all, v_all = ctx.cache.update(i, k, v, ctx.start)
+        o = attend(q, k_all, v_all, ctx.mask)  # [B, NH, S, D]
+        o = o.transpose(1, 2).reshape(B, S, NH * D)
+        return linear(o, lw[p + "o_proj.weight"], lw.get(p + "o_proj.bias"))
+
+    def _mlp(self, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        p = "mlp."
+        gate = linear(x, lw[p + "gate_proj.weight"], lw.get(p + "gate_proj.bias"))
+        up = linear(x, lw[p + "up_proj.weight"], lw.get(p + "up_proj.bias"))
+        return linear(self.act(gate) * up, lw[p + "down_proj.weight"], lw.get(p + "down_proj.bias"))
+
+    def head(self, gw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(h, require(gw, "norm.weight", "the final norm"), self.spec.norm_eps)
+        w = gw.get("lm_head.weight")
+        if w is None or self.spec.tie_word_embeddings:
+            w = gw["embed_tokens.weight"]
+        return linear(h, w).float()

@@ -1,0 +1,69 @@
+"""OPT: learned positions (offset 2), LayerNorm before (or, for 350m, after) each block, ReLU MLP with biases,
+optional project_in/project_out when word_embed_proj_dim != hidden_size, head tied to the embeddings."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import attend
+from engine.models import StepContext, linear
+from engine.spec import ModelSpec
+from engine.weights import LayerWeights, require
+
+POSITION_OFFSET = 2
+_ACT = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+
+
+class OPTModel:
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype):
+        self.spec = spec
+        self.dtype = dtype
+        self.act = _ACT[spec.activation]
+        self.scaling = spec.head_dim**-0.5
+
+    def begin_step(self, ctx: StepContext) -> None:
+        pass
+
+    def _ln(self, x: torch.Tensor, w: LayerWeights, name: str) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), w[name + ".weight"], w[name + ".bias"], self.spec.norm_eps)
+
+    def embed(self, gw: LayerWeights, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = F.embedding(ids, require(gw, "embed_tokens.weight", "the embeddings"))
+        if "project_in.weight" in gw:
+            x = linear(x, gw["project_in.weight"])
+        pos = F.embedding(ctx.positions + POSITION_OFFSET, require(gw, "embed_positions.weight", "the positions"))
+        return x + pos
+
+    def layer(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
+        pre = self.spec.do_layer_norm_before
+        x = self._ln(h, lw, "self_attn_layer_norm") if pre else h
+        h = h + self._attention(lw, x, ctx, i)
+        if not pre:
+            h = self._ln(h, lw, "self_attn_layer_norm")
+        x = self._ln(h, lw, "final_layer_norm") if pre else h
+        h = h + linear(self.act(linear(x, lw["fc1.weight"], lw["fc1.bias"])), lw["fc2.weight"], lw["fc2.bias"])
+        return h if pre else self._ln(h, lw, "final_layer_norm")
+
+    def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
+        B, S, _ = x.shape
+        NH, D = self.spec.num_heads, self.spec.head_dim
+        p = "self_attn."
+        q = linear(x, lw[p + "q_proj.weight"], lw[p + "q_proj.bias"]) * self.scaling
+        q = q.view(B, S, NH, D).transpose(1, 2)
+        k = linear(x, lw[p + "k_proj.weight"], lw[p + "k_proj.bias"]).view(B, S, NH, D).transpose(1, 2)
+        v = linear(x, lw[p + "v_proj.weight"], lw[p + "v_proj.bias"]).view(B, S, NH, D).transpose(1, 2)
+        k_all, v_all = ctx.cache.update(i, k, v, ctx.start)
+        o = attend(q, k_all, v_all, ctx.mask, scale=1.0)  # [B, NH, S, D]
+        o = o.transpose(1, 2).reshape(B, S, NH * D)
+        return linear(o, lw[p + "out_proj.weight"], lw[p + "out_proj.bias"])
+
+    def head(self, gw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        if self.spec.final_layer_norm:
+            h = self._ln(h, gw, "final_layer_norm")
+        if "project_out.weight" in gw:
+            h = linear(h, gw["project_out.weight"])
+        w = gw.get("lm_head.weight")
+        if w is None or self.spec.tie_word_embeddings:
+            w = gw["embed_tokens.weight"]
+        return linear(h, w).float()

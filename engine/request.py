@@ -1,0 +1,78 @@
+"""What a caller asks of the engine (`Request`, `SamplingParams`) and what it gets back (`Completion`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from engine.errors import InvalidParamsError
+
+FINISH_REASONS = ("stop", "length", "eos", "error")
+DEFAULT_MAX_NEW_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding options for one request. `temperature == 0` means greedy; `top_k == 0` and `top_p == 1` disable
+    those filters. `seed` makes sampling reproducible per request, independent of the batch it runs in."""
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        _check_int("max_new_tokens", self.max_new_tokens, low=1, hint="use a positive integer such as 64")
+        _check_float("temperature", self.temperature, ok=lambda v: v >= 0, hint="use 0 for greedy or a value > 0")
+        _check_float("top_p", self.top_p, ok=lambda v: 0 < v <= 1, hint="use a value in (0, 1]; 1 disables it")
+        _check_int("top_k", self.top_k, low=0, hint="use 0 to disable it or a positive integer")
+        _check_int("seed", self.seed, low=0, hint="use a non-negative integer")
+        for s in self.stop:
+            if not isinstance(s, str) or s == "":
+                raise InvalidParamsError(f"stop={s!r}: each stop string must be a non-empty string")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check_int(name: str, value, low: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidParamsError(f"{name}={value!r} is invalid: {hint}")
+
+
+def _check_float(name: str, value, ok, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise InvalidParamsError(f"{name}={value!r} is invalid: {hint}")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt to complete. `id` is carried to the `Completion` unchanged."""
+
+    id: str
+    prompt: str
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class Completion:
+    """The result for one `Request`. A row that could not run has `finish_reason == "error"` and a message in
+    `error`; the other rows of its batch are unaffected."""
+
+    id: str
+    text: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "error"
+    error: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+
+    @classmethod
+    def failed(cls, id: str, message: str, prompt_tokens: int = 0) -> Completion:
+        return cls(id=id, finish_reason="error", error=message, prompt_tokens=prompt_tokens)

@@ -1,0 +1,100 @@
+"""Weights from safetensors files, addressed per layer so that each layer can live on its own tier and be
+loaded on demand. Keys inside a layer keep the checkpoint's names after `layers.{i}.`
+(e.g. `self_attn.q_proj.weight`); global keys drop the family prefix (`model.`, `model.decoder.`, `decoder.`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.errors import WeightFormatError
+from engine.spec import ModelSpec, check_safetensors
+
+LayerWeights = dict[str, torch.Tensor]
+_LAYER_KEY = re.compile(r"^(?:model\.decoder\.|model\.|decoder\.)?layers\.(\d+)\.(.+)$")
+_PREFIXES = ("model.decoder.", "model.", "decoder.")
+
+
+def _split_key(key: str) -> tuple[int | None, str]:
+    m = _LAYER_KEY.match(key)
+    if m:
+        return int(m.group(1)), m.group(2)
+    for p in _PREFIXES:
+        if key.startswith(p):
+            return None, key[len(p):]
+    return None, key
+
+
+class CheckpointReader:
+    """Index of a (possibly sharded) safetensors checkpoint: which file holds which tensor. Reads nothing
+    until asked; `layer(i)` returns one layer's tensors, `globals()` the embeddings, final norm and head."""
+
+    def __init__(self, model_dir: str | Path, spec: ModelSpec):
+        self.spec = spec
+        self.dir = Path(model_dir)
+        self._where: dict[tuple[int | None, str], tuple[Path, str]] = {}
+        for f in _weight_files(self.dir):
+            with safe_open(str(f), framework="pt") as sf:
+                for key in sf.keys():
+                    self._where[_split_key(key)] = (f, key)
+        self._check_layers()
+
+    def _check_layers(self) -> None:
+        n = self.spec.num_layers
+        present = {i for i, _ in self._where if i is not None}
+        missing = sorted(set(range(n)) - present)
+        if missing:
+            raise WeightFormatError(
+                f"{str(self.dir)!r}: config.json says num_hidden_layers={n} but the weights lack layers {missing[:5]}"
+            )
+
+    def _read(self, items: list[tuple[str, tuple[Path, str]]], dtype: torch.dtype) -> LayerWeights:
+        out: LayerWeights = {}
+        by_file: dict[Path, list[tuple[str, str]]] = {}
+        for name, (f, key) in items:
+            by_file.setdefault(f, []).append((name, key))
+        for f, pairs in by_file.items():
+            with safe_open(str(f), framework="pt") as sf:
+                for name, key in pairs:
+                    out[name] = sf.get_tensor(key).to(dtype).contiguous()
+        return out
+
+    def layer(self, i: int, dtype: torch.dtype) -> LayerWeights:
+        items = [(name, loc) for (li, name), loc in self._where.items() if li == i]
+        return self._read(items, dtype)
+
+    def globals(self, dtype: torch.dtype) -> LayerWeights:
+        items = [(name, loc) for (li, name), loc in self._where.items() if li is None]
+        return self._read(items, dtype)
+
+    def layers(self, dtype: torch.dtype) -> Iterator[LayerWeights]:
+        for i in range(self.spec.num_layers):
+            yield self.layer(i, dtype)
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    """The files named by `model.safetensors.index.json` when present, else every *.safetensors file."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise WeightFormatError(f"{str(index)!r} is not a valid safetensors index: {e}") from e
+        files = [model_dir / n for n in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise WeightFormatError(f"shards named in {str(index)!r} are missing: {', '.join(missing[:3])}")
+        return files
+    return check_safetensors(model_dir)
+
+
+def require(w: LayerWeights, name: str, where: str) -> torch.Tensor:
+    try:
+        return w[name]
+    except KeyError:
+        raise WeightFormatError(f"weight {name!r} of {where} is missing from the checkpoint") from None

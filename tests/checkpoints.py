@@ -1,0 +1,97 @@
+"""Tiny random-weight checkpoints of real architectures, saved with `save_pretrained` (safetensors), plus a
+small byte-level BPE tokenizer, for tests that must run offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
+    "Q: What is 12 plus 30? A: 42\nProduct A: red kettle 2L. Product B: kettle red 2 l. Same? Yes\n"
+    "def add(a, b):\n    return a + b\n"
+) * 4
+
+EOS = "<|endoftext|>"
+
+
+def make_tokenizer(out: Path, vocab_size: int = 320):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator([_TEXT], trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=EOS)
+    fast.save_pretrained(out)
+    return fast
+
+
+def _common(vocab: int) -> dict:
+    return dict(vocab_size=vocab, max_position_embeddings=128, initializer_range=0.2)
+
+
+def llama_config(vocab: int, variant: str):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=4, bos_token_id=0, eos_token_id=0, **_common(vocab))
+    if variant == "llama_gqa_llama3":
+        base.update(num_key_value_heads=2, rope_theta=500000.0, max_position_embeddings=256,
+                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+        return LlamaConfig(**base)
+    if variant == "llama_linear":
+        base.update(rope_scaling={"rope_type": "linear", "factor": 2.0})
+        return LlamaConfig(**base)
+    if variant == "llama_tied":
+        return LlamaConfig(tie_word_embeddings=True, **base)
+    if variant == "mistral":
+        base.update(num_key_value_heads=2, sliding_window=None)
+        return MistralConfig(**base)
+    if variant == "qwen2":
+        base.update(num_key_value_heads=2, tie_word_embeddings=False)
+        return Qwen2Config(**base)
+    raise ValueError(variant)
+
+
+def opt_config(vocab: int, variant: str):
+    from transformers import OPTConfig
+
+    base = dict(hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
+                bos_token_id=0, eos_token_id=0, pad_token_id=0, **_common(vocab))
+    if variant == "opt350m":
+        return OPTConfig(word_embed_proj_dim=32, do_layer_norm_before=False, **base)
+    return OPTConfig(word_embed_proj_dim=64, do_layer_norm_before=True, **base)
+
+
+VARIANTS = ("opt", "opt350m", "llama_gqa_llama3", "llama_linear", "llama_tied", "mistral", "qwen2")
+
+
+def make_checkpoint(out: Path, variant: str, seed: int = 0) -> Path:
+    """Write a random-weight checkpoint of `variant` to `out` and return it."""
+    from transformers import AutoModelForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = make_tokenizer(out)
+    vocab = len(tok)
+    cfg = opt_config(vocab, variant) if variant.startswith("opt") else llama_config(vocab, variant)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    _perturb_norms(model, seed)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def _perturb_norms(model, seed: int) -> None:
+    """Norm weights and biases start at 1 and 0; random values make a wrong norm or bias path visible."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
