@@ -54,6 +54,9 @@ def llama_config(vocab: int, variant: str):
     if variant == "mistral":
         base.update(num_key_value_heads=2, sliding_window=None)
         return MistralConfig(**base)
+    if variant == "mistral_window":
+        base.update(num_key_value_heads=2, sliding_window=6)
+        return MistralConfig(**base)
     if variant == "qwen2":
         base.update(num_key_value_heads=2, tie_word_embeddings=False)
         return Qwen2Config(**base)
@@ -70,7 +73,7 @@ def opt_config(vocab: int, variant: str):
     return OPTConfig(word_embed_proj_dim=64, do_layer_norm_before=True, **base)
 
 
-VARIANTS = ("opt", "opt350m", "llama_gqa_llama3", "llama_linear", "llama_tied", "mistral", "qwen2")
+VARIANTS = ("opt", "opt350m", "llama_gqa_llama3", "llama_linear", "llama_tied", "mistral", "mistral_window", "qwen2")
 
 
 def make_checkpoint(out: Path, variant: str, seed: int = 0) -> Path:

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from tests.checkpoints import make_checkpoint
@@ -19,3 +21,21 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama_dir(checkpoint):
     return checkpoint("llama_gqa_llama3")
+
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_MODEL = REPO / "examples" / "demo-model"
+DEMO_PROMPTS = REPO / "examples" / "prompts.parquet"
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir():
+    assert (DEMO_MODEL / "config.json").is_file(), f"the demo model is missing from {DEMO_MODEL}"
+    return DEMO_MODEL
+
+
+@pytest.fixture(scope="session")
+def demo_prompts():
+    import pyarrow.parquet as pq
+
+    return pq.read_table(DEMO_PROMPTS, columns=["prompt"]).column("prompt").to_pylist()

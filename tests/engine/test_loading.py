@@ -1,0 +1,83 @@
+"""Checkpoint folders: sharded safetensors, key prefixes, and clear errors for what cannot be loaded."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.errors import ModelNotFoundError, UnsupportedModelError, WeightFormatError
+from engine.generate import Engine
+from engine.request import Request, SamplingParams
+from engine.spec import load_model_spec
+from tests.checkpoints import make_checkpoint
+from tests.engine.reference import PROMPTS
+
+
+def _tokens(model_dir):
+    reqs = [Request(str(i), p, SamplingParams(max_new_tokens=6)) for i, p in enumerate(PROMPTS)]
+    return [c.token_ids for c in Engine.load(model_dir, dtype="float32").generate(reqs)]
+
+
+def test_sharded_checkpoint_gives_the_same_tokens(checkpoint, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    src = checkpoint("llama_tied")
+    sharded = tmp_path / "sharded"
+    shutil.copytree(src, sharded)
+    for f in sharded.glob("*.safetensors"):
+        f.unlink()
+    AutoModelForCausalLM.from_pretrained(src).save_pretrained(sharded, max_shard_size="100KB")
+    assert len(list(sharded.glob("*.safetensors"))) > 1
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert _tokens(sharded) == _tokens(src)
+
+
+def test_original_opt_key_names_without_model_prefix(checkpoint, tmp_path):
+    src = checkpoint("opt350m")
+    renamed = tmp_path / "opt"
+    shutil.copytree(src, renamed)
+    weights = load_file(renamed / "model.safetensors")
+    save_file({k.removeprefix("model."): v for k, v in weights.items()}, renamed / "model.safetensors")
+    assert _tokens(renamed) == _tokens(src)
+
+
+def test_pickle_only_checkpoint_is_refused(checkpoint, tmp_path):
+    d = tmp_path / "pickled"
+    shutil.copytree(checkpoint("llama_tied"), d)
+    (d / "model.safetensors").unlink()
+    torch.save({"x": torch.zeros(1)}, d / "pytorch_model.bin")
+    with pytest.raises(WeightFormatError, match="pytorch_model.bin.*safetensors"):
+        load_model_spec(d)
+
+
+def test_missing_folder_and_config(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        load_model_spec(tmp_path / "nope")
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        load_model_spec(tmp_path)
+
+
+def test_unknown_model_type_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_bigcode"}))
+    with pytest.raises(UnsupportedModelError, match="'gpt_bigcode'.*supported: opt, llama"):
+        load_model_spec(tmp_path)
+
+
+def test_unsupported_rope_scaling_is_named(tmp_path):
+    d = make_checkpoint(tmp_path / "m", "llama_tied")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="'yarn'"):
+        load_model_spec(d)
+
+
+def test_missing_layer_weights_are_named(checkpoint, tmp_path):
+    d = tmp_path / "cut"
+    shutil.copytree(checkpoint("llama_tied"), d)
+    weights = load_file(d / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if ".layers.1." not in k}, d / "model.safetensors")
+    with pytest.raises(WeightFormatError, match=r"lack layers \[1\]"):
+        Engine.load(d)
