@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from engine.errors import InvalidParamsError
+from engine.request import DTYPE_CHOICES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DTYPE_CHOICES = ("auto", *DTYPES)
 
 
 @cache

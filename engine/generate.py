@@ -14,7 +14,7 @@ from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
 from engine.kv_cache import KVCache
 from engine.models import StepContext, family_for
-from engine.request import Completion, Request
+from engine.request import TRUNCATE_CHOICES, Completion, Request
 from engine.rows import RowState
 from engine.sampling import chosen_logprobs, next_tokens
 from engine.spec import ModelSpec, load_model_spec
@@ -22,7 +22,6 @@ from engine.tokenizer import load_tokenizer
 from engine.weights import CheckpointReader, LayerWeights
 
 log = logging.getLogger(__name__)
-TRUNCATE_CHOICES = ("error", "left")
 
 
 class Engine:

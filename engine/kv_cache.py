@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.attention import attend
+
 
 class KVCache:
     def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype):
@@ -19,6 +21,11 @@ class KVCache:
         self.k[layer][:, :, start:end] = k_new
         self.v[layer][:, :, start:end] = v_new
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None):
+        """Store this step's K/V, then attend q [B, NH, S, D] over every slot so far -> [B, NH, S, D]."""
+        k_all, v_all = self.update(layer, k_new, v_new, start)
+        return attend(q, k_all, v_all, mask, scale)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from engine.errors import InvalidParamsError
 
 FINISH_REASONS = ("stop", "length", "eos", "error")
+TRUNCATE_CHOICES = ("error", "left")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 DEFAULT_MAX_NEW_TOKENS = 64
 
 

@@ -20,7 +20,9 @@ from engine.spec import ModelSpec
 @dataclass
 class StepContext:
     """What one forward step over a batch needs besides weights: positions [B, S], attention mask
-    [B, 1, S, T], the first cache slot this step writes, and the cache."""
+    [B, 1, S, T], the first cache slot this step writes, and the cache. The cache does the attention
+    (`cache.attend(layer, q, k_new, v_new, start, mask, scale)`), because where and how attention runs depends
+    on where the cache lives and whether it is compressed."""
 
     positions: torch.Tensor
     mask: torch.Tensor

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention import attend
 from engine.models import StepContext, linear
 from engine.rope import apply_rope, cos_sin, inv_frequencies
 from engine.spec import ModelSpec
@@ -50,8 +49,7 @@ class LlamaModel:
         v = linear(x, lw[p + "v_proj.weight"], lw.get(p + "v_proj.bias")).view(B, S, KVH, D).transpose(1, 2)
         cos, sin = ctx.rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_all, v_all = ctx.cache.update(i, k, v, ctx.start)
-        o = attend(q, k_all, v_all, ctx.mask)  # [B, NH, S, D]
+        o = ctx.cache.attend(i, q, k, v, ctx.start, ctx.mask)  # [B, NH, S, D]
         o = o.transpose(1, 2).reshape(B, S, NH * D)
         return linear(o, lw[p + "o_proj.weight"], lw.get(p + "o_proj.bias"))
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention import attend
 from engine.models import StepContext, linear
 from engine.spec import ModelSpec
 from engine.weights import LayerWeights, require
@@ -53,8 +52,7 @@ class OPTModel:
         q = q.view(B, S, NH, D).transpose(1, 2)
         k = linear(x, lw[p + "k_proj.weight"], lw[p + "k_proj.bias"]).view(B, S, NH, D).transpose(1, 2)
         v = linear(x, lw[p + "v_proj.weight"], lw[p + "v_proj.bias"]).view(B, S, NH, D).transpose(1, 2)
-        k_all, v_all = ctx.cache.update(i, k, v, ctx.start)
-        o = attend(q, k_all, v_all, ctx.mask, scale=1.0)  # [B, NH, S, D]
+        o = ctx.cache.attend(i, q, k, v, ctx.start, ctx.mask, scale=1.0)  # [B, NH, S, D]
         o = o.transpose(1, 2).reshape(B, S, NH * D)
         return linear(o, lw[p + "out_proj.weight"], lw[p + "out_proj.bias"])
 

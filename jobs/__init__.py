@@ -1,0 +1,1 @@
+"""Job entry points and the `flexbatch` command line."""

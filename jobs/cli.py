@@ -1,0 +1,120 @@
+"""The `flexbatch` command line. Each command parses its options, calls one function, and reports.
+
+User errors (bad input, model or output folder) print one line `flexbatch: error: ...` and exit with code 2."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import click
+
+import jobs
+from engine.errors import FlexbatchError, ModelNotFoundError
+from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
+from pipeline.runner import JobSummary, RunConfig, run_job
+
+USER_ERROR_EXIT = 2
+_SP = {f.name: f.default for f in fields(SamplingParams)}
+_RC = {f.name: f.default for f in fields(RunConfig)}
+
+
+def demo_model_dir() -> Path:
+    """The demo checkpoint shipped with the repository, used when --model is not given."""
+    return Path(jobs.__file__).resolve().parent.parent / "examples" / "demo-model"
+
+
+def _default_model() -> Path:
+    path = demo_model_dir()
+    if not path.is_dir():
+        raise ModelNotFoundError(
+            f"no --model given and the demo model is missing at {path} (it ships with the repository's "
+            f"examples/); pass --model DIR with a local checkpoint folder"
+        )
+    return path
+
+
+@click.group()
+def main() -> None:
+    """flexbatch: batch LLM inference, Parquet prompts in, Parquet completions out."""
+
+
+@click.command("run", short_help="Complete the prompts of Parquet files; write Parquet completions.")
+@click.option("--model", type=click.Path(path_type=Path), default=None,
+              help="Checkpoint folder (config.json, tokenizer, *.safetensors).  [default: the demo model in "
+                   "examples/demo-model]")
+@click.option("--input", "input_", required=True, metavar="PATH",
+              help="A Parquet file, a folder (all *.parquet in it, sorted) or a glob (quote it).")
+@click.option("--output", required=True, type=click.Path(path_type=Path),
+              help="Folder for the output parts (one <stem>.parquet per input file) and _job.json.")
+@click.option("--prompt-column", default=_RC["prompt_column"], show_default=True,
+              help="Input column that holds the prompts.")
+@click.option("--max-new-tokens", type=int, default=_SP["max_new_tokens"], show_default=True,
+              help="Most tokens to generate per row (per-row column: max_new_tokens).")
+@click.option("--temperature", type=float, default=_SP["temperature"], show_default=True,
+              help="Sampling temperature; 0 is greedy (per-row column: temperature).")
+@click.option("--top-p", type=float, default=_SP["top_p"], show_default=True,
+              help="Nucleus sampling mass in (0, 1]; 1 disables it (per-row column: top_p).")
+@click.option("--top-k", type=int, default=_SP["top_k"], show_default=True,
+              help="Sample among the k likeliest tokens; 0 disables it (per-row column: top_k).")
+@click.option("--stop", multiple=True, metavar="TEXT",
+              help="Stop string, repeatable; the completion is cut before it (per-row column: stop, a list "
+                   "of strings).  [default: none]")
+@click.option("--seed", type=int, default=_SP["seed"], show_default=True,
+              help="Job seed; a row without its own seed gets one derived from this and its id, so rows "
+                   "differ and reruns are identical (per-row column: seed).")
+@click.option("--logprobs", is_flag=True, default=_SP["logprobs"],
+              help="Add a logprobs column: the log-probability of each generated token.  [default: off]")
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=_RC["dtype"], show_default=True,
+              help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=_RC["batch_size"], show_default=True,
+              help="Prompts decoded together.")
+@click.option("--truncate", type=click.Choice(TRUNCATE_CHOICES), default=_RC["truncate"], show_default=True,
+              help="A prompt longer than the context: 'error' fails that row, 'left' keeps its last tokens.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the output of another job in --output (removes its Parquet parts).  "
+                   "[default: off, such a folder is refused]")
+def run(model, input_, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop, seed, logprobs,
+        dtype, batch_size, truncate, overwrite) -> None:
+    """Complete every prompt of the input Parquet and write one output part per input file.
+
+    Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
+    (and logprobs with --logprobs). Rows without an id column get the id <file stem>:<row index>.
+
+    \b
+    Example:
+      flexbatch run --input prompts.parquet --output out/ --max-new-tokens 32
+    """
+    _setup_logging()
+    try:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                stop=tuple(stop), seed=seed, logprobs=logprobs)
+        config = RunConfig(input=input_, output=output, model=model or _default_model(),
+                           prompt_column=prompt_column, params=params, dtype=dtype, batch_size=batch_size,
+                           truncate=truncate, overwrite=overwrite)
+        summary = run_job(config)
+    except FlexbatchError as e:
+        _fail(e)
+    _print_summary(summary)
+
+
+main.add_command(run)
+
+
+def _fail(e: FlexbatchError) -> None:
+    message = " ".join(str(e).splitlines())
+    click.echo(f"flexbatch: error: {message}", err=True)
+    sys.exit(USER_ERROR_EXIT)
+
+
+def _print_summary(s: JobSummary) -> None:
+    click.echo(f"rows: {s.rows} in {s.files} files, {s.error_rows} with errors")
+    click.echo(f"tokens: {s.prompt_tokens} prompt, {s.completion_tokens} completion")
+    click.echo(f"speed: {s.tokens_per_s:.1f} completion tokens/s ({s.generate_seconds:.2f} s generating)")
+    click.echo(f"output: {s.output}")
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")

@@ -1,0 +1,15 @@
+"""User-facing errors of the pipeline. Each message names the bad value, what was expected, and the fix."""
+
+from engine.errors import FlexbatchError
+
+
+class InputError(FlexbatchError):
+    """An input path matches no Parquet file, a file cannot be read, or its schema lacks what the job needs."""
+
+
+class OutputFolderError(FlexbatchError):
+    """The output folder holds files of another job or files that flexbatch did not write."""
+
+
+class ConfigError(FlexbatchError, ValueError):
+    """A job option has a bad value."""

@@ -1,0 +1,132 @@
+"""The output folder and its `_job.json`: which job owns the folder, and when a run may write into it.
+
+A folder is usable when it does not exist, is empty, or holds only what a job with the same config wrote
+(its `_job.json`, its parts, temporaries of an interrupted run). Anything else is refused unless `overwrite`,
+which removes the old job file, Parquet parts and temporaries, and leaves other files alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import OutputFolderError
+from pipeline.parquet_io import fsync_dir, is_temp_name, temp_name
+
+log = logging.getLogger(__name__)
+
+JOB_FILE = "_job.json"
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def job_record(config: dict, parts: dict[str, str]) -> dict:
+    """The content of `_job.json`: the job config, its hash, and the part each input file becomes."""
+    config = json.loads(json.dumps(config))  # tuples become lists, as they will read back from the file
+    return {"config": config, "config_hash": config_hash(config), "parts": parts}
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """What opening the folder will do: `create` it, `reuse` it (same job), or `replace` another job's output."""
+
+    folder: Path
+    action: str
+    old_record: dict | None
+    kept: tuple[str, ...] = ()
+
+
+def check_output(folder: Path, record: dict, overwrite: bool) -> OutputCheck:
+    """Decide, without changing anything, whether this job may write to `folder`."""
+    if not folder.exists():
+        return OutputCheck(folder, "create", None)
+    if not folder.is_dir():
+        raise OutputFolderError(f"--output {folder} is a file; expected a folder (it is created if missing)")
+    old = read_job_file(folder)
+    names = sorted(p.name for p in folder.iterdir())
+    if not names:
+        return OutputCheck(folder, "create", None)
+    same_job = old is not None and old.get("config_hash") == record["config_hash"]
+    foreign = [n for n in names if not _written_by_job(n, old)]
+    if same_job and not foreign:
+        return OutputCheck(folder, "reuse", old, tuple(n for n in _kept(old) if n in names))
+    if not overwrite:
+        raise OutputFolderError(_refusal(folder, record, old, foreign))
+    kept = tuple(n for n in names if not _removable(folder / n, old))
+    return OutputCheck(folder, "replace", old, kept)
+
+
+def _refusal(folder: Path, record: dict, old: dict | None, foreign: list[str]) -> str:
+    fix = "pass --overwrite to replace it, or choose another --output"
+    if old is not None and old.get("config_hash") != record["config_hash"]:
+        old_config = old.get("config") if isinstance(old.get("config"), dict) else {}
+        new_config = record["config"]
+        changed = sorted(k for k in set(old_config) | set(new_config) if old_config.get(k) != new_config.get(k))
+        return f"output folder {folder} holds another job's output (its {JOB_FILE} differs in {changed}); {fix}"
+    shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+    return f"output folder {folder} holds files that flexbatch did not write ({shown}); {fix}"
+
+
+def _written_by_job(name: str, old: dict | None) -> bool:
+    if is_temp_name(name):
+        return True
+    return old is not None and (name == JOB_FILE or name in _part_names(old) or name in _kept(old))
+
+
+def _removable(path: Path, old: dict | None) -> bool:
+    """What --overwrite deletes: job files, Parquet parts and temporaries; never folders or other files."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    name = path.name
+    return name == JOB_FILE or is_temp_name(name) or name.endswith(".parquet") or (
+        old is not None and name in _part_names(old)
+    )
+
+
+def _part_names(record: dict) -> set[str]:
+    parts = record.get("parts")
+    return set(parts.values()) if isinstance(parts, dict) else set()
+
+
+def _kept(record: dict) -> list[str]:
+    kept = record.get("kept")
+    return kept if isinstance(kept, list) else []
+
+
+def read_job_file(folder: Path) -> dict | None:
+    """The folder's `_job.json`, or None if absent or unreadable (then the folder counts as foreign)."""
+    try:
+        record = json.loads((folder / JOB_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def open_output(check: OutputCheck, record: dict) -> None:
+    """Create or clean the folder as `check` decided, then write this job's `_job.json` atomically."""
+    folder = check.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    removable = [p for p in folder.iterdir() if check.action == "replace" and _removable(p, check.old_record)]
+    removable += [p for p in folder.iterdir() if check.action == "reuse" and is_temp_name(p.name)]
+    for path in removable:
+        log.info("removing %s", path)
+        path.unlink()
+    if check.action == "replace" and check.kept:
+        log.warning("--overwrite left files it did not write in %s: %s", folder, ", ".join(check.kept))
+    write_job_file(folder, {**record, "kept": list(check.kept)})
+
+
+def write_job_file(folder: Path, record: dict) -> None:
+    tmp = folder / temp_name(JOB_FILE)
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / JOB_FILE)
+    fsync_dir(folder)

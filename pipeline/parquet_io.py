@@ -1,0 +1,172 @@
+"""Parquet in and out: find the input files, check their schemas from the footer alone, read them, and write one
+output part per input file atomically (temporary name in the same folder, fsync, rename)."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.request import Completion
+from pipeline.errors import InputError
+
+log = logging.getLogger(__name__)
+
+ID_COLUMN = "id"
+# Columns the job appends; an input that already has one of them would be silently clobbered.
+OUTPUT_COLUMNS = ("completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs")
+_GLOB_CHARS = ("*", "?", "[")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input Parquet file, checked, and the name of the output part it becomes."""
+
+    path: Path
+    part_name: str
+    num_rows: int
+    columns: tuple[str, ...]
+
+    @property
+    def part_stem(self) -> str:
+        return self.part_name.removesuffix(".parquet")
+
+
+def resolve_inputs(spec: str | os.PathLike) -> list[Path]:
+    """The Parquet files named by `spec`: one file, every `*.parquet` in a folder, or a glob; sorted, absolute."""
+    text = os.path.expanduser(str(spec))
+    path = Path(text)
+    if path.is_file():
+        return [path.resolve()]
+    if path.is_dir():
+        found = [p for p in path.iterdir() if p.suffix == ".parquet" and p.is_file() and _visible(p.name)]
+        if not found:
+            raise InputError(f"no input files matched: folder {path} holds no *.parquet files")
+        return sorted(p.resolve() for p in found)
+    if not any(c in text for c in _GLOB_CHARS):
+        raise InputError(f"no input files matched: {text} does not exist; expected a Parquet file, a folder or a glob")
+    found = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and _visible(Path(p).name)]
+    if not found:
+        raise InputError(f"no input files matched the glob {text}; check the pattern (quote it in the shell)")
+    return sorted(p.resolve() for p in found)
+
+
+def _visible(name: str) -> bool:
+    """Files starting with '.' or '_' are metadata or temporaries by convention (Spark, Hive, our own)."""
+    return not name.startswith((".", "_"))
+
+
+def part_names(paths: Sequence[Path]) -> list[str]:
+    """`<stem>.parquet` per input, with `-1`, `-2`, ... appended when stems collide (e.g. a/x and b/x)."""
+    names: list[str] = []
+    taken: set[str] = set()
+    for path in paths:
+        stem, n = path.stem, 0
+        while (name := f"{stem}.parquet" if n == 0 else f"{stem}-{n}.parquet") in taken:
+            n += 1
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def inspect_inputs(paths: Sequence[Path], prompt_column: str) -> list[InputFile]:
+    """Read each file's footer (not its data) and check it has the prompt column and no output column."""
+    files = []
+    for path, name in zip(paths, part_names(paths)):
+        schema, num_rows = read_footer(path)
+        columns = tuple(schema.names)
+        if prompt_column not in columns:
+            raise InputError(
+                f"{path}: no prompt column {prompt_column!r}; its columns are {list(columns)}; "
+                f"pass --prompt-column with one of them"
+            )
+        clash = [c for c in OUTPUT_COLUMNS if c in columns]
+        if clash:
+            raise InputError(f"{path}: input columns {clash} would be overwritten by the output; rename or drop them")
+        files.append(InputFile(path=path, part_name=name, num_rows=num_rows, columns=columns))
+    return files
+
+
+def read_footer(path: Path) -> tuple[pa.Schema, int]:
+    """Schema and row count from the Parquet footer; any failure becomes an `InputError` naming the file."""
+    try:
+        with pq.ParquetFile(path) as pf:
+            return pf.schema_arrow, pf.metadata.num_rows
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"{path}: not a readable Parquet file ({_one_line(e)})") from e
+
+
+def read_table(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"{path}: cannot read Parquet data ({_one_line(e)})") from e
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def output_table(table: pa.Table, completions: Sequence[Completion], ids: Sequence[str], logprobs: bool) -> pa.Table:
+    """The input table plus the completion columns, row for row. The `id` column holds `ids` as strings: it
+    replaces an input `id` column in place (filling its nulls with made ids) or becomes the first column."""
+    if not len(completions) == len(ids) == table.num_rows:
+        raise RuntimeError(f"{len(completions)} completions and {len(ids)} ids for {table.num_rows} input rows")
+    id_array = pa.array(ids, pa.string())
+    if ID_COLUMN in table.column_names:
+        out = table.set_column(table.column_names.index(ID_COLUMN), ID_COLUMN, id_array)
+    else:
+        out = table.add_column(0, ID_COLUMN, id_array)
+    columns = {
+        "completion": pa.array([c.text for c in completions], pa.string()),
+        "prompt_tokens": pa.array([c.prompt_tokens for c in completions], pa.int32()),
+        "completion_tokens": pa.array([c.completion_tokens for c in completions], pa.int32()),
+        "finish_reason": pa.array([c.finish_reason for c in completions], pa.string()),
+        "error": pa.array([c.error for c in completions], pa.string()),
+    }
+    if logprobs:
+        columns["logprobs"] = pa.array([c.logprobs for c in completions], pa.list_(pa.float32()))
+    for name, values in columns.items():
+        out = out.append_column(name, values)
+    return out
+
+
+def temp_name(name: str) -> str:
+    return f".{name}.{os.getpid()}.tmp"
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def write_part_atomic(table: pa.Table, folder: Path, name: str) -> Path:
+    """Write `folder/name` so that readers see either the old file or the whole new one, never a partial one."""
+    final = folder / name
+    tmp = folder / temp_name(name)
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(folder)
+    log.info("wrote %s (%d rows)", final, table.num_rows)
+    return final
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable (the directory entry itself must reach the disk)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

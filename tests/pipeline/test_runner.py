@@ -1,0 +1,117 @@
+import dataclasses
+
+import pyarrow as pa
+import pytest
+
+from engine.generate import Engine
+from engine.request import SamplingParams
+from pipeline import RunConfig, plan_job, run_job
+from pipeline.errors import ConfigError, InputError, OutputFolderError
+from tests.pipeline.parquet_files import read_rows, write_parquet
+
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 40  # several hundred tokens; context is 256
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the job was checked")
+
+    monkeypatch.setattr(Engine, "load", refuse)
+
+
+def _config(tmp_path, model, **kw):
+    kw.setdefault("input", str(tmp_path / "in"))
+    kw.setdefault("output", tmp_path / "out")
+    kw.setdefault("dtype", "float32")
+    return RunConfig(model=model, **kw)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("dtype", "float16", "--dtype"), ("truncate", "right", "--truncate"), ("batch_size", 0, "--batch-size"),
+     ("prompt_column", "", "--prompt-column"), ("input", "", "--input")],
+)
+def test_run_config_rejects_bad_options(tmp_path, field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(tmp_path, tmp_path / "m", **{field: value})
+
+
+def test_an_input_inside_the_output_folder_is_refused(tmp_path, tiny_llama_dir, no_model_load):
+    write_parquet(tmp_path / "out" / "a.parquet", prompt=["x"])
+    with pytest.raises(InputError, match="lies in the output folder"):
+        run_job(_config(tmp_path, tiny_llama_dir, input=str(tmp_path / "out")))
+
+
+def test_plan_checks_everything_without_loading_or_writing(tmp_path, tiny_llama_dir, no_model_load):
+    write_parquet(tmp_path / "in" / "a.parquet", prompt=["x", "y"])
+    plan = plan_job(_config(tmp_path, tiny_llama_dir))
+    assert [f.num_rows for f in plan.files] == [2] and plan.spec.model_type == "llama"
+    assert plan.output.action == "create" and not (tmp_path / "out").exists()
+
+
+def test_job_over_several_files_keeps_every_row(tmp_path, tiny_llama_dir):
+    write_parquet(tmp_path / "in" / "d1" / "x.parquet",
+                  prompt=pa.array(["Q: What is 12 plus 30? A:", None, "", "def add(a, b):", LONG_PROMPT]),
+                  max_new_tokens=[3, None, None, None, None])
+    write_parquet(tmp_path / "in" / "d2" / "x.parquet",
+                  prompt=["Product A: red kettle", "hello", "The quick"],
+                  temperature=[None, -1.0, 0.8], id=[100, 101, None])
+    write_parquet(tmp_path / "in" / "d2" / "empty.parquet", prompt=pa.array([], pa.string()))
+    config = _config(tmp_path, tiny_llama_dir, input=f"{tmp_path}/in/**/*.parquet",
+                     params=SamplingParams(max_new_tokens=6, logprobs=True), batch_size=2)
+    summary = run_job(config)
+
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["_job.json", "empty.parquet", "x-1.parquet", "x.parquet"]
+    first, second, empty = read_rows(out / "x.parquet"), read_rows(out / "x-1.parquet"), read_rows(out / "empty.parquet")
+    assert (len(first), len(second), len(empty)) == (5, 3, 0)
+    assert [r["id"] for r in first] == [f"x:{i}" for i in range(5)]
+    assert [r["id"] for r in second] == ["100", "101", "x-1:2"]
+    assert [r["finish_reason"] for r in first][1:] == ["error", "error", "length", "error"]
+    assert "is null" in first[1]["error"] and "is empty" in first[2]["error"]
+    assert "context of 256" in first[4]["error"] and first[4]["prompt_tokens"] > 256
+    assert first[0]["completion_tokens"] <= 3 and first[3]["completion_tokens"] == 6
+    assert second[1]["finish_reason"] == "error" and "temperature=-1.0" in second[1]["error"]
+    assert second[1]["temperature"] == -1.0  # input columns are carried unchanged
+    for row in first + second:
+        ok = row["finish_reason"] != "error"
+        assert (row["error"] is None) == ok
+        assert (len(row["logprobs"]) == row["completion_tokens"]) if ok else row["logprobs"] is None
+
+    assert (summary.files, summary.rows, summary.error_rows) == (3, 8, 4)
+    assert summary.completion_tokens == sum(r["completion_tokens"] for r in first + second)
+    assert summary.tokens_per_s > 0 and summary.output == out
+
+
+def test_truncate_left_keeps_the_last_tokens_of_a_long_prompt(tmp_path, tiny_llama_dir):
+    write_parquet(tmp_path / "in" / "a.parquet", prompt=[LONG_PROMPT, "short"])
+    run_job(_config(tmp_path, tiny_llama_dir, truncate="left", params=SamplingParams(max_new_tokens=4)))
+    rows = read_rows(tmp_path / "out" / "a.parquet")
+    assert [r["finish_reason"] for r in rows] == ["length", "length"]
+    assert rows[0]["prompt_tokens"] <= 256 - 4 and rows[0]["error"] is None
+
+
+def test_sampled_rows_differ_and_a_rerun_is_identical(tmp_path, tiny_llama_dir):
+    write_parquet(tmp_path / "in" / "a.parquet", prompt=["The quick"] * 3, seed=[None, None, 11])
+    config = _config(tmp_path, tiny_llama_dir, params=SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
+    run_job(config)
+    first = read_rows(tmp_path / "out" / "a.parquet")
+    assert first[0]["completion"] != first[1]["completion"]
+    run_job(config)  # same config: the folder is reused and the part rewritten
+    assert read_rows(tmp_path / "out" / "a.parquet") == first
+    # Neither the batch size nor how the input is spelled changes the completions, so the folder is reused.
+    run_job(dataclasses.replace(config, batch_size=1, input=str(tmp_path / "in" / "a.parquet")))
+    assert read_rows(tmp_path / "out" / "a.parquet") == first
+
+
+def test_another_jobs_output_is_refused_before_loading_then_overwritten(tmp_path, tiny_llama_dir, monkeypatch):
+    write_parquet(tmp_path / "in" / "a.parquet", prompt=["hello"])
+    run_job(_config(tmp_path, tiny_llama_dir, params=SamplingParams(max_new_tokens=2)))
+    other = _config(tmp_path, tiny_llama_dir, params=SamplingParams(max_new_tokens=3))
+    with monkeypatch.context() as m:
+        m.setattr(Engine, "load", lambda *a, **k: pytest.fail("loaded"))
+        with pytest.raises(OutputFolderError, match=r"another job's output .*\['params'\]"):
+            run_job(other)
+    run_job(dataclasses.replace(other, overwrite=True))
+    assert read_rows(tmp_path / "out" / "a.parquet")[0]["completion_tokens"] == 3
