@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -9,51 +10,73 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import decode_mask, prefill_mask
 from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
-from engine.kv_cache import KVCache
-from engine.models import StepContext, family_for
+from engine.models import family_for
+from engine.policy import Policy
 from engine.request import TRUNCATE_CHOICES, Completion, Request
 from engine.rows import RowState
-from engine.sampling import chosen_logprobs, next_tokens
+from engine.schedule import BlockExecutor
 from engine.spec import ModelSpec, load_model_spec
+from engine.tiers import BudgetError, Devices, human, tensor_bytes
 from engine.tokenizer import load_tokenizer
+from engine.weight_store import WeightStore
 from engine.weights import CheckpointReader, LayerWeights
 
 log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, spec: ModelSpec, tokenizer, global_weights: LayerWeights, layers: list[LayerWeights],
-                 dtype: torch.dtype, eos_ids: tuple[int, ...]):
+    def __init__(self, spec: ModelSpec, tokenizer, global_weights: LayerWeights, weights: WeightStore,
+                 dtype: torch.dtype, eos_ids: tuple[int, ...], policy: Policy, devices: Devices, kv_codec=None):
         self.spec = spec
         self.tokenizer = tokenizer
         self.gw = global_weights
-        self.layers = layers
+        self.weights = weights
         self.dtype = dtype
         self.eos_ids = eos_ids
+        self.policy = policy
+        self.devices = devices
+        self.kv_codec = kv_codec
         self.model = family_for(spec, dtype)
 
+    @property
+    def layers(self) -> list[LayerWeights]:
+        """Every layer's weights as computed on the CPU (loads disk layers; for inspection and tests)."""
+        return [self.weights.get(i, "cpu") for i in range(self.spec.num_layers)]
+
     @classmethod
-    def load(cls, model_dir: str | Path, dtype: str = "auto") -> Engine:
+    def load(cls, model_dir: str | Path, dtype: str = "auto", policy: Policy | None = None,
+             budgets: dict[str, float | None] | None = None, simulate_gpu: bool = False,
+             offload_dir: str | Path | None = None) -> Engine:
+        """Load a checkpoint and place it by `policy` (everything on the CPU by default). `budgets` caps each
+        tier in bytes; `simulate_gpu` makes the gpu tier a separate CPU pool (tests on machines without CUDA)."""
         spec = load_model_spec(model_dir)
+        policy = policy or Policy()
         torch_dtype = resolve_dtype(dtype)
+        devices = Devices(budgets, simulate_gpu=simulate_gpu, offload_dir=offload_dir)
+        _check_gpu(policy, devices)
         t0 = time.perf_counter()
         reader = CheckpointReader(model_dir, spec)
         gw = reader.globals(torch_dtype)
-        layers = list(reader.layers(torch_dtype))
-        log.info("loaded %s (%d layers, %s) in %.2fs", model_dir, spec.num_layers, torch_dtype,
-                 time.perf_counter() - t0)
-        return cls(spec, load_tokenizer(model_dir), gw, layers, torch_dtype, _eos_ids(model_dir, spec))
+        devices.tiers["cpu"].reserve(tensor_bytes(gw.values()), "embeddings and head")
+        wcodec, kvcodec = codecs_for(policy, torch_dtype)
+        weights = WeightStore(reader, policy, devices, torch_dtype, codec=wcodec, offload_dir=offload_dir)
+        log.info("loaded %s (%d layers, %s, layers on %s) in %.2fs", model_dir, spec.num_layers, torch_dtype,
+                 "/".join(weights.placement), time.perf_counter() - t0)
+        return cls(spec, load_tokenizer(model_dir), gw, weights, torch_dtype, _eos_ids(model_dir, spec), policy,
+                   devices, kvcodec)
 
-    def generate(self, requests: list[Request], batch_size: int = 8, truncate: str = "error") -> list[Completion]:
+    def generate(self, requests: list[Request], batch_size: int | None = None,
+                 truncate: str = "error") -> list[Completion]:
         """Complete every request; results come back in the order of `requests`. A bad row gets
-        `finish_reason="error"`; it never fails the others."""
+        `finish_reason="error"`; it never fails the others. Rows run in blocks of `gbs * num_gb` prompts of
+        similar length; `batch_size` is a shorthand for one GPU batch of that many rows per block."""
         if truncate not in TRUNCATE_CHOICES:
             raise InvalidParamsError(f"truncate={truncate!r} is invalid: use one of {', '.join(TRUNCATE_CHOICES)}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidParamsError(f"batch_size={batch_size!r} is invalid: use a positive integer")
+        policy = self.policy
+        if batch_size is not None:
+            policy = dataclasses.replace(policy, gbs=batch_size, num_gb=1)
         results: list[Completion | None] = [None] * len(requests)
         ready: list[tuple[int, RowState]] = []
         for n, req in enumerate(requests):
@@ -63,13 +86,35 @@ class Engine:
             else:
                 ready.append((n, row))
         ready.sort(key=lambda item: len(item[1].prompt_ids))  # similar lengths pad less
-        for i in range(0, len(ready), batch_size):
-            chunk = ready[i : i + batch_size]
+        blocks = [ready[i : i + policy.block_size] for i in range(0, len(ready), policy.block_size)]
+        executor = self._executor(policy)
+        self._check_budgets(executor, blocks)
+        for block in blocks:
             with torch.inference_mode():
-                self._run_batch([row for _, row in chunk])
-            for n, row in chunk:
+                executor.run([row for _, row in block])
+            for n, row in block:
                 results[n] = row.completion(self.tokenizer)
         return results
+
+    def _executor(self, policy: Policy) -> BlockExecutor:
+        pad = self.eos_ids[0] if self.eos_ids else 0
+        return BlockExecutor(self.spec, self.model, self.gw, self.weights, self.devices, policy, self.dtype,
+                             self.tokenizer, pad, kv_codec=self.kv_codec)
+
+    def _check_budgets(self, executor: BlockExecutor, blocks) -> None:
+        """Refuse, before any work, a workload whose largest block does not fit a tier's budget."""
+        for block in blocks:
+            rows = [row for _, row in block]
+            S = max(len(r.prompt_ids) for r in rows)
+            T = S + max(r.req.params.max_new_tokens for r in rows)
+            for tier, nbytes in executor.block_bytes(len(rows), S, T).items():
+                t = self.devices.tiers[tier]
+                if t.budget is not None and t.used + nbytes > t.budget:
+                    raise BudgetError(
+                        f"a block of {len(rows)} rows x {T} tokens needs {human(nbytes)} of KV cache and "
+                        f"activations on the {tier} tier, which has {human(t.budget - t.used)} left of its "
+                        f"{human(t.budget)} budget; lower --gbs/--num-gb, raise --{tier}-mem, or move cache "
+                        "to another tier")
 
     def _prepare(self, req: Request, truncate: str) -> RowState | Completion:
         if not isinstance(req.prompt, str) or not req.prompt:
@@ -90,42 +135,6 @@ class Engine:
             ids = ids[-room:]
         return RowState(req, ids, self.eos_ids)
 
-    def _forward(self, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """ids [B, S] -> float32 logits [B, V] of the last position."""
-        self.model.begin_step(ctx)
-        h = self.model.embed(self.gw, ids, ctx)
-        for i, lw in enumerate(self.layers):
-            h = self.model.layer(lw, h, ctx, i)
-        return self.model.head(self.gw, h[:, -1])
-
-    def _run_batch(self, rows: list[RowState]) -> None:
-        spec, window = self.spec, self.spec.sliding_window
-        B, S = len(rows), max(len(r.prompt_ids) for r in rows)
-        T = S + max(r.req.params.max_new_tokens for r in rows)
-        pad = self.eos_ids[0] if self.eos_ids else 0
-        ids = torch.full((B, S), pad, dtype=torch.long)
-        valid = torch.zeros((B, T), dtype=torch.bool)
-        for b, r in enumerate(rows):
-            L = len(r.prompt_ids)
-            ids[b, S - L :] = torch.tensor(r.prompt_ids)
-            valid[b, S - L : S] = True
-        cache = KVCache(spec.num_layers, B, spec.num_kv_heads, T, spec.head_dim, self.dtype)
-        positions = (valid[:, :S].cumsum(-1) - 1).clamp(min=0)
-        logits = self._forward(ids, StepContext(positions, prefill_mask(valid[:, :S], window), 0, cache))
-        lengths = valid[:, :S].sum(-1, keepdim=True)
-        want_logprobs = any(r.req.params.logprobs for r in rows)
-        for step in range(T - S):
-            tokens = next_tokens(logits, [r.req.params for r in rows], [r.generator for r in rows])
-            lps = chosen_logprobs(logits, tokens).tolist() if want_logprobs else [None] * B
-            for r, t, lp in zip(rows, tokens.tolist(), lps):
-                r.push(t, lp, self.tokenizer)
-            if all(r.done for r in rows):
-                break
-            slot = S + step
-            valid[:, slot] = True
-            ctx = StepContext(lengths + step, decode_mask(valid, slot + 1, window), slot, cache)
-            logits = self._forward(tokens.view(B, 1), ctx)
-
 
 def _eos_ids(model_dir: str | Path, spec: ModelSpec) -> tuple[int, ...]:
     """EOS ids from config.json and, when present, generation_config.json (which `generate` also honours)."""
@@ -137,3 +146,15 @@ def _eos_ids(model_dir: str | Path, spec: ModelSpec) -> tuple[int, ...]:
             if t is not None and t not in ids:
                 ids.append(int(t))
     return tuple(ids)
+
+
+def _check_gpu(policy: Policy, devices: Devices) -> None:
+    if policy.uses_gpu() and not devices.gpu_available:
+        raise InvalidParamsError(
+            "the policy places data or compute on the gpu tier but no CUDA device is available; "
+            "use a CPU-only policy (all fractions on cpu/disk, --prefill-device cpu --decode-device cpu)")
+
+
+def codecs_for(policy: Policy, dtype: torch.dtype):
+    """The weight and KV-cache codecs a policy asks for (None = uncompressed)."""
+    return None, None

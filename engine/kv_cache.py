@@ -8,11 +8,13 @@ from engine.attention import attend
 
 
 class KVCache:
-    def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype):
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, alloc=None):
+        """`alloc(shape, dtype)` makes each buffer (on a tier); plain zeroed CPU tensors by default."""
         shape = (batch, kv_heads, max_len, head_dim)
+        alloc = alloc or (lambda shape, dtype: torch.zeros(shape, dtype=dtype))
         self.max_len = max_len
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.k = [alloc(shape, dtype) for _ in range(num_layers)]
+        self.v = [alloc(shape, dtype) for _ in range(num_layers)]
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int):
         """Write k_new/v_new [B, KVH, S, D] at slots [start, start+S); return K, V over slots [0, start+S)."""

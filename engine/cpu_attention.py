@@ -1,0 +1,127 @@
+"""Decode attention on the CPU, where the KV cache lives, over a plain or 4-bit cache (FlexGen section 4.2).
+
+Only q, the new k/v and the output cross tiers. The cache is walked in chunks of T: each chunk is dequantized
+(or widened) to float32 into reused buffers and folded into an online softmax, so no full-precision copy of the
+cache is ever made. For one query row and keys t, with scores a_t = scale * q . k_t (masked: -inf):
+
+    m' = max(m, max_t a_t)        l' = l * e^(m - m') + sum_t e^(a_t - m')
+    o' = o * e^(m - m') + sum_t e^(a_t - m') v_t          and at the end   out = o / l.
+
+GQA: q [B, NH, 1, D] is viewed as [B, KVH, g, D] (NH = g * KVH), so each K/V head serves its g query heads
+without copies."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.attention import attend
+from engine.quant import QTensor, QuantConfig, dequantize, dequantize_transposed, empty_qtensor, quantize
+
+CacheTensor = torch.Tensor | QTensor
+
+
+class ChunkBuffers:
+    """Reused float32 K^T / V^T chunk buffers and a uint8 scratch, grown on demand, never cache-sized."""
+
+    def __init__(self):
+        self.k = self.v = self.scratch = None
+
+    def _grow(self, buf, n: int, dtype) -> torch.Tensor:
+        return buf if buf is not None and buf.numel() >= n else torch.empty(n, dtype=dtype)
+
+    def reserve(self, n: int) -> None:
+        self.k = self._grow(self.k, n, torch.float32)
+        self.v = self._grow(self.v, n, torch.float32)
+        self.scratch = self._grow(self.scratch, n, torch.uint8)
+
+
+def _chunk_t(x: CacheTensor, t0: int, t1: int, buf: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """Slots [t0, t1) of a cache [B, KVH, T, D] -> float32 X^T [B, KVH, D, t1 - t0] (a view into buf)."""
+    if isinstance(x, QTensor):
+        xt = dequantize_transposed(x.row_slice(t0, t1), out=buf, scratch=scratch)  # [B, KVH, Dp, Tc]
+        return xt[:, :, : x.cols]
+    chunk = x[:, :, t0:t1].mT  # [B, KVH, D, Tc]
+    if chunk.dtype == torch.float32:
+        return chunk
+    out = buf[: chunk.numel()].view(chunk.shape)
+    return out.copy_(chunk)
+
+
+def _fold_chunk(state, qg, kt, vt, allowed):
+    """One online-softmax step. qg [B, KVH, g, D] (scaled), kt/vt [B, KVH, D, Tc], allowed [B, 1, 1, Tc]."""
+    m, l, o = state  # [B, KVH, g, 1], [B, KVH, g, 1], [B, KVH, g, D]
+    a = torch.matmul(qg, kt)  # [B, KVH, g, Tc]
+    a.masked_fill_(~allowed, -math.inf)
+    m_new = torch.maximum(m, a.amax(-1, keepdim=True))
+    shift = torch.where(torch.isinf(m_new), 0.0, m_new)  # all masked so far: keep exp() finite
+    alpha = torch.exp(m - shift)
+    p = torch.exp(a - shift)  # [B, KVH, g, Tc]
+    l = l * alpha + p.sum(-1, keepdim=True)
+    o = o * alpha + torch.matmul(p, vt.mT)  # [B, KVH, g, D]
+    return m_new, l, o
+
+
+def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor,
+                     scale: float | None = None, chunk: int = 512, buffers: ChunkBuffers | None = None):
+    """softmax(scale * q K^T, masked) V for one query per row, chunk by chunk along T, in float32.
+
+    q [B, NH, 1, D]; k, v [B, KVH, T, D] tensors or QTensors (grouped along D); mask [B, 1, 1, T] bool
+    (True = may attend) -> [B, NH, 1, D] in q's dtype."""
+    B, NH, S, D = q.shape
+    KVH, T = k.shape[1], k.shape[2]
+    assert S == 1 and NH % KVH == 0 and mask.shape[-1] == T, (q.shape, k.shape, mask.shape)
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    qg = q.reshape(B, KVH, NH // KVH, D).float() * scale  # [B, KVH, g, D]
+    state = (qg.new_full((*qg.shape[:3], 1), -math.inf), qg.new_zeros((*qg.shape[:3], 1)), torch.zeros_like(qg))
+    buffers = buffers or ChunkBuffers()
+    d_pad = k.buffer_shape[-2] if isinstance(k, QTensor) else D
+    buffers.reserve(B * KVH * d_pad * min(chunk, T))
+    for t0 in range(0, T, chunk):
+        t1 = min(t0 + chunk, T)
+        kt = _chunk_t(k, t0, t1, buffers.k, buffers.scratch)
+        vt = _chunk_t(v, t0, t1, buffers.v, buffers.scratch)
+        state = _fold_chunk(state, qg, kt, vt, mask[..., t0:t1])
+    _, l, o = state
+    return (o / l).reshape(B, NH, 1, D).to(q.dtype)
+
+
+def attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor, scale=None, chunk=512):
+    """Dispatch: one query -> chunked decode_attention; a prefill over a QTensor cache -> dequantize, then SDPA."""
+    if q.shape[2] == 1:
+        return decode_attention(q, k, v, mask, scale, chunk)
+    if isinstance(k, QTensor):
+        k, v = dequantize(k, dtype=q.dtype), dequantize(v, dtype=q.dtype)
+    return attend(q, k, v, mask, scale)
+
+
+class QuantKVCache:
+    """A preallocated 4-bit KV cache (groups along D), with engine.kv_cache.KVCache's interface.
+
+    `update` returns QTensor views over slots [0, end) that `attention` / `decode_attention` read lazily."""
+
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype,
+                 alloc=None, config: QuantConfig = QuantConfig()):
+        shape = (batch, kv_heads, max_len, head_dim)
+        assert config.dim in (-1, 3), config
+        self.max_len = max_len
+        self.config = config
+        self.k = [empty_qtensor(shape, dtype, config, alloc) for _ in range(num_layers)]
+        self.v = [empty_qtensor(shape, dtype, config, alloc) for _ in range(num_layers)]
+
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int):
+        """Quantize k_new/v_new [B, KVH, S, D] into slots [start, start+S); return lazy K, V over [0, end)."""
+        end = start + k_new.shape[2]
+        assert end <= self.max_len, (end, self.max_len)
+        self.k[layer].write_rows(start, quantize(k_new, self.config))
+        self.v[layer].write_rows(start, quantize(v_new, self.config))
+        return self.k[layer].row_slice(0, end), self.v[layer].row_slice(0, end)
+
+    def dequantized(self, layer: int, end: int, dtype=None):
+        """Full K, V [B, KVH, end, D] (strided views of K^T / V^T buffers), e.g. for a prefill's SDPA."""
+        k, v = self.k[layer].row_slice(0, end), self.v[layer].row_slice(0, end)
+        return dequantize(k, dtype=dtype), dequantize(v, dtype=dtype)
+
+    def nbytes(self) -> int:
+        return sum(qt.nbytes for qt in self.k + self.v)

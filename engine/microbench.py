@@ -1,0 +1,79 @@
+"""Microbenchmarks that pick the matmul path per phase: bf16 GEMM, 4-bit dequant (+ GEMM), aten int4pack.
+
+Each figure is the median of `repeats` timed calls after a warm-up, measured side by side in one process;
+GFLOP/s counts 2 * rows * N * K flops per call (the dequant time included where the path needs it)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine.quant import QuantConfig, dequantize, dequantize_transposed, int4_linear, pack_int4, quantize
+
+
+def median_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of fn() over `repeats` calls, after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def gflops(rows: int, n: int, k: int, seconds: float) -> float:
+    """2 * rows * n * k / seconds, in GFLOP/s."""
+    return 2 * rows * n * k / seconds / 1e9
+
+
+def naive_dequantize(qt, dtype: torch.dtype) -> torch.Tensor:
+    """The straightforward eager baseline: unpack into [N, ng, G] and broadcast m, s along the row-major groups."""
+    data = qt.data.movedim(-1, 0)  # [N, ng, G/2]
+    q = torch.cat([data & 15, data >> 4], dim=-1).to(dtype)  # [N, ng, G]
+    w = q * qt.scales.T.to(dtype).unsqueeze(-1) + qt.mins.T.to(dtype).unsqueeze(-1)
+    return w.reshape(data.shape[0], -1)[:, : qt.cols]
+
+
+def dequant_timings(qt, dtype: torch.dtype, repeats: int) -> dict:
+    """ms to dequantize qt: ours with reused buffers, ours allocating, and the naive baseline."""
+    out = torch.empty(qt.buffer_shape, dtype=dtype)
+    scratch = torch.empty(qt.buffer_shape, dtype=torch.uint8)
+    ours = median_seconds(lambda: dequantize_transposed(qt, out, scratch), repeats)
+    fresh = median_seconds(lambda: dequantize_transposed(qt, dtype=dtype), repeats)
+    naive = median_seconds(lambda: naive_dequantize(qt, dtype), repeats)
+    return {"dequant_ms": ours * 1e3, "dequant_alloc_ms": fresh * 1e3, "naive_dequant_ms": naive * 1e3,
+            "naive_over_ours": naive / ours}
+
+
+def row_timings(qt, w: torch.Tensor, rows: int, dequant_s: float, repeats: int) -> dict:
+    """For one row count: bf16 GEMM, dequant + bf16 GEMM (on the transposed buffer), int4pack_mm."""
+    n, k = w.shape
+    x = torch.randn(rows, k, dtype=w.dtype)
+    wt = dequantize(qt, dtype=w.dtype)  # a [N, K] view of W^T contiguous, as the dequant path leaves it
+    packed = pack_int4(qt, w.dtype)
+    gemm = median_seconds(lambda: F.linear(x, w), repeats)
+    gemm_t = median_seconds(lambda: F.linear(x, wt), repeats)
+    int4 = median_seconds(lambda: int4_linear(x, packed), repeats)
+    return {"rows": rows, "gemm_gflops": gflops(rows, n, k, gemm),
+            "gemm_transposed_gflops": gflops(rows, n, k, gemm_t),
+            "dequant_gemm_gflops": gflops(rows, n, k, gemm_t + dequant_s),
+            "int4pack_gflops": gflops(rows, n, k, int4), "gemm_ms": gemm * 1e3, "int4pack_ms": int4 * 1e3}
+
+
+def layer_report(n: int = 4096, k: int = 4096, rows=(1, 16, 256), dtype=torch.bfloat16,
+                 cfg: QuantConfig = QuantConfig(), repeats: int = 5) -> dict:
+    """All paths for one [n, k] Linear layer; dequant + GEMM counts one dequant per GEMM call
+    (a zig-zag block reuses one dequant over num_gb GEMMs, so that figure is a lower bound)."""
+    torch.manual_seed(0)
+    w = (torch.randn(n, k) * 0.02).to(dtype)
+    qt = quantize(w, cfg)
+    deq = dequant_timings(qt, dtype, repeats)
+    per_rows = [row_timings(qt, w, r, deq["dequant_ms"] / 1e3, repeats) for r in rows]
+    return {"n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "group_size": cfg.group_size,
+            "threads": torch.get_num_threads(), "weight_bytes": w.numel() * w.element_size(),
+            "packed_bytes": qt.nbytes, **deq, "by_rows": per_rows}

@@ -1,0 +1,111 @@
+"""`Policy`: how the engine runs a workload. FlexGen's block schedule and placement (batch sizes, fractions of
+weights / KV cache / activations on the gpu, cpu and disk tiers, 4-bit compression, CPU attention) plus
+FlexInfer's per-phase compute choice: CPU-only, GPU with offloading, or a static split by layers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from engine.errors import InvalidParamsError
+
+TIERS = ("gpu", "cpu", "disk")
+PHASE_DEVICES = ("cpu", "gpu", "split")
+DEFAULT_GBS = 8
+DEFAULT_NUM_GB = 2
+_FRACTION_NAMES = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu", "act_cpu")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Fractions on `gpu` and `cpu`; the rest of each kind lives on `disk`. For a phase on `split`, layers
+    below `*_split_layer` run on the CPU and the others on the GPU."""
+
+    gbs: int = DEFAULT_GBS
+    num_gb: int = DEFAULT_NUM_GB
+    weight_gpu: float = 0.0
+    weight_cpu: float = 1.0
+    cache_gpu: float = 0.0
+    cache_cpu: float = 1.0
+    act_gpu: float = 0.0
+    act_cpu: float = 1.0
+    compress_weight: bool = False
+    compress_cache: bool = False
+    cpu_attention: bool = True
+    prefill_device: str = "cpu"
+    decode_device: str = "cpu"
+    prefill_split_layer: int = 0
+    decode_split_layer: int = 0
+    weight_disk: float = field(init=False)
+    cache_disk: float = field(init=False)
+    act_disk: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("gbs", "num_gb"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidParamsError(f"{name}={value!r} is invalid: use a positive integer")
+        for name in _FRACTION_NAMES:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise InvalidParamsError(f"{name}={value!r} is invalid: a fraction must lie in [0, 1]")
+        for kind in ("weight", "cache", "act"):
+            rest = 1.0 - getattr(self, f"{kind}_gpu") - getattr(self, f"{kind}_cpu")
+            if rest < -1e-9:
+                raise InvalidParamsError(
+                    f"{kind}: gpu {getattr(self, f'{kind}_gpu')} + cpu {getattr(self, f'{kind}_cpu')} exceeds 1; "
+                    "the two fractions must sum to at most 1 (the rest goes to disk)")
+            object.__setattr__(self, f"{kind}_disk", max(0.0, round(rest, 9)))
+        for phase in ("prefill", "decode"):
+            self._check_phase(phase)
+
+    def _check_phase(self, phase: str) -> None:
+        device, split = getattr(self, f"{phase}_device"), getattr(self, f"{phase}_split_layer")
+        if device not in PHASE_DEVICES:
+            raise InvalidParamsError(f"{phase}_device={device!r} is invalid: use one of {', '.join(PHASE_DEVICES)}")
+        if isinstance(split, bool) or not isinstance(split, int) or split < 0:
+            raise InvalidParamsError(f"{phase}_split_layer={split!r} is invalid: use a layer index >= 0")
+        if device == "split" and split == 0:
+            raise InvalidParamsError(f"{phase}_device='split' needs {phase}_split_layer >= 1 (the first GPU layer)")
+
+    @property
+    def block_size(self) -> int:
+        return self.gbs * self.num_gb
+
+    def uses_gpu(self) -> bool:
+        on_gpu = self.weight_gpu + self.cache_gpu + self.act_gpu > 0
+        return on_gpu or self.prefill_device != "cpu" or self.decode_device != "cpu"
+
+    def layer_on_gpu(self, phase: str, layer: int) -> bool:
+        """Whether `layer` computes on the GPU in `phase` ("prefill" or "decode")."""
+        device = getattr(self, f"{phase}_device")
+        return device == "gpu" or (device == "split" and layer >= getattr(self, f"{phase}_split_layer"))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for kind in ("weight", "cache", "act"):
+            d.pop(f"{kind}_disk")
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Policy:
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__) - {"weight_disk", "cache_disk", "act_disk"})
+        if unknown:
+            raise InvalidParamsError(f"unknown policy fields {unknown}; known: {sorted(Policy().to_dict())}")
+        return cls(**{k: v for k, v in d.items() if not k.endswith("_disk")})
+
+    @classmethod
+    def from_json(cls, text: str) -> Policy:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_percent(cls, percent: tuple[float, ...], **kw) -> Policy:
+        """FlexGen's `--percent WG WC CG CC HG HC` (0-100 each)."""
+        if len(percent) != 6 or any(not 0 <= p <= 100 for p in percent):
+            raise InvalidParamsError(f"--percent {percent!r} is invalid: give six numbers in [0, 100]: "
+                                     "weights gpu cpu, cache gpu cpu, activations gpu cpu")
+        names = _FRACTION_NAMES
+        return cls(**{n: p / 100 for n, p in zip(names, percent)}, **kw)

@@ -1,0 +1,163 @@
+"""FlexGen's zig-zag block schedule: for each generation step, for each layer, for each GPU batch. A layer's
+weights are loaded once per step and reused by every GPU batch of the block; the next layer loads in the
+background while the current one computes. The loop is written once: the policy decides, through the weight
+store, the activation and KV placement, and the per-phase compute device, what each load and store does."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import decode_mask, prefill_mask
+from engine.kv_cache import KVCache
+from engine.models import StepContext
+from engine.placement import PlacedActivations, PlacedKV, alloc, row_segments
+from engine.policy import Policy
+from engine.rows import RowState
+from engine.sampling import chosen_logprobs, next_tokens
+
+
+class GpuBatch:
+    """One GPU batch of a block: its rows (left-padded to the block's prompt length S), KV cache and
+    activations, and the step context of the current step."""
+
+    def __init__(self, rows: list[RowState], S: int, T: int, pad: int):
+        self.rows, self.S, self.T = rows, S, T
+        B = len(rows)
+        self.ids = torch.full((B, S), pad, dtype=torch.long)
+        self.valid = torch.zeros((B, T), dtype=torch.bool)
+        for b, r in enumerate(rows):
+            L = len(r.prompt_ids)
+            self.ids[b, S - L :] = torch.tensor(r.prompt_ids)
+            self.valid[b, S - L : S] = True
+        self.lengths = self.valid[:, :S].sum(-1, keepdim=True)
+        self.want_logprobs = any(r.req.params.logprobs for r in rows)
+        self.last: torch.Tensor | None = None  # tokens chosen at the previous step [B]
+
+    @property
+    def done(self) -> bool:
+        return all(r.done for r in self.rows)
+
+    def context(self, step: int, window: int | None, cache) -> tuple[torch.Tensor, StepContext]:
+        """Input ids and context of generation step `step` (0 = prefill)."""
+        if step == 0:
+            positions = (self.valid[:, : self.S].cumsum(-1) - 1).clamp(min=0)
+            return self.ids, StepContext(positions, prefill_mask(self.valid[:, : self.S], window), 0, cache)
+        slot = self.S + step - 1
+        self.valid[:, slot] = True
+        mask = decode_mask(self.valid, slot + 1, window)
+        return self.last.view(-1, 1), StepContext(self.lengths + step - 1, mask, slot, cache)
+
+    def choose(self, logits: torch.Tensor, tokenizer) -> None:
+        tokens = next_tokens(logits, [r.req.params for r in self.rows], [r.generator for r in self.rows])
+        lps = chosen_logprobs(logits, tokens).tolist() if self.want_logprobs else [None] * len(self.rows)
+        for r, t, lp in zip(self.rows, tokens.tolist(), lps):
+            r.push(t, lp, tokenizer)
+        self.last = tokens
+
+
+class BlockExecutor:
+    """Runs blocks of rows (up to gbs * num_gb) through the zig-zag loop under one `Policy`."""
+
+    def __init__(self, spec, model, global_weights, weights, devices, policy: Policy, dtype, tokenizer, pad: int,
+                 kv_codec=None):
+        self.spec, self.model, self.gw, self.weights = spec, model, global_weights, weights
+        self.devices, self.policy, self.dtype, self.tokenizer, self.pad = devices, policy, dtype, tokenizer, pad
+        self.kv_codec = kv_codec  # makes compressed caches; None keeps K/V in the compute dtype
+        self._held: list[tuple[str, int]] = []
+
+    def device(self, phase: str, layer: int) -> str:
+        return "gpu" if self.policy.layer_on_gpu(phase, layer) else "cpu"
+
+    def run(self, rows: list[RowState]) -> None:
+        p = self.policy
+        S = max(len(r.prompt_ids) for r in rows)
+        T = S + max(r.req.params.max_new_tokens for r in rows)
+        batches = [GpuBatch(rows[i : i + p.gbs], S, T, self.pad) for i in range(0, len(rows), p.gbs)]
+        try:
+            for b in batches:
+                b.kv = self._make_kv(len(b.rows), T)
+                acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
+                b.acts = PlacedActivations.create(self.devices, acts, (len(b.rows), S, self.spec.hidden_size),
+                                                  self.dtype)
+            for step in range(T - S):
+                live = [b for b in batches if not b.done]
+                if not live:
+                    break
+                self._step(live, step)
+        finally:
+            for tier, nbytes in self._held:
+                self.devices.tiers[tier].release(nbytes)
+            self._held.clear()
+
+    def _alloc(self, tier: str):
+        def make(shape, dtype):
+            t = alloc(self.devices, tier, shape, dtype, "KV cache")
+            self._held.append((tier, t.numel() * t.element_size()))
+            return t
+
+        return make
+
+    def _make_kv(self, B: int, T: int) -> PlacedKV:
+        spec, p = self.spec, self.policy
+        fractions = {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}
+        segments = []
+        for tier, rows in row_segments(B, fractions):
+            n = rows.stop - rows.start
+            make = self.kv_codec.cache if self.kv_codec else KVCache
+            cache = make(spec.num_layers, n, spec.num_kv_heads, T, spec.head_dim, self.dtype, alloc=self._alloc(tier))
+            segments.append((tier, rows, cache))
+        return PlacedKV(self.devices, segments, p.cpu_attention)
+
+    def _step(self, live: list[GpuBatch], step: int) -> None:
+        phase = "prefill" if step == 0 else "decode"
+        ctxs = []
+        for b in live:
+            ids, ctx = b.context(step, self.spec.sliding_window, b.kv)
+            self.model.begin_step(ctx)
+            b.acts.store(self.model.embed(self.gw, ids, ctx), "cpu")
+            ctxs.append(ctx)
+        L = self.spec.num_layers
+        for j in range(L):
+            dev = self.device(phase, j)
+            w = self.weights.get(j, dev)
+            if j + 1 < L:
+                self.weights.prefetch(j + 1, self.device(phase, j + 1))
+            else:
+                self.weights.prefetch(0, self.device("decode", 0))
+            for b, ctx in zip(live, ctxs):
+                b.kv.compute, b.kv.decode = dev, phase == "decode"
+                b.acts.store(self.model.layer(w, b.acts.load(dev), self._on(ctx, dev), j), dev)
+            del w
+        for b in live:
+            b.choose(self.model.head(self.gw, b.acts.load("cpu")[:, -1]), self.tokenizer)
+
+    def _on(self, ctx: StepContext, dev: str) -> StepContext:
+        """The step context with its tensors on compute device `dev` (a no-op unless that is CUDA)."""
+        target = self.devices.torch_device(dev)
+        if ctx.positions.device == target:
+            return ctx
+        moved = getattr(ctx, "_moved", None)
+        if moved is None:
+            rope = tuple(t.to(target) for t in ctx.rope) if ctx.rope is not None else None
+            moved = StepContext(ctx.positions.to(target), ctx.mask.to(target), ctx.start, ctx.cache, rope)
+            ctx._moved = moved
+        return moved
+
+    def block_bytes(self, rows: int, S: int, T: int) -> dict[str, int]:
+        """Bytes a block of `rows` rows (prompt length S, total length T) needs per tier for its KV cache and
+        activations, plus the CPU staging of two layers read from disk (the one computing, the one prefetched)."""
+        spec, p = self.spec, self.policy
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        need = dict.fromkeys(("gpu", "cpu", "disk"), 0)
+        for start in range(0, rows, p.gbs):
+            B = min(p.gbs, rows - start)
+            kv = {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}
+            for tier, r in row_segments(B, kv):
+                per_row = 2 * spec.num_layers * spec.num_kv_heads * T * spec.head_dim
+                need[tier] += int(per_row * (r.stop - r.start) * (self.kv_codec.bytes_per_elem if self.kv_codec else elem))
+            acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
+            for tier, r in row_segments(B, acts):
+                need[tier] += (r.stop - r.start) * S * spec.hidden_size * elem
+        if "disk" in self.weights.placement:
+            need["cpu"] += 2 * max(self.weights.layer_bytes)
+        return need

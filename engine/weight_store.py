@@ -1,0 +1,115 @@
+"""Layer weights placed on tiers at layer granularity, loaded on demand for the compute device, with the next
+layer prefetched by a background thread while the current one computes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.policy import Policy
+from engine.tiers import Devices, tensor_bytes
+from engine.weights import CheckpointReader, LayerWeights
+
+log = logging.getLogger(__name__)
+DEFAULT_OFFLOAD_DIR = Path.home() / ".cache" / "flexbatch" / "offload"
+
+
+def layer_tiers(num_layers: int, fractions: dict[str, float]) -> list[str]:
+    """Assign each layer a tier so that each tier gets round(fraction * layers) layers, spread evenly (a disk
+    layer between resident ones gives its read time to overlap with their compute)."""
+    counts, acc = {}, 0.0
+    for name in ("gpu", "cpu", "disk"):
+        start = round(acc * num_layers)
+        acc += fractions[name]
+        counts[name] = round(min(acc, 1.0) * num_layers) - start
+    counts["disk"] = num_layers - counts["gpu"] - counts["cpu"]
+    out, given = [], dict.fromkeys(counts, 0)
+    for i in range(num_layers):
+        name = max(counts, key=lambda t: (counts[t] * (i + 1) / num_layers - given[t], -"gpu cpu disk".find(t)))
+        out.append(name)
+        given[name] += 1
+    return out
+
+
+class WeightStore:
+    """Holds every layer on its tier: `gpu`/`cpu` layers in memory, `disk` layers as one safetensors file per
+    layer in the offload folder (written once per model and format, then reused)."""
+
+    def __init__(self, reader: CheckpointReader, policy: Policy, devices: Devices, dtype: torch.dtype,
+                 codec=None, offload_dir: Path | None = None):
+        self.devices = devices
+        self.dtype = dtype
+        self.codec = codec  # compresses / decompresses a layer; None keeps weights as they are
+        fractions = {"gpu": policy.weight_gpu, "cpu": policy.weight_cpu, "disk": policy.weight_disk}
+        self.placement = layer_tiers(reader.spec.num_layers, fractions)
+        self.resident: dict[int, LayerWeights] = {}
+        self.files: dict[int, Path] = {}
+        self.layer_bytes: list[int] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-prefetch")
+        self._pending: dict[tuple[int, str], Future] = {}
+        folder = self._offload_folder(reader, offload_dir) if "disk" in self.placement else None
+        for i, tier in enumerate(self.placement):
+            self._place(reader, i, tier, folder)
+        if folder is not None:
+            (folder / "complete.json").write_text(json.dumps({"layers": len(self.placement)}))
+
+    def _place(self, reader: CheckpointReader, i: int, tier: str, folder: Path | None) -> None:
+        path = folder / f"layer_{i:04d}.safetensors" if folder else None
+        if tier == "disk" and (folder / "complete.json").is_file():
+            self.files[i] = path
+            self.layer_bytes.append(path.stat().st_size)
+            self.devices.tiers["disk"].reserve(self.layer_bytes[-1], f"layer {i}")
+            return
+        lw = reader.layer(i, self.dtype)
+        stored = self.codec.encode(lw) if self.codec else lw
+        nbytes = tensor_bytes(stored.values())
+        self.layer_bytes.append(nbytes)
+        self.devices.tiers[tier].reserve(nbytes, f"layer {i}")
+        if tier == "disk":
+            save_file(stored, str(path), metadata=self.codec.metadata() if self.codec else None)
+            self.files[i] = path
+        else:
+            dev = self.devices.torch_device(tier)
+            self.resident[i] = {k: v.to(dev) for k, v in stored.items()}
+
+    def _offload_folder(self, reader: CheckpointReader, offload_dir: Path | None) -> Path:
+        """One folder per (checkpoint, dtype, format): the key hashes config.json and the weight files' sizes
+        and mtimes, so a changed checkpoint gets a new folder."""
+        h = hashlib.sha256()
+        h.update((reader.dir / "config.json").read_bytes())
+        for f in sorted(reader.dir.glob("*.safetensors")):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        h.update(f"{self.dtype}:{self.codec.metadata() if self.codec else 'plain'}".encode())
+        folder = Path(offload_dir or DEFAULT_OFFLOAD_DIR) / h.hexdigest()[:16]
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def _load(self, i: int, device: str) -> LayerWeights:
+        """Layer i ready to compute on `device`: read from disk if needed, moved, then decompressed there."""
+        tier = self.placement[i]
+        if tier == "disk":
+            stored, src = load_file(str(self.files[i])), "cpu"
+            self.devices.links.add("disk", "cpu", self.layer_bytes[i])
+        else:
+            stored, src = self.resident[i], tier
+        moved = {k: self.devices.move(v, src, device) for k, v in stored.items()}
+        return self.codec.decode(moved) if self.codec else moved
+
+    def prefetch(self, i: int, device: str) -> None:
+        if 0 <= i < len(self.placement) and (i, device) not in self._pending:
+            self._pending[(i, device)] = self._pool.submit(self._load, i, device)
+
+    def get(self, i: int, device: str) -> LayerWeights:
+        future = self._pending.pop((i, device), None)
+        return future.result() if future is not None else self._load(i, device)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pending.clear()
