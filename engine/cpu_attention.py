@@ -17,7 +17,15 @@ import math
 import torch
 
 from engine.attention import attend
-from engine.quant import QTensor, QuantConfig, dequantize, dequantize_transposed, empty_qtensor, quantize
+from engine.quant import (
+    DEFAULT_CONFIG,
+    QTensor,
+    QuantConfig,
+    dequantize,
+    dequantize_transposed,
+    empty_qtensor,
+    quantize,
+)
 
 CacheTensor = torch.Tensor | QTensor
 
@@ -51,16 +59,16 @@ def _chunk_t(x: CacheTensor, t0: int, t1: int, buf: torch.Tensor, scratch: torch
 
 def _fold_chunk(state, qg, kt, vt, allowed):
     """One online-softmax step. qg [B, KVH, g, D] (scaled), kt/vt [B, KVH, D, Tc], allowed [B, 1, 1, Tc]."""
-    m, l, o = state  # [B, KVH, g, 1], [B, KVH, g, 1], [B, KVH, g, D]
+    run_max, denom, o = state  # [B, KVH, g, 1], [B, KVH, g, 1], [B, KVH, g, D]
     a = torch.matmul(qg, kt)  # [B, KVH, g, Tc]
     a.masked_fill_(~allowed, -math.inf)
-    m_new = torch.maximum(m, a.amax(-1, keepdim=True))
+    m_new = torch.maximum(run_max, a.amax(-1, keepdim=True))
     shift = torch.where(torch.isinf(m_new), 0.0, m_new)  # all masked so far: keep exp() finite
-    alpha = torch.exp(m - shift)
+    alpha = torch.exp(run_max - shift)
     p = torch.exp(a - shift)  # [B, KVH, g, Tc]
-    l = l * alpha + p.sum(-1, keepdim=True)
+    denom = denom * alpha + p.sum(-1, keepdim=True)
     o = o * alpha + torch.matmul(p, vt.mT)  # [B, KVH, g, D]
-    return m_new, l, o
+    return m_new, denom, o
 
 
 def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor,
@@ -83,8 +91,8 @@ def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torc
         kt = _chunk_t(k, t0, t1, buffers.k, buffers.scratch)
         vt = _chunk_t(v, t0, t1, buffers.v, buffers.scratch)
         state = _fold_chunk(state, qg, kt, vt, mask[..., t0:t1])
-    _, l, o = state
-    return (o / l).reshape(B, NH, 1, D).to(q.dtype)
+    _, denom, o = state
+    return (o / denom).reshape(B, NH, 1, D).to(q.dtype)
 
 
 def attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor, scale=None, chunk=512):
@@ -102,7 +110,7 @@ class QuantKVCache:
     `update` returns QTensor views over slots [0, end) that `attention` / `decode_attention` read lazily."""
 
     def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype,
-                 alloc=None, config: QuantConfig = QuantConfig()):
+                 alloc=None, config: QuantConfig = DEFAULT_CONFIG):
         shape = (batch, kv_heads, max_len, head_dim)
         assert config.dim in (-1, 3), config
         self.max_len = max_len

@@ -11,7 +11,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.quant import QuantConfig, dequantize, dequantize_transposed, int4_linear, pack_int4, quantize
+from engine.quant import (
+    DEFAULT_CONFIG,
+    QuantConfig,
+    dequantize,
+    dequantize_transposed,
+    int4_linear,
+    pack_int4,
+    quantize,
+)
 
 
 def median_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
@@ -66,7 +74,7 @@ def row_timings(qt, w: torch.Tensor, rows: int, dequant_s: float, repeats: int) 
 
 
 def layer_report(n: int = 4096, k: int = 4096, rows=(1, 16, 256), dtype=torch.bfloat16,
-                 cfg: QuantConfig = QuantConfig(), repeats: int = 5) -> dict:
+                 cfg: QuantConfig = DEFAULT_CONFIG, repeats: int = 5) -> dict:
     """All paths for one [n, k] Linear layer; dequant + GEMM counts one dequant per GEMM call
     (a zig-zag block reuses one dequant over num_gb GEMMs, so that figure is a lower bound)."""
     torch.manual_seed(0)

@@ -109,3 +109,25 @@ class Policy:
                                      "weights gpu cpu, cache gpu cpu, activations gpu cpu")
         names = _FRACTION_NAMES
         return cls(**{n: p / 100 for n, p in zip(names, percent)}, **kw)
+
+
+_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9, "T": 1e12, "TB": 1e12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str | float | int | None, name: str = "memory") -> float | None:
+    """'24GiB', '512MB', '1e9' -> bytes; None or '' -> None (no limit)."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = str(text).strip().upper().replace(" ", "")
+    num = s.rstrip("KMGTIB")
+    unit = s[len(num):]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise InvalidParamsError(f"{name}={text!r} is not a size; write e.g. 512MiB, 4GiB or 2e9") from None
+    if value <= 0:
+        raise InvalidParamsError(f"{name}={text!r} must be positive")
+    return value

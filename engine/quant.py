@@ -122,6 +122,9 @@ class QTensor:
         return qt
 
 
+DEFAULT_CONFIG = QuantConfig()
+
+
 def _moved_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
     """The shape with the group dim last, as [*L, R, C] (a 1-D tensor gets R = 1)."""
     dim %= len(shape)
@@ -134,7 +137,7 @@ def _packed_shape(shape: tuple[int, ...], cfg: QuantConfig) -> tuple[int, ...]:
     return (*lead, math.ceil(c / cfg.group_size), cfg.group_size // 2, r)
 
 
-def empty_qtensor(shape, dtype: torch.dtype, cfg: QuantConfig = QuantConfig(), alloc=None) -> QTensor:
+def empty_qtensor(shape, dtype: torch.dtype, cfg: QuantConfig = DEFAULT_CONFIG, alloc=None) -> QTensor:
     """A zero-filled QTensor of `shape` (e.g. a preallocated KV cache); `alloc(shape, dtype)` makes buffers."""
     alloc = alloc or (lambda s, d: torch.zeros(s, dtype=d))
     packed = _packed_shape(tuple(shape), cfg)
@@ -171,7 +174,7 @@ def _quantize_rows(x: torch.Tensor, group: int):
     return data, mins.movedim(-1, -2).contiguous(), scales.movedim(-1, -2).contiguous()
 
 
-def quantize(x: torch.Tensor, cfg: QuantConfig = QuantConfig()) -> QTensor:
+def quantize(x: torch.Tensor, cfg: QuantConfig = DEFAULT_CONFIG) -> QTensor:
     """x (any float dtype) -> QTensor grouped along cfg.dim, in passes of ~4M values."""
     qt = empty_qtensor(x.shape, x.dtype, cfg, alloc=lambda s, d: torch.empty(s, dtype=d))
     moved = x.movedim(cfg.dim, -1).reshape(_moved_shape(tuple(x.shape), cfg.dim))  # [*L, R, C]

@@ -14,6 +14,7 @@ import click
 import jobs
 from engine.errors import FlexbatchError, ModelNotFoundError
 from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
+from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
 from pipeline.runner import JobSummary, RunConfig, run_job
 
 USER_ERROR_EXIT = 2
@@ -69,15 +70,14 @@ def main() -> None:
               help="Add a logprobs column: the log-probability of each generated token.  [default: off]")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=_RC["dtype"], show_default=True,
               help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=_RC["batch_size"], show_default=True,
-              help="Prompts decoded together.")
 @click.option("--truncate", type=click.Choice(TRUNCATE_CHOICES), default=_RC["truncate"], show_default=True,
               help="A prompt longer than the context: 'error' fails that row, 'left' keeps its last tokens.")
 @click.option("--overwrite", is_flag=True,
               help="Replace the output of another job in --output (removes its Parquet parts).  "
                    "[default: off, such a folder is refused]")
+@policy_options
 def run(model, input_, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop, seed, logprobs,
-        dtype, batch_size, truncate, overwrite) -> None:
+        dtype, truncate, overwrite, **policy_opts) -> None:
     """Complete every prompt of the input Parquet and write one output part per input file.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
@@ -91,9 +91,11 @@ def run(model, input_, output, prompt_column, max_new_tokens, temperature, top_p
     try:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 stop=tuple(stop), seed=seed, logprobs=logprobs)
+        offload_dir = policy_opts.pop("offload_dir")
         config = RunConfig(input=input_, output=output, model=model or _default_model(),
-                           prompt_column=prompt_column, params=params, dtype=dtype, batch_size=batch_size,
-                           truncate=truncate, overwrite=overwrite)
+                           prompt_column=prompt_column, params=params, dtype=dtype,
+                           policy=policy_from_options(policy_opts), budgets=budgets_from_options(policy_opts),
+                           offload_dir=offload_dir, truncate=truncate, overwrite=overwrite)
         summary = run_job(config)
     except FlexbatchError as e:
         _fail(e)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.policy import Policy
 from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, Completion, Request, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from pipeline.errors import ConfigError, InputError
@@ -44,7 +45,9 @@ class RunConfig:
     prompt_column: str = "prompt"
     params: SamplingParams = field(default_factory=SamplingParams)
     dtype: str = "auto"
-    batch_size: int = 8
+    policy: Policy = field(default_factory=Policy)
+    budgets: dict = field(default_factory=dict)
+    offload_dir: Path | None = None
     truncate: str = "error"
     overwrite: bool = False
 
@@ -60,8 +63,8 @@ class RunConfig:
             raise ConfigError(f"--dtype {self.dtype!r} is invalid: expected one of {', '.join(DTYPE_CHOICES)}")
         if self.truncate not in TRUNCATE_CHOICES:
             raise ConfigError(f"--truncate {self.truncate!r} is invalid: expected one of {', '.join(TRUNCATE_CHOICES)}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"--batch-size {self.batch_size!r} is invalid: expected a positive integer such as 8")
+        if not isinstance(self.policy, Policy):
+            raise ConfigError(f"policy {self.policy!r} is invalid: expected an engine.policy.Policy")
 
 
 @dataclass(frozen=True)
@@ -100,15 +103,15 @@ def plan_job(config: RunConfig) -> JobPlan:
             raise InputError(f"input file {f.path} lies in the output folder {config.output}; choose another --output")
     spec = load_model_spec(config.model)
     record = job_record(_job_config(config, files), {str(f.path): f.part_name for f in files})
-    record["run"] = {"input": config.input, "batch_size": config.batch_size}  # recorded, not hashed
+    record["run"] = {"input": config.input, "policy": config.policy.to_dict()}  # recorded, not hashed
     check = check_output(config.output, record, config.overwrite)
     return JobPlan(config=config, files=files, spec=spec, record=record, output=check)
 
 
 def _job_config(config: RunConfig, files: tuple[InputFile, ...]) -> dict:
     """What the output depends on; its hash decides whether a folder holds this job's output. The input is
-    named by its resolved files (not how it was spelled) and the batch size is left out, as neither changes
-    the completions."""
+    named by its resolved files (not how it was spelled); of the policy only compression counts, as placement
+    and block sizes do not change the completions."""
     return {
         "model": str(config.model),
         "input_files": [str(f.path) for f in files],
@@ -116,6 +119,8 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...]) -> dict:
         "params": dataclasses.asdict(config.params),
         "dtype": config.dtype,
         "truncate": config.truncate,
+        "compress_weight": config.policy.compress_weight,
+        "compress_cache": config.policy.compress_cache,
     }
 
 
@@ -145,7 +150,8 @@ def _load_engine(config: RunConfig) -> Engine:
     from engine.generate import Engine  # torch is imported only when a job runs, not for --help
 
     started = time.perf_counter()
-    engine = Engine.load(config.model, dtype=config.dtype)
+    engine = Engine.load(config.model, dtype=config.dtype, policy=config.policy, budgets=config.budgets,
+                         offload_dir=config.offload_dir)
     log.info("loaded %s as %s in %.1f s", config.model, engine.dtype, time.perf_counter() - started)
     return engine
 
@@ -187,12 +193,12 @@ def _complete(engine: Engine, items: list[Request | Completion], config: RunConf
     seconds spent generating."""
     slots = [i for i, item in enumerate(items) if isinstance(item, Request)]
     done = list(items)
-    per_call = config.batch_size * _REQUESTS_PER_CALL_PER_BATCH
+    per_call = config.policy.block_size * _REQUESTS_PER_CALL_PER_BATCH
     seconds = 0.0
     for start in range(0, len(slots), per_call):
         chunk = slots[start : start + per_call]
         started = time.perf_counter()
-        out = engine.generate([items[i] for i in chunk], batch_size=config.batch_size, truncate=config.truncate)
+        out = engine.generate([items[i] for i in chunk], truncate=config.truncate)
         seconds += time.perf_counter() - started
         if len(out) != len(chunk):
             raise RuntimeError(f"engine returned {len(out)} completions for {len(chunk)} requests")

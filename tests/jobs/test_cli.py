@@ -43,7 +43,9 @@ def test_help_teaches_every_option_and_its_default():
     text = " ".join(result.output.split())
     for option in ("--model", "--input", "--output", "--prompt-column", "--max-new-tokens", "--temperature",
                    "--top-p", "--top-k", "--stop", "--seed", "--logprobs", "--dtype", "--batch-size",
-                   "--truncate", "--overwrite"):
+                   "--truncate", "--overwrite", "--gbs", "--num-gb", "--percent", "--compress-weight",
+                   "--compress-cache", "--cpu-attention", "--prefill-device", "--decode-device", "--gpu-mem",
+                   "--cpu-mem", "--disk-mem", "--offload-dir"):
         assert option in text
     assert f"[default: {DEFAULT_MAX_NEW_TOKENS}]" in text and "[default: prompt]" in text
     assert "Example: flexbatch run --input" in text
@@ -104,7 +106,8 @@ def test_output_folder_with_foreign_files(tmp_path, tiny_llama_dir, no_model_loa
 
 @pytest.mark.parametrize(
     ("option", "value", "fragment"),
-    [("--temperature", "-1", "temperature=-1.0"), ("--top-p", "0", "top_p=0.0"), ("--max-new-tokens", "0", "max_new_tokens=0")],
+    [("--temperature", "-1", "temperature=-1.0"), ("--top-p", "0", "top_p=0.0"), ("--max-new-tokens", "0", "max_new_tokens=0"),
+     ("--cpu-mem", "lots", "--cpu-mem='lots'"), ("--decode-device", "split", "decode_split_layer >= 1")],
 )
 def test_bad_option_values(tmp_path, tiny_llama_dir, no_model_load, option, value, fragment):
     f = write_parquet(tmp_path / "a.parquet", prompt=["hi"])
@@ -112,7 +115,8 @@ def test_bad_option_values(tmp_path, tiny_llama_dir, no_model_load, option, valu
     assert_user_error(result, fragment)
 
 
-@pytest.mark.parametrize("args", [["--batch-size", "0"], ["--dtype", "float16"], ["--truncate", "right"], []])
+@pytest.mark.parametrize("args", [["--batch-size", "0"], ["--dtype", "float16"], ["--truncate", "right"], [],
+                                  ["--batch-size", "2", "--gbs", "2"]])
 def test_usage_errors_exit_2(tmp_path, args, no_model_load):
     result = CliRunner().invoke(cli.main, ["run", "--input", str(tmp_path), *args])
     assert result.exit_code == 2 and "Error" in result.stderr

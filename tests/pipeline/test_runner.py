@@ -4,6 +4,7 @@ import pyarrow as pa
 import pytest
 
 from engine.generate import Engine
+from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, plan_job, run_job
 from pipeline.errors import ConfigError, InputError, OutputFolderError
@@ -29,7 +30,7 @@ def _config(tmp_path, model, **kw):
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("dtype", "float16", "--dtype"), ("truncate", "right", "--truncate"), ("batch_size", 0, "--batch-size"),
+    [("dtype", "float16", "--dtype"), ("truncate", "right", "--truncate"), ("policy", "fast", "policy"),
      ("prompt_column", "", "--prompt-column"), ("input", "", "--input")],
 )
 def test_run_config_rejects_bad_options(tmp_path, field, value, message):
@@ -59,7 +60,7 @@ def test_job_over_several_files_keeps_every_row(tmp_path, tiny_llama_dir):
                   temperature=[None, -1.0, 0.8], id=[100, 101, None])
     write_parquet(tmp_path / "in" / "d2" / "empty.parquet", prompt=pa.array([], pa.string()))
     config = _config(tmp_path, tiny_llama_dir, input=f"{tmp_path}/in/**/*.parquet",
-                     params=SamplingParams(max_new_tokens=6, logprobs=True), batch_size=2)
+                     params=SamplingParams(max_new_tokens=6, logprobs=True), policy=Policy(gbs=2, num_gb=1))
     summary = run_job(config)
 
     out = tmp_path / "out"
@@ -101,7 +102,7 @@ def test_sampled_rows_differ_and_a_rerun_is_identical(tmp_path, tiny_llama_dir):
     run_job(config)  # same config: the folder is reused and the part rewritten
     assert read_rows(tmp_path / "out" / "a.parquet") == first
     # Neither the batch size nor how the input is spelled changes the completions, so the folder is reused.
-    run_job(dataclasses.replace(config, batch_size=1, input=str(tmp_path / "in" / "a.parquet")))
+    run_job(dataclasses.replace(config, policy=Policy(gbs=1, num_gb=1), input=str(tmp_path / "in" / "a.parquet")))
     assert read_rows(tmp_path / "out" / "a.parquet") == first
 
 
