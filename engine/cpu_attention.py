@@ -1,4 +1,4 @@
-"""Decode attention on the CPU, where the KV cache lives, over a plain or 4-bit cache (FlexGen section 4.2).
+"""Decode attention on the CPU where the KV cache lives (FlexGen's delegation), over a plain or 4-bit cache.
 
 Only q, the new k/v and the output cross tiers. The cache is walked in chunks of T: each chunk is dequantized
 (or widened) to float32 into reused buffers and folded into an online softmax, so no full-precision copy of the
@@ -28,6 +28,13 @@ from engine.quant import (
 )
 
 CacheTensor = torch.Tensor | QTensor
+CHUNK_BYTES = 4 << 20  # float32 bytes per chunk buffer: fastest here at B = 1 and B = 8 (64-1024 slots)
+
+
+def auto_chunk(batch: int, kv_heads: int, padded_head_dim: int) -> int:
+    """Slots per chunk so that one float32 chunk buffer holds about CHUNK_BYTES, within [64, 1024]."""
+    per_slot = batch * kv_heads * padded_head_dim * 4
+    return max(64, min(1024, CHUNK_BYTES // per_slot))
 
 
 class ChunkBuffers:
@@ -46,15 +53,14 @@ class ChunkBuffers:
 
 
 def _chunk_t(x: CacheTensor, t0: int, t1: int, buf: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """Slots [t0, t1) of a cache [B, KVH, T, D] -> float32 X^T [B, KVH, D, t1 - t0] (a view into buf)."""
+    """Slots [t0, t1) of a cache [B, KVH, T, D] -> float32 X^T [B, KVH, D, t1 - t0] (in buf, or a view of x)."""
     if isinstance(x, QTensor):
         xt = dequantize_transposed(x.row_slice(t0, t1), out=buf, scratch=scratch)  # [B, KVH, Dp, Tc]
         return xt[:, :, : x.cols]
-    chunk = x[:, :, t0:t1].mT  # [B, KVH, D, Tc]
-    if chunk.dtype == torch.float32:
-        return chunk
-    out = buf[: chunk.numel()].view(chunk.shape)
-    return out.copy_(chunk)
+    chunk = x[:, :, t0:t1]  # [B, KVH, Tc, D]
+    if chunk.dtype != torch.float32:  # widen in the cache's own layout: a streaming copy, not a transposing one
+        chunk = buf[: chunk.numel()].view(chunk.shape).copy_(chunk)
+    return chunk.mT  # [B, KVH, D, Tc]
 
 
 def _fold_chunk(state, qg, kt, vt, allowed):
@@ -72,11 +78,11 @@ def _fold_chunk(state, qg, kt, vt, allowed):
 
 
 def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor,
-                     scale: float | None = None, chunk: int = 512, buffers: ChunkBuffers | None = None):
+                     scale: float | None = None, chunk: int | None = None, buffers: ChunkBuffers | None = None):
     """softmax(scale * q K^T, masked) V for one query per row, chunk by chunk along T, in float32.
 
     q [B, NH, 1, D]; k, v [B, KVH, T, D] tensors or QTensors (grouped along D); mask [B, 1, 1, T] bool
-    (True = may attend) -> [B, NH, 1, D] in q's dtype."""
+    (True = may attend) -> [B, NH, 1, D] in q's dtype. chunk: slots per step (None: auto_chunk)."""
     B, NH, S, D = q.shape
     KVH, T = k.shape[1], k.shape[2]
     assert S == 1 and NH % KVH == 0 and mask.shape[-1] == T, (q.shape, k.shape, mask.shape)
@@ -85,6 +91,7 @@ def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torc
     state = (qg.new_full((*qg.shape[:3], 1), -math.inf), qg.new_zeros((*qg.shape[:3], 1)), torch.zeros_like(qg))
     buffers = buffers or ChunkBuffers()
     d_pad = k.buffer_shape[-2] if isinstance(k, QTensor) else D
+    chunk = chunk or auto_chunk(B, KVH, d_pad)
     buffers.reserve(B * KVH * d_pad * min(chunk, T))
     for t0 in range(0, T, chunk):
         t1 = min(t0 + chunk, T)
@@ -95,7 +102,7 @@ def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torc
     return (o / denom).reshape(B, NH, 1, D).to(q.dtype)
 
 
-def attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor, scale=None, chunk=512):
+def attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor, scale=None, chunk=None):
     """Dispatch: one query -> chunked decode_attention; a prefill over a QTensor cache -> dequantize, then SDPA."""
     if q.shape[2] == 1:
         return decode_attention(q, k, v, mask, scale, chunk)
@@ -130,6 +137,14 @@ class QuantKVCache:
         """Full K, V [B, KVH, end, D] (strided views of K^T / V^T buffers), e.g. for a prefill's SDPA."""
         k, v = self.k[layer].row_slice(0, end), self.v[layer].row_slice(0, end)
         return dequantize(k, dtype=dtype), dequantize(v, dtype=dtype)
+
+    def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale=None):
+        """Store this step's K/V in 4 bits, then attend. A prefill from slot 0 attends over the new K/V as
+        computed (full precision); later steps read the 4-bit cache chunk by chunk."""
+        k_all, v_all = self.update(layer, k_new, v_new, start)
+        if start == 0:
+            return attend(q, k_new, v_new, mask, scale)
+        return attention(q, k_all, v_all, mask, scale)
 
     def nbytes(self) -> int:
         return sum(qt.nbytes for qt in self.k + self.v)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from engine.codecs import KVCodec, WeightCodec
 from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
 from engine.models import family_for
@@ -157,4 +158,4 @@ def _check_gpu(policy: Policy, devices: Devices) -> None:
 
 def codecs_for(policy: Policy, dtype: torch.dtype):
     """The weight and KV-cache codecs a policy asks for (None = uncompressed)."""
-    return None, None
+    return (WeightCodec(dtype) if policy.compress_weight else None), (KVCodec() if policy.compress_cache else None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import attend
+from engine.cpu_attention import attention
 
 
 class KVCache:
@@ -25,9 +25,10 @@ class KVCache:
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None):
-        """Store this step's K/V, then attend q [B, NH, S, D] over every slot so far -> [B, NH, S, D]."""
+        """Store this step's K/V, then attend q [B, NH, S, D] over every slot so far -> [B, NH, S, D]
+        (one query: chunked online-softmax attention, faster here than SDPA's decode path)."""
         k_all, v_all = self.update(layer, k_new, v_new, start)
-        return attend(q, k_all, v_all, mask, scale)
+        return attention(q, k_all, v_all, mask, scale)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

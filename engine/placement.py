@@ -6,12 +6,14 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from engine.attention import attend
+from engine.cpu_attention import attention
+from engine.quant import QTensor
 from engine.tiers import Devices
 
 _file_ids = itertools.count()
@@ -114,4 +116,12 @@ class PlacedKV:
             o = cache.attend(layer, mv(q[rows], dev, home), k_home, v_home, start, mv(mask[rows], dev, home), scale)
             return mv(o, home, dev)
         k_all, v_all = cache.update(layer, k_home, v_home, start)
-        return attend(q[rows], mv(k_all, home, dev), mv(v_all, home, dev), mask[rows], scale)
+        return attention(q[rows], self._fetch(k_all, home), self._fetch(v_all, home), mask[rows], scale)
+
+    def _fetch(self, x, home: str):
+        """A cache tensor moved to the compute device; a 4-bit one travels compressed."""
+        if isinstance(x, QTensor):
+            mv = self.devices.move
+            return replace(x, data=mv(x.data, home, self.compute), mins=mv(x.mins, home, self.compute),
+                           scales=mv(x.scales, home, self.compute))
+        return self.devices.move(x, home, self.compute)

@@ -1,12 +1,13 @@
-"""Group-wise 4-bit compression (FlexGen section 5): asymmetric min-max over groups of `group_size` values.
+"""Group-wise 4-bit compression, as in FlexGen: asymmetric min-max over groups of `group_size` values.
 
 For each group of values x_0..x_{G-1} along the group dim, with m <= min(x) and s >= (max(x) - m) / 15:
 
     q_j = round((x_j - m) / s)  in [0, 15],        x_j ~= q_j * s + m,        |x_j - (q_j * s + m)| <= s / 2.
 
-m and s are kept in float16 (FlexGen's format): 11 significant bits keep the error of q * s within s / 137,
-which bfloat16 (8 bits) would not, and they cost 2 x 16 bits per group (0.5 bit per value at G = 64).
-m is rounded down and s up to float16, so the bound above holds exactly, not only before rounding.
+m and s are float16, as in FlexGen: m is rounded down and s up to float16, so the bound above holds exactly,
+and float16's 11 significant bits widen a group's range by at most |m| 2^-11 in doing so (bfloat16: 2^-8).
+They cost 2 x 16 bits per group, 0.5 bit per value at G = 64. Dequantizing to bfloat16 casts them first,
+which adds bfloat16 rounding, as the bfloat16 output has anyway.
 
 Layout (the group dim is moved last: x is viewed as [*L, R, C], grouped along C, padded to Cp = ng * G):
 
@@ -31,7 +32,8 @@ from engine.errors import InvalidParamsError
 FORMAT = "flexbatch-groupwise-int4"
 FORMAT_VERSION = 1
 PARAM_DTYPE = torch.float16
-_DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_NAMES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}
 _ROWS_PER_PASS = 1 << 22  # values quantized per pass, which bounds the float32 temporaries
 
 
@@ -117,8 +119,11 @@ class QTensor:
         shape = tuple(int(s) for s in meta["shape"].split(",") if s)
         qt = cls(data, mins, scales, shape, _DTYPE_NAMES[meta["dtype"]], cfg)
         expected = _packed_shape(shape, cfg)
-        if tuple(data.shape) != expected or tuple(mins.shape) != expected[:-2] + expected[-1:]:
-            raise ValueError(f"packed shapes {tuple(data.shape)}, {tuple(mins.shape)} do not match {meta}")
+        params = expected[:-2] + expected[-1:]
+        if (tuple(data.shape), tuple(mins.shape), tuple(scales.shape)) != (expected, params, params) or (
+            data.dtype, mins.dtype, scales.dtype) != (torch.uint8, PARAM_DTYPE, PARAM_DTYPE):
+            raise ValueError(f"packed tensors {data.dtype} {tuple(data.shape)}, {mins.dtype} {tuple(mins.shape)}, "
+                             f"{scales.dtype} {tuple(scales.shape)} do not match {meta}")
         return qt
 
 

@@ -153,8 +153,8 @@ class BlockExecutor:
             B = min(p.gbs, rows - start)
             kv = {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}
             for tier, r in row_segments(B, kv):
-                per_row = 2 * spec.num_layers * spec.num_kv_heads * T * spec.head_dim
-                need[tier] += int(per_row * (r.stop - r.start) * (self.kv_codec.bytes_per_elem if self.kv_codec else elem))
+                per_slot = self.kv_codec.bytes_per_head_slot(spec.head_dim) if self.kv_codec else spec.head_dim * elem
+                need[tier] += int(2 * spec.num_layers * spec.num_kv_heads * T * per_slot) * (r.stop - r.start)
             acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
             for tier, r in row_segments(B, acts):
                 need[tier] += (r.stop - r.start) * S * spec.hidden_size * elem

@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from engine.policy import Policy
@@ -49,6 +50,8 @@ class WeightStore:
         fractions = {"gpu": policy.weight_gpu, "cpu": policy.weight_cpu, "disk": policy.weight_disk}
         self.placement = layer_tiers(reader.spec.num_layers, fractions)
         self.resident: dict[int, LayerWeights] = {}
+        self.meta: dict[int, dict[str, str] | None] = {}
+        self._buffers_in_use: dict | None = None
         self.files: dict[int, Path] = {}
         self.layer_bytes: list[int] = []
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-prefetch")
@@ -63,16 +66,18 @@ class WeightStore:
         path = folder / f"layer_{i:04d}.safetensors" if folder else None
         if tier == "disk" and (folder / "complete.json").is_file():
             self.files[i] = path
+            with safe_open(str(path), framework="pt") as f:
+                self.meta[i] = f.metadata()
             self.layer_bytes.append(path.stat().st_size)
             self.devices.tiers["disk"].reserve(self.layer_bytes[-1], f"layer {i}")
             return
         lw = reader.layer(i, self.dtype)
-        stored = self.codec.encode(lw) if self.codec else lw
+        stored, self.meta[i] = self.codec.encode(lw) if self.codec else (lw, None)
         nbytes = tensor_bytes(stored.values())
         self.layer_bytes.append(nbytes)
         self.devices.tiers[tier].reserve(nbytes, f"layer {i}")
         if tier == "disk":
-            save_file(stored, str(path), metadata=self.codec.metadata() if self.codec else None)
+            save_file(stored, str(path), metadata=self.meta[i])
             self.files[i] = path
         else:
             dev = self.devices.torch_device(tier)
@@ -91,7 +96,7 @@ class WeightStore:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
-    def _load(self, i: int, device: str) -> LayerWeights:
+    def _load(self, i: int, device: str) -> tuple[LayerWeights, dict | None]:
         """Layer i ready to compute on `device`: read from disk if needed, moved, then decompressed there."""
         tier = self.placement[i]
         if tier == "disk":
@@ -100,15 +105,28 @@ class WeightStore:
         else:
             stored, src = self.resident[i], tier
         moved = {k: self.devices.move(v, src, device) for k, v in stored.items()}
-        return self.codec.decode(moved) if self.codec else moved
+        if not self.codec:
+            return moved, None
+        buffers = self.codec.acquire()
+        return self.codec.decode(moved, self.meta[i], buffers), buffers
 
     def prefetch(self, i: int, device: str) -> None:
         if 0 <= i < len(self.placement) and (i, device) not in self._pending:
-            self._pending[(i, device)] = self._pool.submit(self._load, i, device)
+            self._pending[(i, device)] = self._pool.submit(self._load_in_thread, i, device)
+
+    def _load_in_thread(self, i: int, device: str):
+        with torch.inference_mode():  # inference mode is per thread; the buffers were made under it
+            return self._load(i, device)
 
     def get(self, i: int, device: str) -> LayerWeights:
+        """Layer i on `device`. The schedule computes one layer at a time, so this also hands the previous
+        layer's decompression buffers back for reuse."""
         future = self._pending.pop((i, device), None)
-        return future.result() if future is not None else self._load(i, device)
+        weights, buffers = future.result() if future is not None else self._load(i, device)
+        if self._buffers_in_use is not None:
+            self.codec.release(self._buffers_in_use)
+        self._buffers_in_use = buffers
+        return weights
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

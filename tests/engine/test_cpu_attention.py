@@ -36,7 +36,7 @@ def make_case(B=3, NH=8, KVH=2, T=1000, D=64, pads=(0, 300, 700), window=None, s
 
 
 @pytest.mark.parametrize("NH,KVH", [(4, 4), (8, 2), (6, 1)])
-@pytest.mark.parametrize("chunk", [256, 333, 4096])
+@pytest.mark.parametrize("chunk", [256, 333, 4096, None])
 def test_plain_cache_equals_sdpa(NH, KVH, chunk):
     q, k, v, mask = make_case(NH=NH, KVH=KVH)
     out = decode_attention(q, k, v, mask, chunk=chunk)
@@ -126,7 +126,7 @@ def test_chunked_path_never_makes_a_cache_sized_float32_copy():
     with LargestNewStorage() as naive:
         dequantize(qk, dtype=torch.float32)
     assert naive.largest >= full_fp32  # the probe sees a full expansion when there is one
-    for cache in ((qk, qv), (k.bfloat16(), v.bfloat16())):
+    for cache in ((qk, qv), (k.bfloat16(), v.bfloat16()), (k, v)):
         with LargestNewStorage() as chunked:
             decode_attention(q, *cache, mask, chunk=512)
         assert chunked.largest <= full_fp32 // 8  # one 512-slot chunk buffer of 4096 slots
