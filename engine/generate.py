@@ -118,10 +118,15 @@ class Engine:
                         "to another tier")
 
     def _prepare(self, req: Request, truncate: str) -> RowState | Completion:
-        if not isinstance(req.prompt, str) or not req.prompt:
+        if req.prompt_ids is not None:
+            ids = list(req.prompt_ids)
+            if not ids:
+                return Completion.failed(req.id, "prompt_ids is empty; give at least one token")
+        elif not isinstance(req.prompt, str) or not req.prompt:
             what = "empty" if req.prompt == "" else f"not a string ({type(req.prompt).__name__})"
             return Completion.failed(req.id, f"prompt is {what}; give a non-empty string")
-        ids = list(self.tokenizer(req.prompt)["input_ids"])
+        else:
+            ids = list(self.tokenizer(req.prompt)["input_ids"])
         context = self.spec.max_position_embeddings
         room = context - req.params.max_new_tokens
         if room < 1:

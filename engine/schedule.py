@@ -49,6 +49,10 @@ class GpuBatch:
 
     def choose(self, logits: torch.Tensor, tokenizer) -> None:
         tokens = next_tokens(logits, [r.req.params for r in self.rows], [r.generator for r in self.rows])
+        for b, r in enumerate(self.rows):
+            forced = r.req.forced_ids
+            if forced is not None and len(r.tokens) < len(forced):
+                tokens[b] = forced[len(r.tokens)]
         lps = chosen_logprobs(logits, tokens).tolist() if self.want_logprobs else [None] * len(self.rows)
         for r, t, lp in zip(self.rows, tokens.tolist(), lps):
             r.push(t, lp, tokenizer)

@@ -131,3 +131,17 @@ def test_bad_rows_fail_alone(engine):
     assert out["ok"].finish_reason == "length" and out["ok"].completion_tokens == 4
     left = engine.generate(reqs[2:3], truncate="left")[0]
     assert left.finish_reason == "length" and left.prompt_tokens == context - 4
+
+
+def test_teacher_forced_logprobs_match_the_reference_forward(checkpoint, engine):
+    from engine.score import continuation_logprobs
+
+    ref = hf_model(checkpoint(VARIANT))
+    text = PROMPTS[3]
+    got = continuation_logprobs(engine, [text], prefix_tokens=2)[0]
+    ids = engine.tokenizer(text)["input_ids"]
+    prompt = engine.tokenizer.decode(ids[:2])
+    assert engine.tokenizer(prompt)["input_ids"] == ids[:2]
+    logits = hf_logits(ref, engine.tokenizer, prompt, ids[2:])
+    expected = logits.log_softmax(-1).gather(-1, torch.tensor(ids[2:]).view(-1, 1)).view(-1)
+    assert torch.allclose(torch.tensor(got), expected, atol=1e-4)

@@ -1,0 +1,166 @@
+"""What the engine benchmark runs on: random-weight Llama checkpoints (built once with `transformers` +
+`save_pretrained`, then cached), prompts of an exact token length, the model-FLOP count of a run, and the
+process memory and machine facts that go with each figure."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from engine.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "flexbatch" / "bench"
+UNK = "<unk>"
+
+FLOPS_FORMULA = (
+    "per row: 2 * P_lin * (P + G - 1) + 2 * V * H * G + 4 * L * H_q * A, where P_lin = L * (2*H*H_q + 2*H*H_kv "
+    "+ 3*H*F) are the Linear weights of the layers (embeddings and norms excluded), P + G - 1 the tokens run "
+    "through the layers (the prompt, then one per decode step), 2 * V * H * G the LM head on the last position "
+    "of each step, and A = P*(P+1)/2 + sum_{t=1..G-1} (P + t) the causal query-key pairs (QK^T and AV, 2 flops "
+    "each per query dimension)")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A Llama shape. Embeddings are tied (as in most ~300M Llama-family models): untied 32000-word
+    embeddings plus head would alone be 20 % of the weights, more than the CPU budget of the disk line
+    leaves once two layers are staged."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+
+
+# tiny has 10 layers because weights 4x the CPU budget must still leave room for two staged layers and the
+# embeddings (that needs layers >= 8 + 3 * embedding bytes / layer bytes).
+PRESETS = {
+    "tiny": Preset(128, 352, 10, 4, 4, 512, max_position_embeddings=512),
+    "300m": Preset(1024, 2816, 20, 16, 16, 32000),
+}
+
+
+def build_checkpoint(preset: str, cache_dir: str | Path | None = None) -> Path:
+    """The folder of preset `preset`'s bf16 random-weight checkpoint, built on first use."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    p = PRESETS[preset]
+    out = Path(cache_dir or DEFAULT_CACHE_DIR) / preset
+    done = out / "complete.json"
+    if done.is_file() and json.loads(done.read_text()) == asdict(p):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    log.info("building the %s checkpoint in %s", preset, out)
+    make_word_tokenizer(out, p.vocab_size)
+    # No EOS: every row generates exactly max_new_tokens, as HF's min_new_tokens makes its rows do.
+    cfg = LlamaConfig(**asdict(p), bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(out, safe_serialization=True)
+    done.write_text(json.dumps(asdict(p)))
+    return out
+
+
+def make_word_tokenizer(out: Path, vocab_size: int):
+    """A word-level tokenizer of `<unk>` and the words w1 .. w{vocab_size-1}, split on spaces: the text
+    `prompt_text(ids)` tokenizes to exactly `ids`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {UNK: 0, **{f"w{i}": i for i in range(1, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=UNK, pad_token=UNK)
+    fast.save_pretrained(out)
+    return fast
+
+
+def prompt_ids(rows: int, length: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """`rows` prompts of `length` random word ids (never `<unk>`)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab_size, (rows, length), generator=g).tolist()
+
+
+def prompt_text(ids: list[int]) -> str:
+    return " ".join(f"w{i}" for i in ids)
+
+
+def linear_params(spec: ModelSpec) -> int:
+    """Weights of the Linear layers of all transformer layers (what the per-token GEMMs read)."""
+    h, f = spec.hidden_size, spec.ffn_size
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    return spec.num_layers * (2 * h * q + 2 * h * kv + 3 * h * f)
+
+
+def model_flops(spec: ModelSpec, prompt_len: int, gen_len: int, rows: int) -> dict[str, float]:
+    """Model FLOPs of generating `gen_len` tokens for `rows` prompts of `prompt_len` tokens (FLOPS_FORMULA)."""
+    P, G = prompt_len, gen_len
+    pairs = P * (P + 1) / 2 + sum(P + t for t in range(1, G))
+    linear = 2 * linear_params(spec) * (P + G - 1)
+    head = 2 * spec.vocab_size * spec.hidden_size * G
+    attention = 4 * spec.num_layers * spec.num_heads * spec.head_dim * pairs
+    return {"linear": rows * linear, "head": rows * head, "attention": rows * attention,
+            "total": rows * (linear + head + attention)}
+
+
+def layer_gemm_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
+    """The (out, in) shapes of one layer's Linear weights: q, k, v, o, gate, up, down."""
+    h, f = spec.hidden_size, spec.ffn_size
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    return [(q, h), (kv, h), (kv, h), (h, q), (f, h), (f, h), (h, f)]
+
+
+def _status_kib(field: str) -> int:
+    m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    return int(m.group(1)) if m else 0
+
+
+def rss_bytes() -> int:
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM) since start or since the last `reset_peak_rss`."""
+    return _status_kib("VmHWM") * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux clear_refs 5); False where the kernel refuses."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def machine_info() -> dict:
+    import transformers
+
+    cpu = "unknown"
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    try:
+        import accelerate
+
+        acc = accelerate.__version__
+    except ImportError:
+        acc = None
+    return {"cpu_model": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "accelerate": acc,
+            "python": platform.python_version(), "platform": platform.platform()}
