@@ -11,14 +11,7 @@ from engine.cpu_attention import QuantKVCache, attention, decode_attention
 from engine.kv_cache import KVCache
 from engine.quant import QTensor, dequantize, quantize
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small ops: one thread avoids OpenMP stalls when the 2 cores are shared with other jobs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sdpa(q, k, v, mask):

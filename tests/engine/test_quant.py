@@ -9,14 +9,7 @@ from engine.errors import InvalidParamsError
 from engine.microbench import layer_report
 from engine.quant import QTensor, QuantConfig, dequantize, int4_linear, pack_int4, quantize
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small ops: one thread avoids OpenMP stalls when the 2 cores are shared with other jobs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def moved(x: torch.Tensor, dim: int) -> torch.Tensor:
