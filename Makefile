@@ -27,5 +27,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
+# The benchmark's baselines need HF Accelerate (the `bench` extra); e.g. make bench BENCH_ARGS="--preset tiny".
+bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]" "torch==$(TORCH_VERSION)"
+	$(VENV)/bin/flexbatch bench engine $(BENCH_ARGS)
+
 clean:
 	rm -rf out .pytest_cache

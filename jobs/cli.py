@@ -14,6 +14,7 @@ import click
 import jobs
 from engine.errors import FlexbatchError, ModelNotFoundError
 from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
+from jobs.bench import bench
 from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
 from pipeline.runner import JobSummary, RunConfig, run_job
 
@@ -103,6 +104,7 @@ def run(model, input_, output, prompt_column, max_new_tokens, temperature, top_p
 
 
 main.add_command(run)
+main.add_command(bench)
 
 
 def _fail(e: FlexbatchError) -> None:
