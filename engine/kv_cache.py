@@ -9,9 +9,11 @@ from engine.cpu_attention import attention
 
 class KVCache:
     def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, alloc=None):
-        """`alloc(shape, dtype)` makes each buffer (on a tier); plain zeroed CPU tensors by default."""
+        """`alloc(shape, dtype)` makes each buffer (on a tier); uninitialized CPU tensors by default, which is
+        safe because a slot is always written (prefill writes every slot of the padded prompt) before any
+        attention reads it."""
         shape = (batch, kv_heads, max_len, head_dim)
-        alloc = alloc or (lambda shape, dtype: torch.zeros(shape, dtype=dtype))
+        alloc = alloc or (lambda shape, dtype: torch.empty(shape, dtype=dtype))
         self.max_len = max_len
         self.k = [alloc(shape, dtype) for _ in range(num_layers)]
         self.v = [alloc(shape, dtype) for _ in range(num_layers)]

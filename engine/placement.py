@@ -32,13 +32,14 @@ def row_segments(rows: int, fractions: dict[str, float]) -> list[tuple[str, slic
 
 
 def alloc(devices: Devices, tier: str, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
-    """A zeroed tensor on `tier`; a disk tensor is a memory-mapped file in the offload folder."""
+    """An uninitialized tensor on `tier` (every slot is written before it is read); a disk tensor is a
+    memory-mapped file in the offload folder."""
     numel = 1
     for n in shape:
         numel *= n
     devices.tiers[tier].reserve(numel * torch.empty((), dtype=dtype).element_size(), what)
     if tier != "disk":
-        return torch.zeros(shape, dtype=dtype, device=devices.torch_device(tier))
+        return torch.empty(shape, dtype=dtype, device=devices.torch_device(tier))
     folder = Path(devices.offload_dir or tempfile.gettempdir()) / "flexbatch-scratch"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{os.getpid()}-{next(_file_ids)}.bin"
