@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/flexbatch run --input examples/prompts.parquet --output out/demo --overwrite
+	$(VENV)/bin/flexbatch run --input examples/prompts.parquet --output out/demo --overwrite --max-new-tokens 24 --show 24
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

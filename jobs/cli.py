@@ -73,12 +73,14 @@ def main() -> None:
               help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32.")
 @click.option("--truncate", type=click.Choice(TRUNCATE_CHOICES), default=_RC["truncate"], show_default=True,
               help="A prompt longer than the context: 'error' fails that row, 'left' keeps its last tokens.")
+@click.option("--show", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="After the run, print the first N rows' prompts and completions.")
 @click.option("--overwrite", is_flag=True,
               help="Replace the output of another job in --output (removes its Parquet parts).  "
                    "[default: off, such a folder is refused]")
 @policy_options
 def run(model, input_, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop, seed, logprobs,
-        dtype, truncate, overwrite, **policy_opts) -> None:
+        dtype, truncate, show, overwrite, **policy_opts) -> None:
     """Complete every prompt of the input Parquet and write one output part per input file.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
@@ -101,6 +103,7 @@ def run(model, input_, output, prompt_column, max_new_tokens, temperature, top_p
     except FlexbatchError as e:
         _fail(e)
     _print_summary(summary)
+    _print_rows(summary, show, prompt_column)
 
 
 main.add_command(run)
@@ -111,6 +114,22 @@ def _fail(e: FlexbatchError) -> None:
     message = " ".join(str(e).splitlines())
     click.echo(f"flexbatch: error: {message}", err=True)
     sys.exit(USER_ERROR_EXIT)
+
+
+def _print_rows(s: JobSummary, n: int, prompt_column: str) -> None:
+    """The first `n` output rows, prompt and completion side by side (newlines shown as \\n)."""
+    import pyarrow.parquet as pq
+
+    shown = 0
+    for part in s.parts:
+        if shown >= n:
+            break
+        rows = pq.read_table(part, columns=["id", prompt_column, "completion", "finish_reason"]).to_pylist()
+        for row in rows[: n - shown]:
+            prompt = str(row[prompt_column]).replace("\n", "\\n")
+            completion = (row["completion"] or "").replace("\n", "\\n")
+            click.echo(f"[{row['id']}] {prompt} -> {completion!s}  ({row['finish_reason']})")
+            shown += 1
 
 
 def _print_summary(s: JobSummary) -> None:

@@ -156,7 +156,10 @@ def write_data(tasks: demo_corpus.Tasks, seed: int, root: Path) -> None:
     rows = [r for task in demo_corpus.TASKS for r in tasks.held_out[task][:4]]
     ids = [r["id"] for r in rows] + [f"free-{i:04d}" for i in range(len(FREE_PROMPTS))]
     prompts = [r["input"] for r in rows] + list(FREE_PROMPTS)
-    table = pa.table({"id": pa.array(ids, pa.string()), "prompt": pa.array(prompts, pa.string())})
+    # task answers end at a newline: those rows carry their own stop string (a per-row override)
+    stops = [["\n"]] * len(rows) + [None] * len(FREE_PROMPTS)
+    table = pa.table({"id": pa.array(ids, pa.string()), "prompt": pa.array(prompts, pa.string()),
+                      "stop": pa.array(stops, pa.list_(pa.string()))})
     pq.write_table(table, root / "prompts.parquet")
 
 
