@@ -15,6 +15,8 @@ from engine.policy import Policy
 from engine.rows import RowState
 from engine.sampling import chosen_logprobs, next_tokens
 
+ACT_DTYPE = torch.float32  # the residual stream between layers (see engine/models/llama.py)
+
 
 class GpuBatch:
     """One GPU batch of a block: its rows (left-padded to the block's prompt length S), KV cache and
@@ -82,7 +84,7 @@ class BlockExecutor:
                 b.kv = self._make_kv(len(b.rows), T)
                 acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
                 b.acts = PlacedActivations.create(self.devices, acts, (len(b.rows), S, self.spec.hidden_size),
-                                                  self.dtype)
+                                                  ACT_DTYPE)
             for step in range(T - S):
                 live = [b for b in batches if not b.done]
                 if not live:
@@ -161,7 +163,7 @@ class BlockExecutor:
                 need[tier] += int(2 * spec.num_layers * spec.num_kv_heads * T * per_slot) * (r.stop - r.start)
             acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
             for tier, r in row_segments(B, acts):
-                need[tier] += (r.stop - r.start) * S * spec.hidden_size * elem
+                need[tier] += (r.stop - r.start) * S * spec.hidden_size * ACT_DTYPE.itemsize
         if "disk" in self.weights.placement:
             need["cpu"] += 2 * max(self.weights.layer_bytes)
         return need

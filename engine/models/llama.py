@@ -14,10 +14,10 @@ _ACT = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalized in float32, scaled in the input dtype."""
+    """Normalized in float32, scaled in the weight's dtype (the compute dtype)."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    return weight * x32.to(weight.dtype)
 
 
 class LlamaModel:
@@ -31,7 +31,9 @@ class LlamaModel:
         ctx.rope = cos_sin(self.inv_freq, ctx.positions, self.dtype)
 
     def embed(self, gw: LayerWeights, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        return F.embedding(ids, require(gw, "embed_tokens.weight", "the embeddings"))
+        # the residual stream stays float32 whatever the compute dtype: adding small updates to a large
+        # residual in bf16 loses them, and that is where bf16 runs drift from float32 ones
+        return F.embedding(ids, require(gw, "embed_tokens.weight", "the embeddings")).float()
 
     def layer(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         eps = self.spec.norm_eps

@@ -25,24 +25,27 @@ class OPTModel:
         pass
 
     def _ln(self, x: torch.Tensor, w: LayerWeights, name: str) -> torch.Tensor:
-        return F.layer_norm(x, (x.shape[-1],), w[name + ".weight"], w[name + ".bias"], self.spec.norm_eps)
+        """LayerNorm in float32; the result is cast to the compute dtype."""
+        weight, bias = w[name + ".weight"], w[name + ".bias"]
+        out = F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), self.spec.norm_eps)
+        return out.to(weight.dtype)
 
     def embed(self, gw: LayerWeights, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         x = F.embedding(ids, require(gw, "embed_tokens.weight", "the embeddings"))
         if "project_in.weight" in gw:
             x = linear(x, gw["project_in.weight"])
         pos = F.embedding(ctx.positions + POSITION_OFFSET, require(gw, "embed_positions.weight", "the positions"))
-        return x + pos
+        return x.float() + pos.float()  # the residual stream stays float32 (see llama.py)
 
     def layer(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
-        pre = self.spec.do_layer_norm_before
-        x = self._ln(h, lw, "self_attn_layer_norm") if pre else h
+        pre, dt = self.spec.do_layer_norm_before, self.dtype
+        x = self._ln(h, lw, "self_attn_layer_norm") if pre else h.to(dt)
         h = h + self._attention(lw, x, ctx, i)
         if not pre:
-            h = self._ln(h, lw, "self_attn_layer_norm")
-        x = self._ln(h, lw, "final_layer_norm") if pre else h
+            h = self._ln(h, lw, "self_attn_layer_norm").float()
+        x = self._ln(h, lw, "final_layer_norm") if pre else h.to(dt)
         h = h + linear(self.act(linear(x, lw["fc1.weight"], lw["fc1.bias"])), lw["fc2.weight"], lw["fc2.bias"])
-        return h if pre else self._ln(h, lw, "final_layer_norm")
+        return h if pre else self._ln(h, lw, "final_layer_norm").float()
 
     def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         B, S, _ = x.shape
@@ -57,8 +60,7 @@ class OPTModel:
         return linear(o, lw[p + "out_proj.weight"], lw[p + "out_proj.bias"])
 
     def head(self, gw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        if self.spec.final_layer_norm:
-            h = self._ln(h, gw, "final_layer_norm")
+        h = self._ln(h, gw, "final_layer_norm") if self.spec.final_layer_norm else h.to(self.dtype)
         if "project_out.weight" in gw:
             h = linear(h, gw["project_out.weight"])
         w = gw.get("lm_head.weight")
