@@ -41,11 +41,16 @@ def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype)
     return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, D] rotated by position."""
-    return x * cos + _rotate_half(x) * sin
+    """x [B, H, S, D] rotated by position: with halves (x1, x2) and c, s the first half of cos, sin,
+    out = (x1 c - x2 s, x2 c + x1 s), i.e. x * cos + rotate_half(x) * sin, without building rotate_half(x)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[..., :half], sin[..., :half]
+    out = torch.empty_like(x)
+    o1, o2 = out[..., :half], out[..., half:]
+    torch.mul(x1, c, out=o1)
+    o1.sub_(x2 * s)
+    torch.mul(x2, c, out=o2)
+    o2.add_(x1 * s)
+    return out

@@ -16,8 +16,8 @@ _ACT = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu}
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalized in float32, scaled in the weight's dtype (the compute dtype)."""
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(weight.dtype)
+    normed = (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)).to(weight.dtype)
+    return normed.mul_(weight)
 
 
 class LlamaModel:
@@ -38,9 +38,9 @@ class LlamaModel:
     def layer(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         eps = self.spec.norm_eps
         x = rms_norm(h, require(lw, "input_layernorm.weight", f"layer {i}"), eps)
-        h = h + self._attention(lw, x, ctx, i)
+        h = h + self._attention(lw, x, ctx, i)  # a new tensor: the layer's input may be stored elsewhere
         x = rms_norm(h, require(lw, "post_attention_layernorm.weight", f"layer {i}"), eps)
-        return h + self._mlp(lw, x)
+        return h.add_(self._mlp(lw, x))
 
     def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         B, S, _ = x.shape
@@ -59,7 +59,7 @@ class LlamaModel:
         p = "mlp."
         gate = linear(x, lw[p + "gate_proj.weight"], lw.get(p + "gate_proj.bias"))
         up = linear(x, lw[p + "up_proj.weight"], lw.get(p + "up_proj.bias"))
-        return linear(self.act(gate) * up, lw[p + "down_proj.weight"], lw.get(p + "down_proj.bias"))
+        return linear(self.act(gate).mul_(up), lw[p + "down_proj.weight"], lw.get(p + "down_proj.bias"))
 
     def head(self, gw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         h = rms_norm(h, require(gw, "norm.weight", "the final norm"), self.spec.norm_eps)
