@@ -54,7 +54,10 @@ class WeightStore:
         self._buffers_in_use: dict | None = None
         self.files: dict[int, Path] = {}
         self.layer_bytes: list[int] = []
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-prefetch")
+        # one intra-op thread for the prefetcher: with two, its dequant/copies fight the compute thread's
+        # OpenMP team for the same cores and slow every op on the main thread
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-prefetch",
+                                        initializer=torch.set_num_threads, initargs=(1,))
         self._pending: dict[tuple[int, str], Future] = {}
         folder = self._offload_folder(reader, offload_dir) if "disk" in self.placement else None
         for i, tier in enumerate(self.placement):

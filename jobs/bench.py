@@ -379,3 +379,8 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
     click.echo(format_table(report))
     click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads, "
                f"torch {report['machine']['torch']}; {report['wall_seconds']:.0f} s; json: {output}")
+
+
+from jobs.bench_planner import planner_command  # noqa: E402  (after `bench` exists)
+
+bench.add_command(planner_command)

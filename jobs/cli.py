@@ -15,6 +15,7 @@ import jobs
 from engine.errors import FlexbatchError, ModelNotFoundError
 from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
 from jobs.bench import bench
+from jobs.plan_cmd import pins_from_context, plan_command, profile_command
 from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
 from pipeline.runner import JobSummary, RunConfig, run_job
 
@@ -78,9 +79,15 @@ def main() -> None:
 @click.option("--overwrite", is_flag=True,
               help="Replace the output of another job in --output (removes its Parquet parts).  "
                    "[default: off, such a folder is refused]")
+@click.option("--plan/--no-plan", "plan", default=True, show_default=True,
+              help="Pick the policy with the planner (keeping the policy options given here); --no-plan runs the "
+                   "options as given, with defaults for the rest.")
+@click.option("--hardware", type=click.Path(path_type=Path), default=None,
+              help="Hardware spec for the planner.  [default: this machine, profiled on first use and cached]")
 @policy_options
-def run(model, input_, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop, seed, logprobs,
-        dtype, truncate, show, overwrite, **policy_opts) -> None:
+@click.pass_context
+def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop, seed, logprobs,
+        dtype, truncate, show, overwrite, plan, hardware, **policy_opts) -> None:
     """Complete every prompt of the input Parquet and write one output part per input file.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
@@ -95,10 +102,12 @@ def run(model, input_, output, prompt_column, max_new_tokens, temperature, top_p
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 stop=tuple(stop), seed=seed, logprobs=logprobs)
         offload_dir = policy_opts.pop("offload_dir")
+        pins = pins_from_context(ctx, policy_opts)
         config = RunConfig(input=input_, output=output, model=model or _default_model(),
                            prompt_column=prompt_column, params=params, dtype=dtype,
                            policy=policy_from_options(policy_opts), budgets=budgets_from_options(policy_opts),
-                           offload_dir=offload_dir, truncate=truncate, overwrite=overwrite)
+                           offload_dir=offload_dir, truncate=truncate, overwrite=overwrite, plan=plan, pins=pins,
+                           hardware=hardware)
         summary = run_job(config)
     except FlexbatchError as e:
         _fail(e)
@@ -108,6 +117,8 @@ def run(model, input_, output, prompt_column, max_new_tokens, temperature, top_p
 
 main.add_command(run)
 main.add_command(bench)
+main.add_command(plan_command)
+main.add_command(profile_command)
 
 
 def _fail(e: FlexbatchError) -> None:
@@ -136,6 +147,9 @@ def _print_summary(s: JobSummary) -> None:
     click.echo(f"rows: {s.rows} in {s.files} files, {s.error_rows} with errors")
     click.echo(f"tokens: {s.prompt_tokens} prompt, {s.completion_tokens} completion")
     click.echo(f"speed: {s.tokens_per_s:.1f} completion tokens/s ({s.generate_seconds:.2f} s generating)")
+    if s.predicted_seconds is not None:
+        click.echo(f"planner: predicted {s.predicted_seconds:.2f} s, measured {s.generate_seconds:.2f} s "
+                   f"(policy {s.policy})")
     click.echo(f"output: {s.output}")
 
 

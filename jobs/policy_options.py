@@ -1,5 +1,6 @@
 """Command-line options that set the engine's `Policy` and tier budgets by hand (shared by the job commands).
-Whatever is not given keeps the `Policy` default: everything on the CPU, blocks of gbs x num_gb rows."""
+What is given is pinned; with the planner on (the default in `flexbatch run`) the planner chooses the rest,
+and with --no-plan the rest keeps the `Policy` default: everything on the CPU, blocks of gbs x num_gb rows."""
 
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ _P = {f.name: f.default for f in fields(Policy) if f.init}
 def policy_options(fn):
     options = [
         click.option("--gbs", type=click.IntRange(min=1), default=None,
-                     help=f"GPU batch size: rows computed together.  [default: {_P['gbs']}]"),
+                     help=f"GPU batch size: rows computed together.  [default: planned; {_P['gbs']} with --no-plan]"),
         click.option("--num-gb", type=click.IntRange(min=1), default=None,
                      help=f"GPU batches per block; a layer's weights are loaded once per block.  "
-                          f"[default: {_P['num_gb']}]"),
+                          f"[default: planned; {_P['num_gb']} with --no-plan]"),
         click.option("--batch-size", type=click.IntRange(min=1), default=None,
                      help="Shorthand for --gbs N --num-gb 1."),
         click.option("--percent", type=float, nargs=6, default=None, metavar="WG WC CG CC HG HC",
                      help="FlexGen's placement: percent of weights, KV cache and activations on the gpu and on "
-                          "the cpu; the rest goes to disk.  [default: 0 100 0 100 0 100]"),
+                          "the cpu; the rest goes to disk.  [default: planned; 0 100 0 100 0 100 with --no-plan]"),
         click.option("--compress-weight", is_flag=True, help="4-bit group-wise weights (group 64)."),
         click.option("--compress-cache", is_flag=True, help="4-bit group-wise KV cache (group 64)."),
         click.option("--cpu-attention/--no-cpu-attention", default=_P["cpu_attention"], show_default=True,

@@ -23,10 +23,12 @@ from pipeline.parquet_io import (
     resolve_inputs,
     write_part_atomic,
 )
+from pipeline.planning import choose_policy, hardware, prediction_record, workload_from_input
 from pipeline.rows import build_requests, row_ids
 
 if TYPE_CHECKING:
     from engine.generate import Engine
+    from planner.predict import Prediction
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ class RunConfig:
     offload_dir: Path | None = None
     truncate: str = "error"
     overwrite: bool = False
+    plan: bool = True  # pick the policy with the planner, keeping `pins`; False runs `policy` as given
+    pins: dict = field(default_factory=dict)
+    hardware: Path | None = None  # hardware spec file; None: this machine's cached profile
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input", str(self.input))
@@ -77,6 +82,8 @@ class JobSummary:
     completion_tokens: int
     generate_seconds: float
     parts: tuple[Path, ...]
+    policy: dict | None = None
+    predicted_seconds: float | None = None  # the planner's prediction of generate_seconds
 
     @property
     def tokens_per_s(self) -> float:
@@ -129,7 +136,9 @@ def run_job(config: RunConfig) -> JobSummary:
     plan = plan_job(config)
     rows = sum(f.num_rows for f in plan.files)
     log.info("%d rows in %d files; model %s (%s)", rows, len(plan.files), config.model, plan.spec.model_type)
-    engine = _load_engine(config)
+    policy, predicted = choose(config, plan)
+    plan.record["run"].update(policy=policy.to_dict(), predicted=predicted and prediction_record(predicted))
+    engine = _load_engine(config, policy)
     open_output(plan.output, plan.record)
     results = [_run_file(engine, config, f) for f in plan.files]
     summary = JobSummary(
@@ -141,16 +150,38 @@ def run_job(config: RunConfig) -> JobSummary:
         completion_tokens=sum(r.completion_tokens for r in results),
         generate_seconds=sum(r.seconds for r in results),
         parts=tuple(r.part for r in results),
+        policy=policy.to_dict(),
+        predicted_seconds=predicted and predicted.total_s,
     )
     log.info("done: %d rows, %d errors, %.1f tokens/s", summary.rows, summary.error_rows, summary.tokens_per_s)
+    if predicted is not None:
+        log.info("predicted %.2f s (%.1f tokens/s at %d new tokens per row), measured %.2f s (%.1f tokens/s)",
+                 predicted.total_s, predicted.tokens_per_s, predicted.workload.gen_len, summary.generate_seconds,
+                 summary.tokens_per_s)
     return summary
 
 
-def _load_engine(config: RunConfig) -> Engine:
+def choose(config: RunConfig, plan: JobPlan) -> tuple[Policy, Prediction | None]:
+    """The planner's policy for this job (keeping the user's pins and compression choice), or the given one."""
+    if not config.plan:
+        return config.policy, None
+    from engine.dtypes import resolve_dtype
+    from engine.tokenizer import load_tokenizer
+
+    dtype = str(resolve_dtype(config.dtype)).removeprefix("torch.")
+    work = workload_from_input(plan.files, config.prompt_column, load_tokenizer(config.model), plan.spec,
+                               config.params.max_new_tokens, dtype)
+    pins = {"compress_weight": config.policy.compress_weight, "compress_cache": config.policy.compress_cache,
+            **config.pins}
+    chosen = choose_policy(plan.spec, work, hardware(config.hardware), pins, config.budgets)
+    return chosen.policy, chosen.prediction
+
+
+def _load_engine(config: RunConfig, policy: Policy) -> Engine:
     from engine.generate import Engine  # torch is imported only when a job runs, not for --help
 
     started = time.perf_counter()
-    engine = Engine.load(config.model, dtype=config.dtype, policy=config.policy, budgets=config.budgets,
+    engine = Engine.load(config.model, dtype=config.dtype, policy=policy, budgets=config.budgets,
                          offload_dir=config.offload_dir)
     log.info("loaded %s as %s in %.1f s", config.model, engine.dtype, time.perf_counter() - started)
     return engine
@@ -193,7 +224,7 @@ def _complete(engine: Engine, items: list[Request | Completion], config: RunConf
     seconds spent generating."""
     slots = [i for i, item in enumerate(items) if isinstance(item, Request)]
     done = list(items)
-    per_call = config.policy.block_size * _REQUESTS_PER_CALL_PER_BATCH
+    per_call = engine.policy.block_size * _REQUESTS_PER_CALL_PER_BATCH
     seconds = 0.0
     for start in range(0, len(slots), per_call):
         chunk = slots[start : start + per_call]

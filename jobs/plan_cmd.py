@@ -1,0 +1,123 @@
+"""`flexbatch plan` (explain the policy the planner picks for a model, a workload and a machine) and
+`flexbatch profile` (measure this machine into a hardware spec). Also the pins: the policy options a user gave
+on the command line, which the search keeps while it fills in the rest."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from engine.errors import FlexbatchError
+from engine.request import DTYPE_CHOICES
+from jobs.policy_options import budgets_from_options, policy_options
+
+_GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+_PINNABLE = ("gbs", "num_gb", "compress_weight", "compress_cache", "cpu_attention", "prefill_device",
+             "decode_device", "prefill_split_layer", "decode_split_layer")
+_PERCENT_FIELDS = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu", "act_cpu")
+
+
+def pins_from_context(ctx: click.Context, options: dict) -> dict:
+    """Policy fields the user set on the command line (defaults are not pins)."""
+    given = {name for name in options if ctx.get_parameter_source(name) in _GIVEN}
+    pins = {name: options[name] for name in _PINNABLE if name in given and options[name] is not None}
+    if "batch_size" in given and options["batch_size"] is not None:
+        pins.update(gbs=options["batch_size"], num_gb=1)
+    if "percent" in given and options["percent"]:
+        pins.update({n: p / 100 for n, p in zip(_PERCENT_FIELDS, options["percent"])})
+    return pins
+
+
+def _fail(e: FlexbatchError) -> None:
+    click.echo(f"flexbatch: error: {' '.join(str(e).splitlines())}", err=True)
+    sys.exit(2)
+
+
+def _workload(model_dir: Path, spec, prompt_len, gen_len, num_prompts, input_, prompt_column, dtype):
+    from engine.dtypes import resolve_dtype
+    from planner.workload import Workload
+
+    dtype_name = str(resolve_dtype(dtype)).removeprefix("torch.")
+    if input_ is None:
+        return Workload(prompt_len, gen_len, num_prompts, dtype=dtype_name)
+    from engine.tokenizer import load_tokenizer
+    from pipeline.parquet_io import inspect_inputs, resolve_inputs
+    from pipeline.planning import workload_from_input
+
+    files = tuple(inspect_inputs(resolve_inputs(input_), prompt_column))
+    return workload_from_input(files, prompt_column, load_tokenizer(model_dir), spec, gen_len, dtype_name)
+
+
+@click.command("plan", short_help="Pick and explain a policy for a model, a workload and a machine.")
+@click.option("--model", type=click.Path(path_type=Path), default=None,
+              help="Checkpoint folder (only config.json is read).  [default: the demo model]")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Prompt tokens (ignored with --input).")
+@click.option("--gen-len", type=click.IntRange(min=1), default=32, show_default=True, help="New tokens per prompt.")
+@click.option("--num-prompts", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Prompts in the job (ignored with --input).")
+@click.option("--input", "input_", default=None, metavar="PATH",
+              help="Parquet input to read the workload from (row counts, a sample of prompt lengths).")
+@click.option("--prompt-column", default="prompt", show_default=True, help="Prompt column of --input.")
+@click.option("--hardware", type=click.Path(path_type=Path), default=None,
+              help="Hardware spec JSON (e.g. infra/hardware/*.json).  [default: this machine, profiled once]")
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto", show_default=True)
+@click.option("--allow-compression", is_flag=True, help="Let the search choose 4-bit weights/cache (lossy).")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Also draw the plan as a PNG.")
+@click.option("--json", "as_json", is_flag=True, help="Print the chosen policy as JSON only.")
+@policy_options
+@click.pass_context
+def plan_command(ctx, model, prompt_len, gen_len, num_prompts, input_, prompt_column, hardware, dtype,
+                 allow_compression, plot, as_json, **opts) -> None:
+    """Search the policy space (FlexGen placement and block shape, FlexInfer compute per phase) with the cost
+    model, and explain the choice: the top alternatives, the binding constraint, where tensors live and each
+    phase's timeline. Policy options given here are pinned; the search fills in the rest.
+
+    \b
+    Example:
+      flexbatch plan --model DIR --prompt-len 1024 --gen-len 32 --num-prompts 256 \\
+        --hardware infra/hardware/h100-80gb-sapphirerapids.json --plot plan.png
+    """
+    from engine.spec import load_model_spec
+    from pipeline.planning import hardware as hardware_spec
+    from planner.explain import explain_text, plot_png
+    from planner.search import search
+
+    try:
+        pins = pins_from_context(ctx, opts)
+        model_dir = model or Path(__file__).resolve().parent.parent / "examples" / "demo-model"
+        spec = load_model_spec(model_dir)
+        work = _workload(model_dir, spec, prompt_len, gen_len, num_prompts, input_, prompt_column, dtype)
+        hw = hardware_spec(hardware)
+        plan = search(spec, hw, work, pins=pins, budgets=budgets_from_options(opts),
+                      allow_compression=allow_compression)
+    except FlexbatchError as e:
+        _fail(e)
+    if as_json:
+        click.echo(plan.policy.to_json())
+        return
+    click.echo(explain_text(plan, spec, hw))
+    if plot:
+        click.echo(f"\nplot: {plot_png(plan, spec, plot)}")
+
+
+@click.command("profile", short_help="Measure this machine into a hardware spec (cached).")
+@click.option("--output", type=click.Path(path_type=Path), default=None,
+              help="Where to write the spec.  [default: ~/.cache/flexbatch/hardware.json, used by plan and run]")
+def profile_command(output) -> None:
+    """Measure GEMM rates by row count, decode attention over bf16 and 4-bit caches, dequantization, the
+    engine's per-call costs, memory, disk and page-cache rates (and the GPU and its links when CUDA exists)."""
+    from planner.hardware import save_hardware
+    from planner.profiler import DEFAULT_CACHE, profile_this_machine
+
+    try:
+        spec = profile_this_machine()
+        path = save_hardware(spec, output or DEFAULT_CACHE)
+    except FlexbatchError as e:
+        _fail(e)
+    click.echo(json.dumps(spec.to_dict(), indent=1))
+    click.echo(f"saved: {path}")

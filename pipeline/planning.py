@@ -1,0 +1,99 @@
+"""The planner in a job: the workload read from the input (row counts from the footers, prompt lengths from a
+sample of prompts), this machine's hardware profile (measured once, then cached), and the CPU budget the plan
+must fit, turned into the `Policy` the engine runs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow.parquet as pq
+
+from engine.spec import ModelSpec
+from pipeline.parquet_io import InputFile
+
+if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, not for --help
+    from planner.hardware import HardwareSpec
+    from planner.predict import Prediction
+    from planner.search import Plan
+    from planner.workload import Workload
+
+log = logging.getLogger(__name__)
+SAMPLE_PROMPTS = 256
+CPU_BUDGET_SHARE = 0.8  # of MemAvailable, when --cpu-mem is not given
+TYPICAL_QUANTILE = 0.75  # blocks are length-bucketed; a block pads to about this quantile of its lengths
+
+
+def sample_prompts(files: tuple[InputFile, ...], column: str, limit: int = SAMPLE_PROMPTS) -> list[str]:
+    """Up to `limit` prompts, read row group by row group (one column) from the first files."""
+    out: list[str] = []
+    for f in files:
+        with pq.ParquetFile(f.path) as pf:
+            for g in range(pf.num_row_groups):
+                values = pf.read_row_group(g, columns=[column]).column(0).to_pylist()
+                out += [v for v in values if isinstance(v, str) and v]
+                if len(out) >= limit:
+                    return out[:limit]
+    return out
+
+
+def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len: int, dtype: str) -> Workload:
+    """prompt_len: the TYPICAL_QUANTILE of the sampled token lengths; max_prompt_len: the longest sampled, both
+    capped at what the context leaves after gen_len tokens."""
+    from planner.workload import Workload
+
+    prompts = sample_prompts(files, column)
+    room = max(1, spec.max_position_embeddings - gen_len)
+    lengths = sorted(min(room, len(tokenizer(p)["input_ids"])) for p in prompts) or [1]
+    typical = max(1, lengths[min(len(lengths) - 1, int(TYPICAL_QUANTILE * len(lengths)))])
+    rows = max(1, sum(f.num_rows for f in files))
+    return Workload(typical, gen_len, rows, max_prompt_len=max(typical, lengths[-1]), dtype=dtype)
+
+
+def mem_available_bytes() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def plan_budgets(budgets: dict) -> dict:
+    """The tiers' capacities for planning: the user's budgets, and CPU_BUDGET_SHARE of MemAvailable for a CPU
+    without one."""
+    out = dict(budgets or {})
+    if out.get("cpu") is None:
+        available = mem_available_bytes()
+        out["cpu"] = available * CPU_BUDGET_SHARE if available else None
+    return out
+
+
+def hardware(path: Path | None) -> HardwareSpec:
+    from planner.hardware import load_hardware
+    from planner.profiler import load_or_profile
+
+    if path is not None:
+        return load_hardware(path)
+
+    return load_or_profile()
+
+
+def choose_policy(spec: ModelSpec, work: Workload, hw: HardwareSpec, pins: dict, budgets: dict) -> Plan:
+    from planner.search import search
+
+    plan = search(spec, hw, work, pins=pins, budgets=plan_budgets(budgets))
+    p = plan.prediction
+    log.info("planned for %d prompts (%d tokens typical, %d max) + %d new on %s: %s; predicted %.1f s, "
+             "%.1f tokens/s", work.num_prompts, work.prompt_len, work.max_prompt_len, work.gen_len, hw.name,
+             plan.policy.to_json(), p.total_s, p.tokens_per_s)
+    return plan
+
+
+def prediction_record(p: Prediction) -> dict:
+    return {"seconds": p.total_s, "tokens_per_s": p.tokens_per_s, "prefill_s": p.prefill_s,
+            "decode_token_s": p.decode_token_s, "workload": {"prompt_len": p.workload.prompt_len,
+            "max_prompt_len": p.workload.max_prompt_len, "gen_len": p.workload.gen_len,
+            "num_prompts": p.workload.num_prompts}}

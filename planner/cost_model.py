@@ -1,0 +1,277 @@
+"""FlexGen's per-layer cost model, with FlexInfer's per-phase compute choice, for the engine's block schedule.
+
+For one layer and one step of a block (num_gb GPU batches of gbs rows), each transfer is priced on the channel
+it uses (h2d, d2h, disk read, disk write) and compute on its device. As in FlexGen, the layer's time is the max
+over what overlaps. In this engine two things overlap: the prefetch thread, which brings the next layer's weights
+(disk read, then the link, then dequantization), and the main thread, which computes and moves the KV cache and
+activations itself. So
+
+    T_layer = max(prefetch_s, main_s),  T_block = L * T_pre + (n - 1) * L * T_gen + n * head_s
+
+with each phase's layers split between the CPU and the GPU by its compute choice (FlexInfer: CPU-only, GPU with
+offloading, or a static split). Two facts of this engine shape the chains: a disk layer is memory-mapped, so plain
+weights computed on the CPU are read by the main thread's GEMMs; and the prefetch thread's CPU work competes with
+CPU compute for the cores (`cpu_background_overlap`, measured). Every term is linear in the placement fractions
+(`Affine`), so the search prices a `Policy` and builds its program from the same functions; the one exception,
+the fixed cost of a cache split over tiers, is a step that only the exact prediction counts. Units: bytes,
+seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.policy import Policy
+from engine.spec import ModelSpec
+from planner.hardware import HardwareSpec
+from planner.memory_model import (
+    act_block_bytes,
+    global_bytes,
+    kv_block_bytes,
+    kv_slot_bytes,
+    layer_bytes,
+    layers_on,
+    linear_params,
+)
+from planner.workload import TIERS, Affine, Workload
+
+CHANNELS = ("h2d", "d2h", "disk_read", "disk_write", "compute")
+ELEMENTWISE_PASSES_H = 16  # norms, rotary, residuals: about 16 passes over H per token (read + write)
+ELEMENTWISE_PASSES_F = 4  # activation and gating over the FFN width
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block priced under one policy: `rows` prompts in GPU batches of at most gbs rows."""
+
+    model: ModelSpec
+    hw: HardwareSpec
+    work: Workload
+    policy: Policy
+    rows: int
+    batches: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        gbs = self.policy.gbs
+        object.__setattr__(self, "batches", tuple(min(gbs, self.rows - i) for i in range(0, self.rows, gbs)))
+
+    @property
+    def elem(self) -> int:
+        return self.work.dtype_bytes
+
+    @property
+    def stored_layer_bytes(self) -> float:
+        return layer_bytes(self.model, self.elem, self.policy.compress_weight)
+
+
+def tokens(work: Workload, phase: str) -> int:
+    """Tokens per row that a step pushes through a layer: s in prefill, 1 in decode."""
+    return work.prompt_len if phase == "prefill" else 1
+
+
+def decode_kv_len(work: Workload) -> float:
+    """Average cached slots a decode step attends over: s + n / 2 (FlexGen's linearization)."""
+    return work.prompt_len + work.gen_len / 2
+
+
+def disk_is_warm(blk: Block) -> bool:
+    """Disk-tier files stay in the OS page cache when the whole model, cache and activations fit the machine's
+    memory (placement moves bytes between tiers but never changes their sum)."""
+    m, w = blk.model, blk.work
+    total = (m.num_layers * blk.stored_layer_bytes + global_bytes(m, w.dtype_bytes)
+             + kv_block_bytes(m, w, blk.rows, blk.policy.compress_cache) + act_block_bytes(m, w, blk.rows))
+    return total <= blk.hw.cpu.memory_bytes
+
+
+def channel_rates(blk: Block) -> dict[str, float]:
+    """Bytes/s of each transfer channel; a missing link (no GPU) is never used, since its fractions are 0."""
+    hw, warm = blk.hw, disk_is_warm(blk)
+    return {"h2d": hw.h2d_bytes_per_s or float("inf"), "d2h": hw.d2h_bytes_per_s or float("inf"),
+            "disk_read": hw.page_cache_bytes_per_s if warm else hw.disk_read_bytes_per_s,
+            "disk_write": hw.page_cache_bytes_per_s if warm else hw.disk_write_bytes_per_s}
+
+
+def route(src: str, dst: str) -> tuple[str, ...]:
+    """Channels a move from tier/device `src` to `dst` crosses: disk is reached through the CPU."""
+    hops = {("cpu", "gpu"): ("h2d",), ("gpu", "cpu"): ("d2h",), ("disk", "cpu"): ("disk_read",),
+            ("disk", "gpu"): ("disk_read", "h2d"), ("cpu", "disk"): ("disk_write",),
+            ("gpu", "disk"): ("d2h", "disk_write")}
+    return () if src == dst else hops[(src, dst)]
+
+
+def priced(moves: list[tuple[Affine, str, str]], rates: dict[str, float]) -> dict[str, Affine]:
+    """Seconds per channel of a list of (bytes, src, dst) moves: bytes / rate on each channel crossed."""
+    out = {c: Affine() for c in CHANNELS}
+    for nbytes, src, dst in moves:
+        for channel in route(src, dst):
+            out[channel] = out[channel] + nbytes / rates[channel]
+    return out
+
+
+def weight_moves(blk: Block, device: str) -> list[tuple[Affine, str, str]]:
+    """The layer's weights brought to its compute device, once per step for the whole block:
+    W * weight_<tier> bytes from each tier."""
+    W = blk.stored_layer_bytes
+    return [(Affine.frac(f"weight_{tier}", W), tier, device) for tier in TIERS]
+
+
+def new_kv_bytes(blk: Block, phase: str) -> float:
+    """K and V a step writes per layer: rows * tokens * kv_slot_bytes."""
+    return blk.rows * tokens(blk.work, phase) * kv_slot_bytes(blk.model, blk.elem, blk.policy.compress_cache)
+
+
+def decode_kv_bytes(blk: Block) -> float:
+    """R: the cache a decode step reads per layer: rows * (s + n/2) * kv_slot_bytes."""
+    return blk.rows * decode_kv_len(blk.work) * kv_slot_bytes(blk.model, blk.elem, blk.policy.compress_cache)
+
+
+def attention_io_bytes(blk: Block) -> float:
+    """What crosses for delegated decode attention, per layer: q out and the output back,
+    rows * 2 * NH * D * dtype_bytes (the new K/V are counted with the cache stores)."""
+    return blk.rows * 2 * blk.model.num_heads * blk.model.head_dim * blk.elem
+
+
+def kv_moves(blk: Block, phase: str, device: str) -> list[tuple[Affine, str, str]]:
+    """Cache traffic of a layer on the main thread: this step's K/V stored to each tier; in decode, either the
+    cache fetched to the compute device, or (cpu_attention) only q and the output crossing to where each part
+    of the cache lives, plus disk parts read into the CPU. FlexInfer's KV hand-off, when prefill computes away
+    from the cache's tier, is the prefill store."""
+    moves = [(Affine.frac(f"cache_{tier}", new_kv_bytes(blk, phase)), device, tier) for tier in TIERS]
+    if phase == "prefill":
+        return moves
+    R = decode_kv_bytes(blk)
+    if not blk.policy.cpu_attention:
+        return moves + [(Affine.frac(f"cache_{tier}", R), tier, device) for tier in TIERS]
+    half_io = attention_io_bytes(blk) / 2
+    moves.append((Affine.frac("cache_disk", R), "disk", "cpu"))
+    for tier in TIERS:
+        home = "cpu" if tier == "disk" else tier
+        share = Affine.frac(f"cache_{tier}", half_io)
+        moves += [(share, device, home), (share, home, device)]  # q out, the output back
+    return moves
+
+
+def act_moves(blk: Block, phase: str, device: str) -> list[tuple[Affine, str, str]]:
+    """Activations loaded from their tiers and stored back, per layer: A = rows * tokens * H * dtype_bytes
+    each way, times act_<tier>."""
+    A = blk.rows * tokens(blk.work, phase) * blk.model.hidden_size * blk.elem
+    loads = [(Affine.frac(f"act_{tier}", A), tier, device) for tier in TIERS]
+    return loads + [(Affine.frac(f"act_{tier}", A), device, tier) for tier in TIERS]
+
+
+def weights_stay_cached(blk: Block, device: str) -> bool:
+    """All layers' dense weights fit the device's last-level cache, so GEMMs never stream them from memory."""
+    return blk.model.num_layers * blk.model.params_per_layer * blk.elem <= blk.hw.device(device).cache_bytes
+
+
+def gemm_s(blk: Block, phase: str, device: str) -> float:
+    """Linear layers: sum over GPU batches of 2 * b * t * P_lin / matmul_rate(b * t rows, width H), at the
+    cache-hot rate when the weights stay cached."""
+    spec, t, p_lin = blk.hw.device(device), tokens(blk.work, phase), linear_params(blk.model)
+    width, hot = blk.model.hidden_size, weights_stay_cached(blk, device)
+    return sum(2 * b * t * p_lin / spec.matmul_flop_per_s(b * t, width, hot) for b in blk.batches)
+
+
+def prefill_attention_s(blk: Block, device: str) -> float:
+    """Prefill attention over the new keys (masked, so all s^2 pairs): sum over batches of
+    4 * b * NH * D * s^2 / prefill_attention_rate(s)."""
+    spec, s, m = blk.hw.device(device), blk.work.prompt_len, blk.model
+    rate = spec.prefill_attention_flop_per_s(s, m.head_dim)
+    return sum(4 * b * m.num_heads * m.head_dim * s * s / rate for b in blk.batches)
+
+
+def decode_attention_s(blk: Block, device: str) -> Affine:
+    """Decode attention, memory-bound: R * share / attention_rate of the device that runs it. With
+    cpu_attention each part runs where it lives (disk parts on the CPU), else all on the compute device."""
+    R, compressed = decode_kv_bytes(blk), blk.policy.compress_cache
+    if not blk.policy.cpu_attention:
+        return Affine(const=R / blk.hw.device(device).attention_bytes_per_s(compressed))
+    cpu_rate = blk.hw.cpu.attention_bytes_per_s(compressed)
+    out = Affine.of(("cache_cpu", "cache_disk"), R / cpu_rate)
+    if blk.hw.gpu is not None:
+        out = out + Affine.frac("cache_gpu", R / blk.hw.gpu.attention_bytes_per_s(compressed))
+    return out
+
+
+def elementwise_s(blk: Block, phase: str, device: str) -> float:
+    """Norms, rotary, residuals and the MLP activation: rows * t * (16 H + 4 F) * dtype_bytes /
+    elementwise_bytes_per_s (the profiler times the engine's own ops and states the rate in this unit)."""
+    m = blk.model
+    per_token = ELEMENTWISE_PASSES_H * m.hidden_size + ELEMENTWISE_PASSES_F * m.ffn_size
+    return blk.rows * tokens(blk.work, phase) * per_token * blk.elem / blk.hw.device(device).elementwise_bytes_per_s
+
+
+def spans_tiers(policy, kind: str) -> bool:
+    return sum(getattr(policy, f"{kind}_{t}") > 0 for t in TIERS) > 1
+
+
+def layer_calls_s(blk: Block, device: str) -> Affine:
+    """Fixed costs of the layer calls: GPU batches * (layer_call_s, + cache_codec_call_s with a 4-bit cache,
+    + split_call_s when the cache or the activations span tiers), + disk_layer_call_s * weight_disk per step
+    (opening a disk layer). The split term is a step in the fractions: the exact prediction counts it, the
+    search's linear program does not."""
+    spec, p = blk.hw.device(device), blk.policy
+    per_call = spec.layer_call_s + (spec.cache_codec_call_s if p.compress_cache else 0.0)
+    per_call += spec.split_call_s if spans_tiers(p, "cache") or spans_tiers(p, "act") else 0.0
+    return Affine.frac("weight_disk", spec.disk_layer_call_s) + len(blk.batches) * per_call
+
+
+def dequant_s(blk: Block, device: str) -> float:
+    """4-bit weights decompressed on the compute device, once per layer per step:
+    params_per_layer * dtype_bytes / dequant_bytes_per_s + dequant_call_s."""
+    if not blk.policy.compress_weight:
+        return 0.0
+    spec = blk.hw.device(device)
+    return blk.model.params_per_layer * blk.elem / spec.dequant_bytes_per_s + spec.dequant_call_s
+
+
+def compute_s(blk: Block, phase: str, device: str) -> Affine:
+    """Compute on the main thread: GEMMs + attention + elementwise + layer calls."""
+    fixed = gemm_s(blk, phase, device) + elementwise_s(blk, phase, device)
+    if phase == "prefill":
+        return layer_calls_s(blk, device) + fixed + prefill_attention_s(blk, device)
+    return decode_attention_s(blk, device) + layer_calls_s(blk, device) + fixed
+
+
+def background_cpu_s(blk: Block, device: str) -> Affine:
+    """The prefetch thread's CPU work that does not hide behind CPU compute, with 4-bit weights on the CPU:
+    (1 - overlap) * (page faults W * weight_disk / page_cache_bytes_per_s + dequantization); more than the work
+    itself where the threads oversubscribe the cores (overlap < 0). Zero otherwise."""
+    if device != "cpu" or lazy_disk_weights(blk, device):
+        return Affine()
+    copy = Affine.frac("weight_disk", blk.stored_layer_bytes / blk.hw.page_cache_bytes_per_s)
+    return (copy + dequant_s(blk, "cpu")) * (1.0 - blk.hw.cpu_background_overlap)
+
+
+def lazy_disk_weights(blk: Block, device: str) -> bool:
+    """Disk layers are memory-mapped: their pages are read when first touched. For plain weights computed on
+    the CPU that is the main thread's GEMM; otherwise the prefetch thread touches them (moving or dequantizing)."""
+    return device == "cpu" and not blk.policy.compress_weight
+
+
+def layer_chains(blk: Block, phase: str, device: str) -> dict[str, dict[str, Affine]]:
+    """Per layer per step: the prefetch chain's and the main chain's seconds by channel."""
+    rates, weights = channel_rates(blk), weight_moves(blk, device)
+    lazy = [m for m in weights if m[1] == "disk"] if lazy_disk_weights(blk, device) else []
+    prefetch = priced([m for m in weights if not any(m is x for x in lazy)], rates)
+    prefetch["compute"] = Affine(const=dequant_s(blk, device))
+    main = priced(lazy + kv_moves(blk, phase, device) + act_moves(blk, phase, device), rates)
+    main["compute"] = compute_s(blk, phase, device) + background_cpu_s(blk, device)
+    return {"prefetch": prefetch, "main": main}
+
+
+def layer_time_terms(blk: Block, phase: str, device: str) -> list[Affine]:
+    """The terms whose max is a layer's time: the prefetch chain and the main chain (each a sum)."""
+    return [sum(chain.values(), Affine()) for chain in layer_chains(blk, phase, device).values()]
+
+
+def head_s(blk: Block) -> float:
+    """Per step, on the CPU: embedding, LM head on the last position and token choice, per GPU batch:
+    2 * V * H * b / matmul_rate(b) + step_call_s."""
+    m, cpu = blk.model, blk.hw.cpu
+    flops_per_row = 2 * m.vocab_size * m.hidden_size
+    return sum(flops_per_row * b / cpu.matmul_flop_per_s(b, m.hidden_size) + cpu.step_call_s for b in blk.batches)
+
+
+def phase_groups(blk: Block, phase: str) -> dict[str, int]:
+    """Layers per compute device in `phase` (FlexInfer's choice), leaving out devices with none."""
+    return {d: n for d, n in layers_on(blk.policy, phase, blk.model.num_layers).items() if n}

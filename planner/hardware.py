@@ -1,0 +1,224 @@
+"""`HardwareSpec`: what the cost model needs to know about a machine of CPUs and at most one GPU.
+
+A spec is measured on this machine (`planner.profiler.profile_this_machine`) or written by hand for another one
+(`infra/hardware/*.json`, each figure with its source). Units are in the names: bytes, bytes per second,
+GFLOP/s, seconds."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from planner.errors import HardwareSpecError
+
+DEVICES = ("cpu", "gpu")
+
+
+def _positive(owner: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+        raise HardwareSpecError(f"{owner}.{name}={value!r} is invalid: expected a positive finite number")
+
+
+def _log_interp(x: float, xs: tuple, ys: tuple) -> float:
+    """ys at x, linear in log(x) between table points, held at the end values outside them."""
+    if x <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return y0 + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) * (y1 - y0)
+    return ys[-1]
+
+
+def _increasing(owner: str, name: str, values: tuple) -> None:
+    if not values or any(v < 1 for v in values) or list(values) != sorted(set(values)):
+        raise HardwareSpecError(f"{owner}.{name}={values} is invalid: expected increasing counts >= 1")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One compute device and its memory.
+
+    matmul_gflop_per_s is the bf16 GEMM rate by row count (rows = tokens in the GEMM; the rate grows with rows
+    until the device is compute-bound), one curve per width in matmul_widths (the GEMM's input width, a layer's
+    hidden size: small layers run less efficiently), or a single curve when matmul_widths is empty. Between
+    table points rates are interpolated in log rows and log width, outside held at the end values. These rates
+    stream the weights from memory; matmul_hot_gflop_per_s, when given, holds the rates for weights that stay
+    in a last-level cache of cache_bytes (a model whose layers all fit in it).
+    layer_call_s is the fixed cost of one layer call on one GPU batch (the dispatch of its few dozen operations),
+    step_call_s that of one step's work outside the layers (masks, embedding, head, token choice); dequant_call_s,
+    cache_codec_call_s, disk_layer_call_s and split_call_s what 4-bit weights (per layer per step), a 4-bit
+    cache (per layer call), a layer read from disk (per layer per step) and a cache or activations split over
+    tiers (per layer call) add to them. These fixed costs dominate for tiny models."""
+
+    memory_bytes: float
+    matmul_rows: tuple[int, ...]
+    matmul_gflop_per_s: tuple
+    attention_bf16_bytes_per_s: float
+    attention_4bit_bytes_per_s: float
+    dequant_bytes_per_s: float
+    elementwise_bytes_per_s: float
+    layer_call_s: float = 0.0
+    step_call_s: float = 0.0
+    dequant_call_s: float = 0.0
+    cache_codec_call_s: float = 0.0
+    disk_layer_call_s: float = 0.0
+    split_call_s: float = 0.0
+    matmul_widths: tuple[int, ...] = ()
+    attention_prefill_lens: tuple[int, ...] = ()
+    attention_prefill_gflop_per_s: tuple[float, ...] = ()
+    cache_bytes: float = 0.0
+    matmul_hot_gflop_per_s: tuple = ()
+
+    def __post_init__(self) -> None:
+        rows = tuple(int(r) for r in self.matmul_rows)
+        widths = tuple(int(w) for w in self.matmul_widths)
+        curves = self.matmul_gflop_per_s
+        curves = [curves] if not widths else list(curves)
+        curves = tuple(tuple(float(g) for g in c) for c in curves)
+        _increasing("device", "matmul_rows", rows)
+        if widths:
+            _increasing("device", "matmul_widths", widths)
+        if len(curves) != max(1, len(widths)) or any(len(c) != len(rows) for c in curves):
+            raise HardwareSpecError(f"matmul_gflop_per_s must hold one rate per row count {rows} "
+                                    f"{'for each width ' + str(widths) if widths else ''}")
+        for g in (g for c in curves for g in c):
+            _positive("device", "matmul_gflop_per_s", g)
+        object.__setattr__(self, "matmul_rows", rows)
+        object.__setattr__(self, "matmul_widths", widths)
+        object.__setattr__(self, "matmul_gflop_per_s", curves if widths else curves[0])
+        hot = self.matmul_hot_gflop_per_s or ()
+        object.__setattr__(self, "matmul_hot_gflop_per_s", ())
+        if hot:
+            hot = tuple(tuple(float(g) for g in c) for c in ([hot] if not widths else hot))
+            if len(hot) != len(curves) or any(len(c) != len(rows) for c in hot) or min(min(c) for c in hot) <= 0:
+                raise HardwareSpecError("matmul_hot_gflop_per_s must have the shape of matmul_gflop_per_s")
+            object.__setattr__(self, "matmul_hot_gflop_per_s", hot if widths else hot[0])
+        lens = tuple(int(n) for n in self.attention_prefill_lens)
+        rates = tuple(float(g) for g in self.attention_prefill_gflop_per_s)
+        if lens:
+            _increasing("device", "attention_prefill_lens", lens)
+        if len(lens) != len(rates) or any(g <= 0 for g in rates):
+            raise HardwareSpecError(f"attention_prefill_gflop_per_s {rates} must hold one positive rate per "
+                                    f"prompt length of attention_prefill_lens {lens}")
+        object.__setattr__(self, "attention_prefill_lens", lens)
+        object.__setattr__(self, "attention_prefill_gflop_per_s", rates)
+        for name in ("memory_bytes", "attention_bf16_bytes_per_s", "attention_4bit_bytes_per_s",
+                     "dequant_bytes_per_s", "elementwise_bytes_per_s"):
+            _positive("device", name, getattr(self, name))
+        for name in ("layer_call_s", "step_call_s", "dequant_call_s", "cache_codec_call_s", "disk_layer_call_s",
+                     "split_call_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise HardwareSpecError(f"{name}={value!r} is invalid: expected seconds >= 0")
+
+    def matmul_flop_per_s(self, rows: float, width: float | None = None, hot: bool = False) -> float:
+        """GEMM FLOP/s at `rows` rows and input `width` (ignored with a single curve); `hot` when the weights
+        stay in the last-level cache (the hot table, where one was measured)."""
+        table = self.matmul_hot_gflop_per_s if hot and self.matmul_hot_gflop_per_s else self.matmul_gflop_per_s
+        if not self.matmul_widths:
+            return _log_interp(rows, self.matmul_rows, table) * 1e9
+        by_width = tuple(_log_interp(rows, self.matmul_rows, c) for c in table)
+        return _log_interp(width or self.matmul_widths[-1], self.matmul_widths, by_width) * 1e9
+
+    def prefill_attention_flop_per_s(self, prompt_len: float, head_dim: int) -> float:
+        """Prefill attention FLOP/s by prompt length (the GEMM rate at prompt_len rows and width head_dim when
+        no table is given)."""
+        if not self.attention_prefill_lens:
+            return self.matmul_flop_per_s(prompt_len, head_dim)
+        return _log_interp(prompt_len, self.attention_prefill_lens, self.attention_prefill_gflop_per_s) * 1e9
+
+    def attention_bytes_per_s(self, compressed: bool) -> float:
+        return self.attention_4bit_bytes_per_s if compressed else self.attention_bf16_bytes_per_s
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """A machine: its CPU, its GPU (None without one), the links between them and the disk.
+
+    h2d/d2h are the host-to-device and device-to-host rates (absent without a GPU). Disk-tier files are read
+    and written at disk_*_bytes_per_s when cold, and at page_cache_bytes_per_s while the OS page cache still
+    holds them. cpu_background_overlap is the share of the prefetch thread's CPU work (copies, dequantization)
+    that hides behind CPU compute: 1 on a machine with cores to spare, 0 when it runs in turn with compute,
+    below 0 (down to -3) where the threads oversubscribe the cores and cost more together than in turn."""
+
+    name: str
+    cpu: DeviceSpec
+    disk_read_bytes_per_s: float
+    disk_write_bytes_per_s: float
+    disk_bytes: float
+    page_cache_bytes_per_s: float
+    gpu: DeviceSpec | None = None
+    h2d_bytes_per_s: float | None = None
+    d2h_bytes_per_s: float | None = None
+    cpu_background_overlap: float = 1.0
+    sources: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("disk_read_bytes_per_s", "disk_write_bytes_per_s", "disk_bytes", "page_cache_bytes_per_s"):
+            _positive(self.name, name, getattr(self, name))
+        links = (self.h2d_bytes_per_s, self.d2h_bytes_per_s)
+        if self.gpu is None and any(x is not None for x in links):
+            raise HardwareSpecError(f"{self.name}: h2d/d2h bandwidths are given but there is no gpu; drop them "
+                                    "or describe the gpu")
+        if self.gpu is not None:
+            for name in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
+                _positive(self.name, name, getattr(self, name))
+        if not -3.0 <= self.cpu_background_overlap <= 1.0:
+            raise HardwareSpecError(f"{self.name}: cpu_background_overlap={self.cpu_background_overlap!r} is "
+                                    "invalid: expected a share in [-3, 1]")
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu is not None
+
+    def device(self, name: str) -> DeviceSpec:
+        spec = getattr(self, name)
+        if spec is None:
+            raise HardwareSpecError(f"{self.name} has no {name}")
+        return spec
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HardwareSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise HardwareSpecError(f"unknown hardware fields {unknown}; known: {sorted(known)}")
+        try:
+            devices = {k: _device(d[k], k) if d.get(k) is not None else None for k in DEVICES}
+            return cls(**{**d, **devices})
+        except TypeError as e:
+            raise HardwareSpecError(f"hardware spec {d.get('name')!r}: {e}") from None
+
+
+def _device(d: dict, name: str) -> DeviceSpec:
+    try:
+        return DeviceSpec(**d)
+    except TypeError as e:
+        raise HardwareSpecError(f"the {name} entry of a hardware spec: {e}") from None
+
+
+def load_hardware(path: str | Path) -> HardwareSpec:
+    """Read a spec written by `save_hardware` or by hand."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise HardwareSpecError(f"hardware spec {str(p)!r} does not exist; run `flexbatch profile` or pass a "
+                                "file from infra/hardware/")
+    try:
+        return HardwareSpec.from_dict(json.loads(p.read_text()))
+    except json.JSONDecodeError as e:
+        raise HardwareSpecError(f"hardware spec {str(p)!r} is not valid JSON: {e}") from None
+
+
+def save_hardware(spec: HardwareSpec, path: str | Path) -> Path:
+    """Write atomically (a temporary name, then rename), so a reader never sees half a file."""
+    p = Path(path).expanduser()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(spec.to_dict(), indent=1) + "\n")
+    tmp.replace(p)
+    return p

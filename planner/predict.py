@@ -1,0 +1,169 @@
+"""Price one `Policy`: prefill time, decode time per token, block and job time, throughput, and the peak memory
+of each tier at prefill and at decode, with placement rounded exactly as the engine rounds it (whole layers per
+tier, whole rows per tier in each GPU batch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from engine.placement import row_segments
+from engine.policy import Policy
+from engine.spec import ModelSpec
+from engine.weight_store import layer_tiers
+from planner.cost_model import (
+    CHANNELS,
+    Block,
+    channel_rates,
+    head_s,
+    kv_moves,
+    layer_chains,
+    phase_groups,
+    priced,
+)
+from planner.hardware import HardwareSpec
+from planner.memory_model import disk_staging_bytes, peak_bytes
+from planner.workload import PLACEMENT, TIERS, Workload
+
+PHASES = ("prefill", "decode")
+MEMORY_FRACTION = 0.8  # FlexGen's slack on a device's capacity when no budget is given
+
+
+def realized_policy(policy: Policy, num_layers: int) -> Policy:
+    """The policy with the fractions the engine realizes: layer counts / L and rows per GPU batch / gbs."""
+    w = layer_tiers(num_layers, {t: getattr(policy, f"weight_{t}") for t in TIERS})
+    kw = {f"weight_{t}": w.count(t) / num_layers for t in ("gpu", "cpu")}
+    for kind in ("cache", "act"):
+        segs = dict(row_segments(policy.gbs, {t: getattr(policy, f"{kind}_{t}") for t in TIERS}))
+        for t in ("gpu", "cpu"):
+            kw[f"{kind}_{t}"] = (segs[t].stop - segs[t].start) / policy.gbs if t in segs else 0.0
+    return replace(policy, **kw)
+
+
+def group_placement(policy: Policy, num_layers: int, phase: str, device: str) -> np.ndarray:
+    """Placement vector seen by the layers computing on `device` in `phase`: their own weight tiers (the
+    engine spreads each tier's layers evenly, so a split's two groups can differ), the shared cache and acts."""
+    tiers = layer_tiers(num_layers, {t: getattr(policy, f"weight_{t}") for t in TIERS})
+    layers = [j for j in range(num_layers) if policy.layer_on_gpu(phase, j) == (device == "gpu")]
+    x = np.array([getattr(policy, name) for name in PLACEMENT], dtype=float)
+    for i, t in enumerate(TIERS):
+        x[i] = sum(tiers[j] == t for j in layers) / max(1, len(layers))
+    return x
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """One step of one phase for a block: per compute device, layers, seconds per layer (the max of the prefetch
+    and main chains) and FlexGen's five channels (seconds, both chains summed); step_s includes head_s."""
+
+    layers: dict
+    layer_s: dict
+    prefetch_s: dict
+    main_s: dict
+    channels_s: dict
+    step_s: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    policy: Policy
+    workload: Workload
+    block_rows: int
+    num_blocks: int
+    prefill: PhaseCost
+    decode: PhaseCost
+    block_s: float
+    total_s: float
+    tokens_per_s: float
+    peak_bytes: dict
+    kv_handoff_s: float
+
+    @property
+    def prefill_s(self) -> float:
+        """Time to first token of a block."""
+        return self.prefill.step_s
+
+    @property
+    def decode_token_s(self) -> float:
+        return self.decode.step_s
+
+
+def phase_cost(blk: Block, phase: str) -> PhaseCost:
+    L = blk.model.num_layers
+    layers, layer_s, pre_s, main_s, chans = {}, {}, {}, {}, {}
+    for device, count in phase_groups(blk, phase).items():
+        x = group_placement(blk.policy, L, phase, device)
+        chains = layer_chains(blk, phase, device)
+        pre = sum(a.at(x) for a in chains["prefetch"].values())
+        main = sum(a.at(x) for a in chains["main"].values())
+        layers[device], pre_s[device], main_s[device] = count, pre, main
+        layer_s[device] = max(pre, main)
+        chans[device] = {c: chains["prefetch"][c].at(x) + chains["main"][c].at(x) for c in CHANNELS}
+    step = sum(layers[d] * layer_s[d] for d in layers) + head_s(blk)
+    return PhaseCost(layers, layer_s, pre_s, main_s, chans, step)
+
+
+def block_seconds(blk: Block) -> tuple[float, PhaseCost, PhaseCost]:
+    """T_block = prefill step + (n - 1) decode steps."""
+    pre, dec = phase_cost(blk, "prefill"), phase_cost(blk, "decode")
+    return pre.step_s + (blk.work.gen_len - 1) * dec.step_s, pre, dec
+
+
+def memory_need(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Policy, rows: int) -> dict:
+    """Peak bytes per phase per tier for a block of `rows` rows (the realized placement)."""
+    x = np.array([getattr(policy, n) for n in PLACEMENT], dtype=float)
+    staged = disk_staging_bytes(model, work, policy.compress_weight) if policy.weight_disk > 0 else 0.0
+    out = {}
+    for phase in PHASES:
+        peak = {t: a.at(x) for t, a in peak_bytes(model, work, policy, rows, phase).items()}
+        peak["cpu"] += staged
+        out[phase] = peak
+    return out
+
+
+def capacities(hw: HardwareSpec, budgets: dict | None = None) -> dict[str, float]:
+    """Bytes each tier may hold: the budget when given, else MEMORY_FRACTION of the device (0 without a GPU)."""
+    budgets = budgets or {}
+    gpu = hw.gpu.memory_bytes * MEMORY_FRACTION if hw.gpu is not None else 0.0
+    default = {"gpu": gpu, "cpu": hw.cpu.memory_bytes * MEMORY_FRACTION, "disk": hw.disk_bytes * MEMORY_FRACTION}
+    out = {t: float(budgets[t]) if budgets.get(t) is not None else default[t] for t in TIERS}
+    if hw.gpu is None:
+        out["gpu"] = 0.0
+    return out
+
+
+def shortfalls(need: dict, capacity: dict) -> list[tuple[str, str, float, float]]:
+    """(phase, tier, need, have) for every tier whose peak exceeds its capacity."""
+    return [(phase, tier, need[phase][tier], capacity[tier]) for phase in PHASES for tier in TIERS
+            if need[phase][tier] > capacity[tier] * (1 + 1e-9) + 1e-6]
+
+
+def block_rows(policy: Policy, work: Workload) -> int:
+    return min(policy.block_size, work.num_prompts)
+
+
+def predict(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Policy) -> Prediction:
+    """Price `policy` (its fractions rounded as the engine rounds them) for the whole job."""
+    policy = realized_policy(policy, model.num_layers)
+    rows = block_rows(policy, work)
+    blk = Block(model, hw, work, policy, rows)
+    block_s, pre, dec = block_seconds(blk)
+    full, rest = divmod(work.num_prompts, rows)
+    total = full * block_s + (block_seconds(Block(model, hw, work, policy, rest))[0] if rest else 0.0)
+    handoff = kv_handoff_s(blk, pre.layers)
+    return Prediction(policy, work, rows, full + (1 if rest else 0), pre, dec, block_s, total,
+                      work.num_prompts * work.gen_len / total, memory_need(model, hw, work, policy, rows),
+                      handoff)
+
+
+def kv_handoff_s(blk: Block, layers: dict) -> float:
+    """FlexInfer's KV move: seconds prefill spends storing the new cache to tiers away from its compute
+    device, summed over layers (part of the prefill time, reported on its own)."""
+    rates = channel_rates(blk)
+    out = 0.0
+    for device, count in layers.items():
+        x = group_placement(blk.policy, blk.model.num_layers, "prefill", device)
+        chans = priced(kv_moves(blk, "prefill", device), rates)
+        out += count * sum(a.at(x) for a in chans.values())
+    return out

@@ -1,0 +1,231 @@
+"""The policy search, as in FlexGen section 4.3: an outer enumeration of the discrete choices and, for each, the
+inner placement program (`planner.program`, a small MILP re-solved with new parameters).
+
+The outer loop enumerates gbs (powers of two, and the prompt count), num_gb (1..16, blocks no larger than the
+workload), 4-bit weights and cache (only when the caller allows lossy compression or pins it), CPU attention,
+and FlexInfer's compute choice for each phase (CPU-only, GPU with offloading, or a split at a quarter, half or
+three quarters of the layers; only CPU-only without a GPU). Any `Policy` field can be pinned by the caller;
+the search fills in the rest. Every feasible candidate is then priced exactly (`planner.predict`) and ranked by
+predicted job time. With a GPU the choices are many (25 device pairs x CPU attention x compression x block
+shapes), so a first stage ranks the modes at two reference block shapes and the second enumerates every block
+shape for the best TOP_MODES of them."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from engine.errors import InvalidParamsError
+from engine.policy import Policy
+from engine.spec import ModelSpec
+from planner.cost_model import Block
+from planner.errors import PlanInfeasible
+from planner.hardware import HardwareSpec
+from planner.predict import Prediction, block_rows, capacities, memory_need, predict, shortfalls
+from planner.program import PlacementProgram
+from planner.workload import KINDS, TIERS, Workload
+
+log = logging.getLogger(__name__)
+POLICY_FIELDS = tuple(f.name for f in fields(Policy) if f.init)
+FRACTION_FIELDS = tuple(f"{kind}_{tier}" for kind in KINDS for tier in ("gpu", "cpu"))
+NUM_GB_CHOICES = (1, 2, 4, 8, 16)
+MAX_GBS = 512
+SPLIT_POINTS = (0.25, 0.5, 0.75)
+TOP_ALTERNATIVES = 5
+FULL_ENUMERATION = 200  # above this many (shape, mode) pairs, rank the modes first
+TOP_MODES = 4
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen policy, its prediction, the best alternatives (other discrete choices), what bound it."""
+
+    prediction: Prediction
+    alternatives: tuple[Prediction, ...]
+    memory_use: dict  # (phase, tier) -> share of capacity at the solution
+    capacity: dict
+    pins: dict
+    solves: int
+    seconds: float
+
+    @property
+    def policy(self) -> Policy:
+        return self.prediction.policy
+
+
+def check_pins(pins: dict) -> dict:
+    """Pins name Policy fields; their values are checked by building a Policy with them."""
+    unknown = sorted(set(pins) - set(POLICY_FIELDS))
+    if unknown:
+        raise InvalidParamsError(f"cannot pin {unknown}: pins name Policy fields ({', '.join(POLICY_FIELDS)})")
+    probe = {k: v for k, v in pins.items() if k not in FRACTION_FIELDS}
+    for phase in ("prefill", "decode"):  # a pinned split without its layer: the search picks the layer
+        if probe.get(f"{phase}_device") == "split":
+            probe.setdefault(f"{phase}_split_layer", 1)
+    Policy(**probe)
+    return dict(pins)
+
+
+def block_shapes(work: Workload, pins: dict) -> list[tuple[int, int]]:
+    """(gbs, num_gb) pairs whose block is no larger than the workload (and always at least one)."""
+    n = work.num_prompts
+    gbs_set = sorted({g for g in (2 ** k for k in range(10)) if g <= min(n, MAX_GBS)} | {min(n, MAX_GBS)})
+    gbs_set = [pins["gbs"]] if "gbs" in pins else gbs_set
+    nums = [pins["num_gb"]] if "num_gb" in pins else NUM_GB_CHOICES
+    shapes = [(g, k) for g in gbs_set for k in nums if g * k <= max(n, g) and (k == 1 or g * k <= n)]
+    return shapes or [(gbs_set[0], nums[0])]
+
+
+def device_choices(model: ModelSpec, hw: HardwareSpec, pins: dict, phase: str) -> list[tuple[str, int]]:
+    """FlexInfer's per-phase choices as (device, split layer)."""
+    if f"{phase}_device" in pins:
+        device = pins[f"{phase}_device"]
+        if device != "split":
+            return [(device, 0)]
+        if f"{phase}_split_layer" in pins:
+            return [("split", pins[f"{phase}_split_layer"])]
+    elif not hw.has_gpu:
+        return [("cpu", 0)]
+    L = model.num_layers
+    splits = sorted({min(L - 1, max(1, round(L * q))) for q in SPLIT_POINTS}) if L > 1 else []
+    options = [("split", k) for k in splits]
+    if f"{phase}_device" not in pins:
+        options = [("cpu", 0), ("gpu", 0), *options]
+    return options
+
+
+def modes(model: ModelSpec, hw: HardwareSpec, pins: dict, allow_compression: bool) -> list[dict]:
+    """Every choice besides the block shape: compression, CPU attention, each phase's compute device."""
+    lossy = (False, True) if allow_compression else (False,)
+    cw = [pins["compress_weight"]] if "compress_weight" in pins else lossy
+    cc = [pins["compress_cache"]] if "compress_cache" in pins else lossy
+    attn = [pins["cpu_attention"]] if "cpu_attention" in pins else ((True, False) if hw.has_gpu else (True,))
+    pre, dec = device_choices(model, hw, pins, "prefill"), device_choices(model, hw, pins, "decode")
+    return [dict(compress_weight=w, compress_cache=c, cpu_attention=a, prefill_device=p[0],
+                 prefill_split_layer=p[1], decode_device=d[0], decode_split_layer=d[1])
+            for w, c, a, p, d in itertools.product(cw, cc, attn, pre, dec)]
+
+
+def reference_shapes(shapes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Two block shapes to rank modes by in the first stage: the largest GPU batch, and the middle one."""
+    by_rows = sorted(shapes, key=lambda s: (s[0] * s[1], s[0]))
+    return sorted({by_rows[-1], by_rows[len(by_rows) // 2]})
+
+
+def count_bounds(model: ModelSpec, hw: HardwareSpec, pins: dict, gbs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds on the placement counts: a pinned fraction fixes its count (rounded as the engine rounds);
+    without a GPU nothing goes there."""
+    lo, hi = np.zeros(9), np.array([model.num_layers] * 3 + [gbs] * 6, dtype=float)
+    for k, kind in enumerate(KINDS):
+        units = model.num_layers if kind == "weight" else gbs
+        acc = 0.0
+        for i, tier in enumerate(("gpu", "cpu")):
+            name = f"{kind}_{tier}"
+            start = round(acc * units)
+            acc += pins.get(name, 0.0)
+            if name in pins:
+                lo[3 * k + i] = hi[3 * k + i] = round(min(acc, 1.0) * units) - start
+        if f"{kind}_gpu" in pins and f"{kind}_cpu" in pins:
+            lo[3 * k + 2] = hi[3 * k + 2] = units - lo[3 * k] - lo[3 * k + 1]
+        if not hw.has_gpu:
+            hi[3 * k] = 0
+    return lo, hi
+
+
+class _Solver:
+    """Solves and prices candidates, keeping the feasible ones."""
+
+    def __init__(self, model, hw, work, pins, capacity):
+        self.model, self.hw, self.work, self.pins, self.capacity = model, hw, work, pins, capacity
+        self.program, self.solves, self.ranked, self.seen = PlacementProgram(), 0, {}, {}
+
+    def run(self, template: Policy) -> float:
+        """Predicted job time of the template's best placement (inf when none fits)."""
+        key = template.to_json()
+        if key in self.seen:
+            return self.seen[key]
+        blk = Block(self.model, self.hw, self.work, template, block_rows(template, self.work))
+        solution = self.program.solve(blk, *count_bounds(self.model, self.hw, self.pins, template.gbs),
+                                      self.capacity)
+        self.solves += 1
+        pred = solution and predict(self.model, self.hw, self.work, solution.policy(template, self.model.num_layers))
+        if pred is None or shortfalls(pred.peak_bytes, self.capacity):
+            self.seen[key] = float("inf")
+            return self.seen[key]
+        self.ranked[key] = (pred.total_s, self.solves, pred, solution)
+        self.seen[key] = pred.total_s
+        return pred.total_s
+
+
+def search(model: ModelSpec, hw: HardwareSpec, work: Workload, pins: dict | None = None,
+           budgets: dict | None = None, allow_compression: bool = False) -> Plan:
+    """The fastest feasible policy for `work` on `hw`, honouring `pins`; PlanInfeasible when none fits.
+
+    When the choices are many (a GPU: 25 device pairs x CPU attention x compression), a first stage ranks every
+    mode at two reference block shapes and the second enumerates every block shape for the best TOP_MODES."""
+    started, pins = time.perf_counter(), check_pins(pins or {})
+    if not hw.has_gpu and any(pins.get(f"{k}_gpu", 0) > 0 for k in KINDS):
+        raise InvalidParamsError(f"{hw.name} has no GPU, but a gpu fraction is pinned above 0; pin it to 0")
+    solver = _Solver(model, hw, work, pins, capacities(hw, budgets))
+    shapes, choices = block_shapes(work, pins), modes(model, hw, pins, allow_compression)
+    if len(shapes) * len(choices) > FULL_ENUMERATION:
+        score = [min(solver.run(Policy(gbs=g, num_gb=k, **m)) for g, k in reference_shapes(shapes))
+                 for m in choices]
+        choices = [choices[i] for i in np.argsort(score, kind="stable")[:TOP_MODES]]
+    for (gbs, num_gb), mode in itertools.product(shapes, choices):
+        solver.run(Policy(gbs=gbs, num_gb=num_gb, **mode))
+    if not solver.ranked:
+        raise leanest_shortfall(model, hw, work, pins, solver.capacity, allow_compression)
+    ranked = sorted(solver.ranked.values(), key=lambda r: (r[0], r[1]))
+    seconds = time.perf_counter() - started
+    log.info("searched %d discrete choices (%d feasible) in %.2f s", solver.solves, len(ranked), seconds)
+    alternatives = tuple(distinct([r[2] for r in ranked])[1: 1 + TOP_ALTERNATIVES])
+    return Plan(ranked[0][2], alternatives, ranked[0][3].memory_use, solver.capacity, pins, solver.solves, seconds)
+
+
+def distinct(predictions: list[Prediction]) -> list[Prediction]:
+    """Drop predictions that repeat an earlier one's time and policy up to CPU attention (which changes nothing
+    when no cache part is away from its compute device)."""
+    out, seen = [], set()
+    for p in predictions:
+        key = (f"{p.total_s:.9g}", p.policy.to_json().replace('"cpu_attention": false', '"cpu_attention": true'))
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def leanest_shortfall(model, hw, work, pins, capacity, allow_compression) -> PlanInfeasible:
+    """The tier short in the leanest candidate (one row per block, the rest of the memory wherever it is
+    largest), and by how much."""
+    lean = {"gbs": 1, "num_gb": 1, **({"compress_weight": True, "compress_cache": True} if allow_compression
+                                      else {}), **pins}
+    template = Policy(**{k: v for k, v in lean.items() if k not in FRACTION_FIELDS and k in POLICY_FIELDS})
+    best = None
+    for spread in _spreads(pins, hw):
+        policy = Policy(**{**template.to_dict(), **spread})
+        need = memory_need(model, hw, work, policy, block_rows(policy, work))
+        worst = max(shortfalls(need, capacity), key=lambda s: s[2] - s[3], default=None)
+        if worst is not None and (best is None or worst[2] - worst[3] < best[2] - best[3]):
+            best = worst
+    phase, tier, need_b, have_b = best or ("prefill", "cpu", 0.0, 0.0)
+    return PlanInfeasible(tier, need_b, have_b, f"at {phase}")
+
+
+def _spreads(pins: dict, hw: HardwareSpec):
+    """Placements that put each kind wholly on one tier (pins kept)."""
+    tiers = TIERS if hw.has_gpu else ("cpu", "disk")
+    for choice in itertools.product(tiers, repeat=len(KINDS)):
+        spread = {}
+        for kind, tier in zip(KINDS, choice):
+            spread[f"{kind}_gpu"] = pins.get(f"{kind}_gpu", 1.0 if tier == "gpu" else 0.0)
+            spread[f"{kind}_cpu"] = pins.get(f"{kind}_cpu", 1.0 if tier == "cpu" else 0.0)
+        try:
+            Policy(**spread)
+        except InvalidParamsError:
+            continue
+        yield spread

@@ -1,0 +1,104 @@
+"""Cost and memory terms against figures worked by hand for SMALL (hidden 64, FFN 128, 4 heads, 2 KV heads of
+16, 2 layers, vocab 100, tied) on a CPU with a flat 100 GFLOP/s GEMM rate."""
+
+import pytest
+
+from engine.policy import Policy
+from planner import cost_model as cm
+from planner import memory_model as mm
+from planner.predict import memory_need, predict
+from planner.workload import Workload
+from tests.planner.specs import SMALL, cpu_machine
+
+WORK = Workload(prompt_len=8, gen_len=4, num_prompts=4)  # bf16
+POLICY = Policy(gbs=2, num_gb=2)  # everything on the CPU, one block of 4 rows in 2 GPU batches
+
+
+def block(policy=POLICY, hw=None):
+    return cm.Block(SMALL, hw or cpu_machine(), WORK, policy, rows=4)
+
+
+def test_layer_and_cache_bytes():
+    assert SMALL.params_per_layer == 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64 == 36992
+    assert mm.linear_params(SMALL) == 36864
+    assert mm.layer_bytes(SMALL, 2, compressed=False) == 73984
+    # 4-bit, groups of 64 along `in`: 36 bytes (32 of codes, 4 of min and scale) per group per output row
+    assert mm.layer_bytes(SMALL, 2, compressed=True) == (64 + 32 + 32 + 64 + 128 + 128 + 64 * 2) * 36 + 128 * 2
+    assert mm.kv_slot_bytes(SMALL, 2, compressed=False) == 2 * 2 * 16 * 2 == 128
+    assert mm.kv_slot_bytes(SMALL, 2, compressed=True) == 2 * 2 * 36  # one (padded) group per 16-wide head
+    assert mm.global_bytes(SMALL, 2) == (100 * 64 + 64) * 2
+
+
+def test_compute_terms():
+    blk = block()
+    assert cm.gemm_s(blk, "prefill", "cpu") == pytest.approx(2 * (2 * 16 * 36864 / 1e11))
+    assert cm.gemm_s(blk, "decode", "cpu") == pytest.approx(2 * (2 * 2 * 36864 / 1e11))
+    assert cm.prefill_attention_s(blk, "cpu") == pytest.approx(2 * (4 * 2 * 4 * 16 * 8 * 8 / 1e11))
+    assert cm.decode_kv_bytes(blk) == 4 * (8 + 4 / 2) * 128  # rows * (s + n/2) * slot
+    assert cm.decode_attention_s(blk, "cpu").at(cm.Affine().coef + [0, 1, 0, 0, 1, 0, 0, 1, 0]) == \
+        pytest.approx(5120 / 1e9)
+    assert cm.elementwise_s(blk, "prefill", "cpu") == pytest.approx(4 * 8 * (16 * 64 + 4 * 128) * 2 / 1e10)
+    all_cpu = [0, 1, 0, 0, 1, 0, 0, 1, 0]
+    assert cm.layer_calls_s(blk, "cpu").at(all_cpu) == pytest.approx(2e-4)
+    assert cm.head_s(blk) == pytest.approx(2 * (2 * 100 * 64 * 2 / 1e11 + 2e-4))
+
+
+def test_prefill_decode_and_block_time():
+    p = predict(SMALL, cpu_machine(), WORK, POLICY)
+    prefill_layer = 2 * 2 * 16 * 36864 / 1e11 + 2 * 4 * 2 * 4 * 16 * 64 / 1e11 + 4 * 8 * 1536 * 2 / 1e10 + 2e-4
+    head = 2 * (2 * 100 * 64 * 2 / 1e11 + 2e-4)
+    assert p.prefill_s == pytest.approx(2 * prefill_layer + head)
+    decode_layer = 2 * 2 * 2 * 36864 / 1e11 + 5120 / 1e9 + 4 * 1536 * 2 / 1e10 + 2e-4
+    assert p.decode_token_s == pytest.approx(2 * decode_layer + head)
+    assert p.block_s == pytest.approx(p.prefill_s + 3 * p.decode_token_s)  # T = T_pre + (n - 1) T_gen
+    assert p.total_s == pytest.approx(p.block_s) and p.num_blocks == 1
+    assert p.tokens_per_s == pytest.approx(4 * 4 / p.total_s)
+
+
+def test_plain_disk_weights_are_faulted_in_by_the_main_thread():
+    on_disk = Policy(gbs=2, num_gb=2, weight_cpu=0.0)
+    base = predict(SMALL, cpu_machine(), WORK, POLICY)
+    p = predict(SMALL, cpu_machine(), WORK, on_disk)  # warm: the page cache holds the layer files
+    assert p.decode.prefetch_s["cpu"] == 0  # safetensors maps the file; nothing is read ahead
+    assert p.decode.main_s["cpu"] == pytest.approx(base.decode.main_s["cpu"] + 73984 / 1e9)
+    assert p.total_s == pytest.approx(base.total_s + 2 * 4 * 73984 / 1e9)  # layers x steps
+
+
+def test_4bit_disk_weights_hide_behind_compute_unless_the_cores_are_shared():
+    w4 = mm.layer_bytes(SMALL, 2, compressed=True)
+    dequant = 36992 * 2 / 1e9
+    base = predict(SMALL, cpu_machine(overlap=1.0), WORK, Policy(gbs=2, num_gb=2, compress_weight=True))
+    hidden = predict(SMALL, cpu_machine(overlap=1.0), WORK, Policy(gbs=2, num_gb=2, compress_weight=True,
+                                                                   weight_cpu=0.0))
+    assert hidden.decode.prefetch_s["cpu"] == pytest.approx(w4 / 1e9 + dequant)
+    assert hidden.total_s == pytest.approx(base.total_s)
+    shared = predict(SMALL, cpu_machine(overlap=-1.0), WORK, Policy(gbs=2, num_gb=2, compress_weight=True,
+                                                                    weight_cpu=0.0))
+    assert shared.decode.main_s["cpu"] == pytest.approx(base.decode.main_s["cpu"] + 2 * (w4 / 1e9 + dequant))
+
+
+def test_cold_disk_when_the_machine_cannot_cache_it():
+    on_disk = Policy(gbs=2, num_gb=2, weight_cpu=0.0)
+    small_ram = cpu_machine(memory_bytes=100_000)  # less than weights + cache: the disk tier is read cold
+    assert not cm.disk_is_warm(block(on_disk, small_ram))
+    warm, cold = predict(SMALL, cpu_machine(), WORK, on_disk), predict(SMALL, small_ram, WORK, on_disk)
+    assert cold.decode.main_s["cpu"] == pytest.approx(warm.decode.main_s["cpu"] + 73984 / 1e8 - 73984 / 1e9)
+
+
+def test_compression_moves_fewer_bytes_and_adds_dequantization():
+    p = predict(SMALL, cpu_machine(), WORK, Policy(gbs=2, num_gb=2, compress_weight=True))
+    base = predict(SMALL, cpu_machine(), WORK, POLICY)
+    assert p.prefill.prefetch_s["cpu"] == pytest.approx(36992 * 2 / 1e9)  # dequant of one layer per step
+    assert p.peak_bytes["prefill"]["cpu"] < base.peak_bytes["prefill"]["cpu"] + 2 * 36992 * 2
+
+
+def test_peak_memory_by_hand():
+    need = memory_need(SMALL, cpu_machine(), WORK, POLICY, rows=4)
+    home = 2 * 73984 + (100 * 64 + 64) * 2 + 4 * 12 * 2 * 128 + 4 * 8 * 64 * 2
+    per_token = 2 * 64 + 2 * 32 + 2 * 64 + 3 * 128  # q, k, v, attention out and MLP scratch
+    assert need["prefill"]["cpu"] == home + 2 * 8 * per_token * 2 + 2 * 4 * 8 * 8 * 4
+    assert need["decode"]["cpu"] == home + 2 * 1 * per_token * 2
+    assert need["prefill"]["gpu"] == 0 and need["prefill"]["disk"] == 0
+    on_disk = memory_need(SMALL, cpu_machine(), WORK, Policy(gbs=2, num_gb=2, weight_cpu=0.0), rows=4)
+    assert on_disk["decode"]["disk"] == 2 * 73984
+    assert on_disk["decode"]["cpu"] == need["decode"]["cpu"] - 2 * 73984 + 2 * 73984  # two staged layers

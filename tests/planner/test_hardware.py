@@ -1,0 +1,94 @@
+import json
+import math
+
+import pytest
+
+from planner.errors import HardwareSpecError
+from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
+from tests.planner.specs import cpu_machine, flat_cpu
+
+
+def test_matmul_rate_is_interpolated_in_log_rows_and_clamped():
+    d = DeviceSpec(1e9, (1, 100), (1.0, 101.0), 1e9, 1e9, 1e9, 1e9)
+    assert d.matmul_flop_per_s(10) == pytest.approx(51e9)  # log10(10) is half of log10(100)
+    assert d.matmul_flop_per_s(0.5) == 1e9 and d.matmul_flop_per_s(1000) == 101e9
+    assert d.matmul_flop_per_s(math.sqrt(10)) == pytest.approx(26e9)
+
+
+def test_json_round_trip(tmp_path):
+    spec = cpu_machine()
+    path = save_hardware(spec, tmp_path / "hw.json")
+    assert load_hardware(path) == spec
+    assert json.loads(path.read_text())["gpu"] is None
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(h2d_bytes_per_s=1e9), "no gpu"),
+    (dict(disk_read_bytes_per_s=0), "positive"),
+    (dict(cpu_background_overlap=1.5), r"\[-3, 1\]"),
+])
+def test_bad_specs_are_refused(change, message):
+    fields = dict(name="x", cpu=flat_cpu(), disk_read_bytes_per_s=1e8, disk_write_bytes_per_s=1e8, disk_bytes=1e9,
+                  page_cache_bytes_per_s=1e9)
+    with pytest.raises(HardwareSpecError, match=message):
+        HardwareSpec(**{**fields, **change})
+
+
+def test_bad_files_are_refused(tmp_path):
+    with pytest.raises(HardwareSpecError, match="does not exist"):
+        load_hardware(tmp_path / "none.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**cpu_machine().to_dict(), "gpu_tflops": 3}))
+    with pytest.raises(HardwareSpecError, match="unknown hardware fields"):
+        load_hardware(bad)
+    rows = cpu_machine().to_dict()
+    rows["cpu"]["matmul_rows"] = [4, 2]
+    rows["cpu"]["matmul_gflop_per_s"] = [1, 2]
+    bad.write_text(json.dumps(rows))
+    with pytest.raises(HardwareSpecError, match="increasing"):
+        load_hardware(bad)
+
+
+def test_matmul_rate_by_rows_and_width():
+    d = DeviceSpec(1e9, (1, 100), ((1.0, 11.0), (101.0, 201.0)), 1e9, 1e9, 1e9, 1e9, matmul_widths=(10, 1000))
+    assert d.matmul_flop_per_s(1, 10) == 1e9 and d.matmul_flop_per_s(100, 1000) == 201e9
+    assert d.matmul_flop_per_s(10, 100) == pytest.approx(((1 + 11) / 2 + (101 + 201) / 2) / 2 * 1e9)
+    assert d.matmul_flop_per_s(10, 5) == pytest.approx(6e9)  # below the smallest width: held
+    with pytest.raises(HardwareSpecError, match="for each width"):
+        DeviceSpec(1e9, (1, 100), ((1.0, 11.0),), 1e9, 1e9, 1e9, 1e9, matmul_widths=(10, 1000))
+
+
+def test_profiles_are_cached_per_machine_key(tmp_path, monkeypatch):
+    from planner import profiler
+
+    calls = []
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda: calls.append(1) or _keyed(cpu_machine()))
+    first = profiler.load_or_profile(tmp_path / "hardware.json")
+    assert profiler.load_or_profile(tmp_path / "hardware.json") == first and len(calls) == 1
+    monkeypatch.setattr(profiler, "machine_key", lambda: "another setup")
+    profiler.load_or_profile(tmp_path / "hardware.json")
+    assert len(calls) == 2  # measured again for the other key, and both are kept
+    assert len(list(tmp_path.glob("hardware-*.json"))) == 2
+
+
+def _keyed(spec):
+    from dataclasses import replace
+
+    from planner import profiler
+
+    return replace(spec, sources={"machine": profiler.machine_key()})
+
+
+def test_cache_hot_rates_apply_when_the_weights_stay_cached():
+    from engine.policy import Policy
+    from planner import cost_model as cm
+    from planner.workload import Workload
+    from tests.planner.specs import SMALL
+
+    d = DeviceSpec(1e9, (1,), (10.0,), 1e9, 1e9, 1e9, 1e9, matmul_hot_gflop_per_s=(40.0,), cache_bytes=1e6)
+    assert d.matmul_flop_per_s(8) == 10e9 and d.matmul_flop_per_s(8, hot=True) == 40e9
+    hw = HardwareSpec("x", d, disk_read_bytes_per_s=1e8, disk_write_bytes_per_s=1e8, disk_bytes=1e9,
+                      page_cache_bytes_per_s=1e9)
+    blk = cm.Block(SMALL, hw, Workload(8, 4, 4), Policy(gbs=2, num_gb=2), rows=4)
+    assert cm.weights_stay_cached(blk, "cpu")  # 2 layers x 74 KB < 1 MB
+    assert cm.gemm_s(blk, "decode", "cpu") == pytest.approx(2 * 2 * 2 * 36864 / 40e9)

@@ -1,0 +1,68 @@
+"""`flexbatch plan`, `flexbatch profile`, and `flexbatch run` planning by default."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from jobs import cli
+from planner import profiler
+from planner.hardware import load_hardware, save_hardware
+from tests.pipeline.parquet_files import write_parquet
+from tests.planner.specs import cpu_machine, server_cpu
+
+
+@pytest.fixture
+def hw_file(tmp_path):
+    return save_hardware(server_cpu(), tmp_path / "hw.json")
+
+
+def plan(*args):
+    return CliRunner().invoke(cli.main, ["plan", *map(str, args)])
+
+
+def test_plan_explains_in_text_and_draws_a_png(tmp_path, tiny_llama_dir, hw_file):
+    png = tmp_path / "plan.png"
+    result = plan("--model", tiny_llama_dir, "--prompt-len", 16, "--gen-len", 4, "--num-prompts", 8,
+                  "--hardware", hw_file, "--plot", png)
+    assert result.exit_code == 0, result.output
+    for section in ("policy: gbs", "predicted for 8 prompts", "top alternatives", "binding constraints",
+                    "where tensors live", "per-layer timeline", "prefill on cpu"):
+        assert section in result.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_keeps_pins_and_reads_the_workload_from_parquet(tmp_path, tiny_llama_dir, hw_file):
+    inp = write_parquet(tmp_path / "in.parquet", prompt=["hello there"] * 5)
+    result = plan("--model", tiny_llama_dir, "--input", inp, "--gen-len", 3, "--hardware", hw_file,
+                  "--gbs", 2, "--percent", 0, 50, 0, 100, 0, 100, "--json")
+    assert result.exit_code == 0, result.output
+    policy = json.loads(result.output)
+    assert policy["gbs"] == 2 and policy["weight_cpu"] == 0.5
+
+
+def test_plan_that_cannot_fit_names_the_tier(tiny_llama_dir, hw_file):
+    result = plan("--model", tiny_llama_dir, "--hardware", hw_file, "--cpu-mem", "1KiB")
+    assert result.exit_code == 2
+    assert "cpu tier is short by" in result.output
+
+
+def test_profile_writes_the_spec(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda: cpu_machine())
+    out = tmp_path / "hw.json"
+    result = CliRunner().invoke(cli.main, ["profile", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert load_hardware(out) == cpu_machine()
+
+
+def test_run_plans_by_default_and_reports_predicted_against_measured(tmp_path, tiny_llama_dir, hw_file):
+    inp = write_parquet(tmp_path / "in.parquet", prompt=["one two", "three four five", "six"])
+    args = ["run", "--model", tiny_llama_dir, "--input", inp, "--max-new-tokens", 3, "--hardware", hw_file]
+    result = CliRunner().invoke(cli.main, [*map(str, args), "--output", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert "planner: predicted" in result.output
+    job = json.loads((tmp_path / "a" / "_job.json").read_text())
+    assert job["run"]["predicted"]["seconds"] > 0
+    result = CliRunner().invoke(cli.main, [*map(str, args), "--output", str(tmp_path / "b"), "--no-plan", "--gbs", "2"])
+    assert result.exit_code == 0, result.output
+    assert "planner: predicted" not in result.output

@@ -1,0 +1,109 @@
+"""The search: known optima, pins, feasibility without solving, infeasibility, monotonicity."""
+
+import pytest
+
+from engine.errors import InvalidParamsError
+from engine.policy import Policy
+from planner.errors import PlanInfeasible
+from planner.predict import capacities, memory_need, shortfalls
+from planner.search import search
+from planner.workload import Workload
+from tests.planner.specs import LLAMA_300M, llama, server_cpu
+
+WORK = Workload(prompt_len=128, gen_len=32, num_prompts=64)
+GIB = 2**30
+
+
+def test_everything_fits_on_the_cpu_so_everything_goes_there():
+    plan = search(LLAMA_300M, server_cpu(), WORK)
+    pol = plan.policy
+    assert (pol.weight_cpu, pol.cache_cpu, pol.act_cpu) == (1.0, 1.0, 1.0)
+    assert (pol.prefill_device, pol.decode_device) == ("cpu", "cpu")
+    assert not pol.compress_weight and not pol.compress_cache  # lossless unless allowed
+    assert plan.prediction.block_rows == 64  # the largest block amortizes each layer's weights best
+
+
+def test_placement_is_in_whole_layers_and_rows():
+    plan = search(LLAMA_300M, server_cpu(), WORK, budgets={"cpu": 0.6 * GIB})
+    pol = plan.policy
+    assert pol.weight_disk > 0  # 0.6 GiB cannot hold the weights, the block's cache and the staging
+    assert (pol.weight_cpu * 20) == pytest.approx(round(pol.weight_cpu * 20))
+    assert (pol.cache_cpu * pol.gbs) == pytest.approx(round(pol.cache_cpu * pol.gbs))
+    need = memory_need(LLAMA_300M, server_cpu(), WORK, pol, plan.prediction.block_rows)
+    assert not shortfalls(need, capacities(server_cpu(), {"cpu": 0.6 * GIB}))
+    assert max(plan.memory_use.values()) > 0.9  # the CPU tier binds
+
+
+def test_pins_are_kept_and_the_rest_is_filled_in():
+    pins = {"gbs": 8, "num_gb": 2, "compress_weight": True, "weight_gpu": 0.0, "weight_cpu": 0.5}
+    plan = search(LLAMA_300M, server_cpu(), WORK, pins=pins)
+    pol = plan.policy
+    assert (pol.gbs, pol.num_gb, pol.compress_weight, pol.weight_cpu, pol.weight_disk) == (8, 2, True, 0.5, 0.5)
+    assert plan.pins == pins
+
+
+def test_bad_pins_are_refused():
+    with pytest.raises(InvalidParamsError, match="cannot pin"):
+        search(LLAMA_300M, server_cpu(), WORK, pins={"batch": 3})
+    with pytest.raises(InvalidParamsError, match="no GPU"):
+        search(LLAMA_300M, server_cpu(), WORK, pins={"weight_gpu": 0.5})
+
+
+def test_hand_built_policies_feasible_or_not_without_solving():
+    hw, cap = server_cpu(), capacities(server_cpu(), {"cpu": 1 * GIB})
+    fits = Policy(gbs=8, num_gb=1)
+    assert not shortfalls(memory_need(LLAMA_300M, hw, WORK, fits, 8), cap)
+    too_big = Policy(gbs=64, num_gb=1)  # 64 rows x 160 slots of KV: 0.8 GiB on top of 0.5 GiB of weights
+    short = shortfalls(memory_need(LLAMA_300M, hw, WORK, too_big, 64), cap)
+    assert {(phase, tier) for phase, tier, _, _ in short} == {("prefill", "cpu"), ("decode", "cpu")}
+    offloaded = Policy(gbs=64, num_gb=1, weight_cpu=0.0, cache_cpu=0.5)
+    assert not shortfalls(memory_need(LLAMA_300M, hw, WORK, offloaded, 64), cap)
+
+
+def test_infeasible_names_the_short_tier_and_by_how_much():
+    with pytest.raises(PlanInfeasible) as e:
+        search(LLAMA_300M, server_cpu(), WORK, budgets={"cpu": 0.05 * GIB})
+    assert e.value.tier == "cpu"
+    assert e.value.have_bytes == 0.05 * GIB
+    assert 0 < e.value.short_bytes == e.value.need_bytes - e.value.have_bytes
+    assert "cpu tier is short by" in str(e.value)
+
+
+@pytest.mark.parametrize("budgets_gib", [(0.4, 0.6, 1.0, 2.0, 8.0)])
+def test_more_memory_is_never_slower(budgets_gib):
+    times = [search(LLAMA_300M, server_cpu(), WORK, budgets={"cpu": b * GIB}).prediction.total_s
+             for b in budgets_gib]
+    assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(times, times[1:])), times
+
+
+def test_a_bigger_model_is_never_faster():
+    sizes = [llama(hidden=512, ffn=1408, layers=8, heads=8, kv_heads=8, vocab=32000),
+             llama(hidden=512, ffn=1408, layers=16, heads=8, kv_heads=8, vocab=32000), LLAMA_300M]
+    for budget in (None, {"cpu": 0.5 * GIB}):
+        times = [search(m, server_cpu(), WORK, budgets=budget).prediction.total_s for m in sizes]
+        assert times == sorted(times), times
+
+
+def test_compression_is_chosen_only_when_allowed_and_worth_it():
+    tight = {"cpu": 0.45 * GIB}
+    lossless = search(LLAMA_300M, server_cpu(), WORK, budgets=tight)
+    lossy = search(LLAMA_300M, server_cpu(), WORK, budgets=tight, allow_compression=True)
+    assert not lossless.policy.compress_weight and not lossless.policy.compress_cache
+    assert lossy.prediction.total_s <= lossless.prediction.total_s
+
+
+def test_explanation_names_the_binding_tier_and_the_alternatives():
+    from planner.explain import explain_text
+
+    plan = search(LLAMA_300M, server_cpu(), WORK, budgets={"cpu": 0.6 * GIB})
+    text = explain_text(plan, LLAMA_300M, server_cpu())
+    assert "cpu memory at prefill" in text
+    assert text.count("prefill=cpu decode=cpu") >= 3  # the chosen policy and its alternatives
+
+
+def test_a_pinned_split_gets_its_layer_from_the_search():
+    from planner.hardware import load_hardware
+    from tests.planner.test_flexinfer import SPR_H100
+
+    plan = search(LLAMA_300M, load_hardware(SPR_H100), WORK, pins={"decode_device": "split"})
+    assert plan.policy.decode_device == "split" and 1 <= plan.policy.decode_split_layer < 20
