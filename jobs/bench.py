@@ -369,13 +369,7 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
     transformers.utils.logging.disable_progress_bar()
     cfg = BenchConfig(blocks=_blocks(blocks), hf_batches=_ints(hf_batches), offload_blocks=_blocks(offload_blocks),
                       accelerate_batches=_ints(accelerate_batches), skip=tuple(skip), **kw)
-    try:
-        report = run_engine_bench(cfg)
-    except FlexbatchError as e:
-        click.echo(f"flexbatch: error: {' '.join(str(e).splitlines())}", err=True)
-        sys.exit(2)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1, default=str))
+    report = run_and_save(run_engine_bench, cfg, output)
     click.echo(format_table(report))
     click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads, "
                f"torch {report['machine']['torch']}; {report['wall_seconds']:.0f} s; json: {output}")
@@ -384,3 +378,15 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
 from jobs.bench_planner import planner_command  # noqa: E402  (after `bench` exists)
 
 bench.add_command(planner_command)
+
+
+def run_and_save(run, cfg, output: Path) -> dict:
+    """Run a benchmark, write its JSON report to `output` and return it; a user error exits 2."""
+    try:
+        report = run(cfg)
+    except FlexbatchError as e:
+        click.echo(f"flexbatch: error: {' '.join(str(e).splitlines())}", err=True)
+        sys.exit(2)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1, default=str))
+    return report

@@ -9,10 +9,8 @@ assumes."""
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -20,7 +18,6 @@ from pathlib import Path
 import click
 
 from engine import bench_models as bm
-from engine.errors import FlexbatchError
 from engine.generate import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
@@ -206,12 +203,8 @@ def planner_command(models, workloads, policies, output, **kw):
     if unknown:
         raise click.BadParameter(f"unknown grid policies {unknown}; known: {', '.join(GRID)}")
     cfg = PlannerBenchConfig(models=tuple(models.split(",")), workloads=_workloads(workloads), policies=names, **kw)
-    try:
-        report = run_planner_bench(cfg)
-    except FlexbatchError as e:
-        click.echo(f"flexbatch: error: {' '.join(str(e).splitlines())}", err=True)
-        sys.exit(2)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1, default=str))
+    from jobs.bench import run_and_save  # jobs.bench registers this command: import it late
+
+    report = run_and_save(run_planner_bench, cfg, output)
     click.echo(format_table(report))
     click.echo(f"{report['wall_seconds']:.0f} s; json: {output}")
