@@ -17,9 +17,11 @@ from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
 from jobs.bench import bench
 from jobs.plan_cmd import pins_from_context, plan_command, profile_command
 from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
-from pipeline.runner import JobSummary, RunConfig, run_job
+from pipeline.driver import run_job
+from pipeline.runner import JobSummary, RunConfig
 
 USER_ERROR_EXIT = 2
+FAILED_SHARDS_EXIT = 1
 _SP = {f.name: f.default for f in fields(SamplingParams)}
 _RC = {f.name: f.default for f in fields(RunConfig)}
 
@@ -51,7 +53,8 @@ def main() -> None:
 @click.option("--input", "input_", required=True, metavar="PATH",
               help="A Parquet file, a folder (all *.parquet in it, sorted) or a glob (quote it).")
 @click.option("--output", required=True, type=click.Path(path_type=Path),
-              help="Folder for the output parts (one <stem>.parquet per input file) and _job.json.")
+              help="Folder for the output parts (<stem>.parquet per input file, or <stem>.rows-<a>-<b>.parquet per "
+                   "shard of a larger one), _job.json, _manifest.jsonl and _SUCCESS.")
 @click.option("--prompt-column", default=_RC["prompt_column"], show_default=True,
               help="Input column that holds the prompts.")
 @click.option("--max-new-tokens", type=int, default=_SP["max_new_tokens"], show_default=True,
@@ -84,18 +87,39 @@ def main() -> None:
                    "options as given, with defaults for the rest.")
 @click.option("--hardware", type=click.Path(path_type=Path), default=None,
               help="Hardware spec for the planner.  [default: this machine, profiled on first use and cached]")
+@click.option("--ray/--no-ray", "use_ray", default=True, show_default=True,
+              help="Run the engines as Ray actors; --no-ray runs one engine in this process (no cluster needed).")
+@click.option("--address", default=None, metavar="ADDR",
+              help="Ray cluster to join (e.g. 10.0.0.5:6379, or auto).  [default: RAY_ADDRESS if set, else a "
+                   "local Ray started for this job]")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Engines on CPU-only nodes, spread over them.  [default: one per CPU node; GPU nodes always "
+                   "get one per GPU]")
+@click.option("--shard-rows", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Rows per shard, the unit of work, retry and resume.  [default: up to "
+                   "4 planned blocks, fewer when workers would go idle]")
+@click.option("--max-shard-retries", type=click.IntRange(min=0), default=_RC["max_shard_retries"],
+              show_default=True, help="Tries after the first for a shard whose worker died or that failed.")
 @policy_options
 @click.pass_context
 def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop, seed, logprobs,
-        dtype, truncate, show, overwrite, plan, hardware, **policy_opts) -> None:
-    """Complete every prompt of the input Parquet and write one output part per input file.
+        dtype, truncate, show, overwrite, plan, hardware, use_ray, address, workers, shard_rows, max_shard_retries,
+        **policy_opts) -> None:
+    """Complete every prompt of the input Parquet and write Parquet parts with the completions.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
     (and logprobs with --logprobs). Rows without an id column get the id <file stem>:<row index>.
 
+    The job runs on Ray, one engine per GPU or per CPU node, each planning its own policy. Work is cut into
+    shards (row ranges of the input files); each shard's part is committed in _manifest.jsonl, and _SUCCESS
+    holds the summary. Rerun the same command to resume: committed shards are skipped. A shard that fails
+    every try is listed in _SUCCESS and the exit code is 1; bad input or options exit with 2.
+
     \b
-    Example:
+    Examples:
       flexbatch run --input prompts.parquet --output out/ --max-new-tokens 32
+      flexbatch run --input 'data/*.parquet' --output out/ --workers 2 --shard-rows 512
+      flexbatch run --address auto --input /shared/prompts/ --output /shared/out/   # join a Ray cluster
     """
     _setup_logging()
     try:
@@ -107,12 +131,15 @@ def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, 
                            prompt_column=prompt_column, params=params, dtype=dtype,
                            policy=policy_from_options(policy_opts), budgets=budgets_from_options(policy_opts),
                            offload_dir=offload_dir, truncate=truncate, overwrite=overwrite, plan=plan, pins=pins,
-                           hardware=hardware)
+                           hardware=hardware, use_ray=use_ray, address=address, workers=workers,
+                           shard_rows=shard_rows, max_shard_retries=max_shard_retries)
         summary = run_job(config)
     except FlexbatchError as e:
         _fail(e)
     _print_summary(summary)
     _print_rows(summary, show, prompt_column)
+    if not summary.ok:
+        sys.exit(FAILED_SHARDS_EXIT)
 
 
 main.add_command(run)
@@ -145,10 +172,14 @@ def _print_rows(s: JobSummary, n: int, prompt_column: str) -> None:
 
 def _print_summary(s: JobSummary) -> None:
     click.echo(f"rows: {s.rows} in {s.files} files, {s.error_rows} with errors")
+    click.echo(f"shards: {s.shards}, {s.skipped_shards} committed earlier, {len(s.failed_shards)} failed")
+    for f in s.failed_shards:
+        click.echo(f"  failed shard {f['shard']} ({f['part']}, {f['rows']} rows) after {f['tries']} tries: {f['error']}")
     click.echo(f"tokens: {s.prompt_tokens} prompt, {s.completion_tokens} completion")
-    click.echo(f"speed: {s.tokens_per_s:.1f} completion tokens/s ({s.generate_seconds:.2f} s generating)")
+    click.echo(f"speed: {s.job_tokens_per_s:.1f} completion tokens/s with {len(s.workers)} engines "
+               f"({s.wall_seconds:.2f} s)")
     if s.predicted_seconds is not None:
-        click.echo(f"planner: predicted {s.predicted_seconds:.2f} s, measured {s.generate_seconds:.2f} s "
+        click.echo(f"planner: predicted {s.predicted_seconds:.2f} s, measured {s.wall_seconds:.2f} s "
                    f"(policy {s.policy})")
     click.echo(f"output: {s.output}")
 

@@ -1,5 +1,6 @@
 """Parquet in, Parquet out: reading and checking inputs, running a job, committing output parts."""
 
-from pipeline.runner import JobSummary, RunConfig, plan_job, run_job
+from pipeline.driver import run_job
+from pipeline.runner import JobSummary, RunConfig, plan_job
 
 __all__ = ["JobSummary", "RunConfig", "plan_job", "run_job"]

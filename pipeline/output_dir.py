@@ -14,21 +14,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import OutputFolderError
+from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE
 from pipeline.parquet_io import fsync_dir, is_temp_name, temp_name
 
 log = logging.getLogger(__name__)
 
 JOB_FILE = "_job.json"
+_JOB_FILES = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE)
 
 
 def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
-def job_record(config: dict, parts: dict[str, str]) -> dict:
-    """The content of `_job.json`: the job config, its hash, and the part each input file becomes."""
+def job_record(config: dict) -> dict:
+    """The content of `_job.json`: the job config and its hash; the driver adds the shard list (`shards`, each
+    with its `part_name`) once the shards are cut."""
     config = json.loads(json.dumps(config))  # tuples become lists, as they will read back from the file
-    return {"config": config, "config_hash": config_hash(config), "parts": parts}
+    return {"config": config, "config_hash": config_hash(config), "shards": []}
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ def _refusal(folder: Path, record: dict, old: dict | None, foreign: list[str]) -
 def _written_by_job(name: str, old: dict | None) -> bool:
     if is_temp_name(name):
         return True
-    return old is not None and (name == JOB_FILE or name in _part_names(old) or name in _kept(old))
+    return old is not None and (name in _JOB_FILES or name in _part_names(old) or name in _kept(old))
 
 
 def _removable(path: Path, old: dict | None) -> bool:
@@ -83,14 +86,16 @@ def _removable(path: Path, old: dict | None) -> bool:
     if not path.is_file() or path.is_symlink():
         return False
     name = path.name
-    return name == JOB_FILE or is_temp_name(name) or name.endswith(".parquet") or (
+    return name in _JOB_FILES or is_temp_name(name) or name.endswith(".parquet") or (
         old is not None and name in _part_names(old)
     )
 
 
 def _part_names(record: dict) -> set[str]:
-    parts = record.get("parts")
-    return set(parts.values()) if isinstance(parts, dict) else set()
+    shards = record.get("shards")
+    if not isinstance(shards, list):
+        return set()
+    return {s["part_name"] for s in shards if isinstance(s, dict) and isinstance(s.get("part_name"), str)}
 
 
 def _kept(record: dict) -> list[str]:
@@ -122,11 +127,15 @@ def open_output(check: OutputCheck, record: dict) -> None:
 
 
 def write_job_file(folder: Path, record: dict) -> None:
-    tmp = folder / temp_name(JOB_FILE)
+    write_json_atomic(folder, JOB_FILE, record)
+
+
+def write_json_atomic(folder: Path, name: str, record: dict) -> None:
+    tmp = folder / temp_name(name)
     with open(tmp, "w") as f:
         json.dump(record, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, folder / JOB_FILE)
+    os.replace(tmp, folder / name)
     fsync_dir(folder)

@@ -38,16 +38,18 @@ def sample_prompts(files: tuple[InputFile, ...], column: str, limit: int = SAMPL
     return out
 
 
-def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len: int, dtype: str) -> Workload:
+def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len: int, dtype: str,
+                        num_prompts: int | None = None) -> Workload:
     """prompt_len: the TYPICAL_QUANTILE of the sampled token lengths; max_prompt_len: the longest sampled, both
-    capped at what the context leaves after gen_len tokens."""
+    capped at what the context leaves after gen_len tokens; num_prompts: every row of `files` unless given
+    (a worker plans for its share)."""
     from planner.workload import Workload
 
     prompts = sample_prompts(files, column)
     room = max(1, spec.max_position_embeddings - gen_len)
     lengths = sorted(min(room, len(tokenizer(p)["input_ids"])) for p in prompts) or [1]
     typical = max(1, lengths[min(len(lengths) - 1, int(TYPICAL_QUANTILE * len(lengths)))])
-    rows = max(1, sum(f.num_rows for f in files))
+    rows = max(1, num_prompts or sum(f.num_rows for f in files))
     return Workload(typical, gen_len, rows, max_prompt_len=max(typical, lengths[-1]), dtype=dtype)
 
 

@@ -22,9 +22,10 @@ _INT_PARAMS = ("max_new_tokens", "top_k", "seed")
 _SEED_BITS = 63
 
 
-def row_ids(table: pa.Table, stem: str) -> list[str]:
-    """One id per row: the `id` column cast to string where present and not null, else `<stem>:<row index>`."""
-    made = [f"{stem}:{i}" for i in range(table.num_rows)]
+def row_ids(table: pa.Table, stem: str, offset: int = 0) -> list[str]:
+    """One id per row: the `id` column cast to string where present and not null, else `<stem>:<row index>`,
+    the index counted from the file's first row (`table` starts at row `offset` of its file)."""
+    made = [f"{stem}:{offset + i}" for i in range(table.num_rows)]
     if ID_COLUMN not in table.column_names:
         return made
     given = table.column(ID_COLUMN).to_pylist()

@@ -24,7 +24,8 @@ def no_model_load(monkeypatch):
 
 
 def invoke(*args):
-    return CliRunner().invoke(cli.main, ["run", *map(str, args)])
+    """`flexbatch run` in this process (--no-ray); the Ray runs are tested in tests/pipeline/test_driver_ray.py."""
+    return CliRunner().invoke(cli.main, ["run", "--no-ray", *map(str, args)])
 
 
 def assert_user_error(result, *fragments):
@@ -45,10 +46,11 @@ def test_help_teaches_every_option_and_its_default():
                    "--top-p", "--top-k", "--stop", "--seed", "--logprobs", "--dtype", "--batch-size",
                    "--truncate", "--overwrite", "--gbs", "--num-gb", "--percent", "--compress-weight",
                    "--compress-cache", "--cpu-attention", "--prefill-device", "--decode-device", "--gpu-mem",
-                   "--cpu-mem", "--disk-mem", "--offload-dir"):
+                   "--cpu-mem", "--disk-mem", "--offload-dir", "--no-ray", "--address", "--workers",
+                   "--shard-rows", "--max-shard-retries"):
         assert option in text
     assert f"[default: {DEFAULT_MAX_NEW_TOKENS}]" in text and "[default: prompt]" in text
-    assert "Example: flexbatch run --input" in text
+    assert "Examples: flexbatch run --input" in text
 
 
 def test_missing_prompt_column(tmp_path, tiny_llama_dir, no_model_load):

@@ -5,11 +5,12 @@ import pytest
 from pipeline.errors import OutputFolderError
 from pipeline.output_dir import JOB_FILE, check_output, job_record, open_output
 
-PARTS = {"/in/a.parquet": "a.parquet"}
+SHARDS = [{"index": 0, "path": "/in/a.parquet", "part_stem": "a", "row_start": 0, "row_stop": 3,
+           "part_name": "a.parquet"}]
 
 
 def _record(**config):
-    return job_record({"model": "/m", "params": {"stop": ("x",)}, **config}, PARTS)
+    return {**job_record({"model": "/m", "params": {"stop": ("x",)}, **config}), "shards": SHARDS}
 
 
 def _open(folder, record, overwrite=False):
@@ -22,7 +23,7 @@ def test_a_missing_folder_is_created_with_a_job_file(tmp_path):
     out = tmp_path / "a" / "out"
     assert _open(out, _record()).action == "create"
     written = json.loads((out / JOB_FILE).read_text())
-    assert written["config_hash"] == _record()["config_hash"] and written["parts"] == PARTS
+    assert written["config_hash"] == _record()["config_hash"] and written["shards"] == SHARDS
     assert written["config"]["params"]["stop"] == ["x"]
 
 

@@ -25,6 +25,7 @@ def _config(tmp_path, model, **kw):
     kw.setdefault("input", str(tmp_path / "in"))
     kw.setdefault("output", tmp_path / "out")
     kw.setdefault("dtype", "float32")
+    kw.setdefault("use_ray", False)
     return RunConfig(model=model, **kw)
 
 
@@ -64,7 +65,8 @@ def test_job_over_several_files_keeps_every_row(tmp_path, tiny_llama_dir):
     summary = run_job(config)
 
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir()) == ["_job.json", "empty.parquet", "x-1.parquet", "x.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["_SUCCESS", "_job.json", "_manifest.jsonl", "empty.parquet",
+                                                     "x-1.parquet", "x.parquet"]
     first, second, empty = read_rows(out / "x.parquet"), read_rows(out / "x-1.parquet"), read_rows(out / "empty.parquet")
     assert (len(first), len(second), len(empty)) == (5, 3, 0)
     assert [r["id"] for r in first] == [f"x:{i}" for i in range(5)]
@@ -99,7 +101,7 @@ def test_sampled_rows_differ_and_a_rerun_is_identical(tmp_path, tiny_llama_dir):
     run_job(config)
     first = read_rows(tmp_path / "out" / "a.parquet")
     assert first[0]["completion"] != first[1]["completion"]
-    run_job(config)  # same config: the folder is reused and the part rewritten
+    assert run_job(config).skipped_shards == 1  # same config: the committed part is kept
     assert read_rows(tmp_path / "out" / "a.parquet") == first
     # Neither the batch size nor how the input is spelled changes the completions, so the folder is reused.
     run_job(dataclasses.replace(config, policy=Policy(gbs=1, num_gb=1), input=str(tmp_path / "in" / "a.parquet")))

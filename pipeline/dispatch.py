@@ -1,0 +1,141 @@
+"""Running shards on workers: `RayDispatcher` (one actor per engine, dead actors replaced) and `InlineDispatcher`
+(one worker in this process, for `--no-ray`). Both hand back `Outcome`s; the driver decides what to commit,
+retry or give up on."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+
+from pipeline.shards import Shard
+from pipeline.worker import ShardResult, ShardWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    worker: int
+    shard: Shard
+    result: ShardResult | None = None
+    error: str | None = None
+    worker_lost: bool = False  # the worker process died (killed, out of memory, node lost)
+
+
+class InlineDispatcher:
+    """One `ShardWorker` in this process; a shard runs when `wait` is called."""
+
+    def __init__(self, plan, threads: int | None = None):
+        self._worker = ShardWorker(plan, 0, threads=threads)
+        self._pending: Shard | None = None
+
+    def start(self) -> list[dict]:
+        return [self._worker.info()]
+
+    def idle(self) -> list[int]:
+        return [] if self._pending else [0]
+
+    def busy(self) -> int:
+        return int(self._pending is not None)
+
+    def submit(self, worker: int, shard: Shard) -> None:
+        self._pending = shard
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        shard, self._pending = self._pending, None
+        if shard is None:
+            return []
+        try:
+            return [Outcome(0, shard, result=self._worker.run_shard(shard))]
+        except Exception as e:  # a failing shard is retried or reported; it never ends the job
+            log.debug("shard %d failed:\n%s", shard.index, traceback.format_exc())
+            return [Outcome(0, shard, error=_one_line(e))]
+
+    def close(self) -> None:
+        self._worker = None
+
+
+class RayDispatcher:
+    """One `ShardWorker` actor per `ActorSpec`, at most one shard in flight on each."""
+
+    def __init__(self, plan, specs, planned_rows: int):
+        from pipeline.ray_runtime import start_actor
+
+        self._plan, self._specs, self._rows = plan, list(specs), planned_rows
+        self._actors = [start_actor(s, plan, i, s.num_cpus, planned_rows) for i, s in enumerate(self._specs)]
+        self._inflight: dict = {}  # object ref -> (worker, shard)
+        self.replaced = 0
+
+    def start(self) -> list[dict]:
+        """Wait for every actor's setup (model loaded, policy planned); an actor that fails it fails the job."""
+        import ray
+
+        infos = []
+        for i, actor in enumerate(self._actors):
+            try:
+                infos.append(ray.get(actor.info.remote()))
+            except ray.exceptions.RayError as e:
+                raise RuntimeError(f"worker {i} on {self._specs[i].node_ip} failed to start: {_cause(e)}") from e
+        return infos
+
+    def idle(self) -> list[int]:
+        busy = {w for w, _ in self._inflight.values()}
+        return [i for i in range(len(self._actors)) if i not in busy]
+
+    def busy(self) -> int:
+        return len(self._inflight)
+
+    def submit(self, worker: int, shard: Shard) -> None:
+        self._inflight[self._actors[worker].run_shard.remote(shard)] = (worker, shard)
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        import ray
+
+        if not self._inflight:
+            return []
+        ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=timeout)
+        outcomes = []
+        for ref in ready:
+            worker, shard = self._inflight.pop(ref)
+            try:
+                outcomes.append(Outcome(worker, shard, result=ray.get(ref)))
+            except ray.exceptions.RayTaskError as e:
+                outcomes.append(Outcome(worker, shard, error=_cause(e)))
+            except ray.exceptions.RayError as e:  # actor died, node lost, object lost
+                outcomes.append(Outcome(worker, shard, error=_cause(e), worker_lost=True))
+                self._replace(worker)
+        return outcomes
+
+    def _replace(self, worker: int) -> None:
+        """A new actor in the dead one's slot, on the same node if it is still there, else anywhere."""
+        import ray
+
+        from pipeline.ray_runtime import start_actor
+
+        ray.kill(self._actors[worker], no_restart=True)
+        spec = self._specs[worker]
+        log.warning("worker %d died; starting a replacement", worker)
+        self._actors[worker] = start_actor(spec, self._plan, worker, spec.num_cpus, self._rows, soft=True)
+        self.replaced += 1
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+        self._actors = []
+
+
+def _cause(e: BaseException) -> str:
+    """The error a Ray exception wraps, in one line."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException) and not isinstance(cause, type(e)):
+        return _one_line(cause)
+    text = str(e).strip().splitlines()
+    return " ".join(text[-1:]) if text else type(e).__name__
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -1,0 +1,191 @@
+"""The job driver: check the job, start the engines (Ray actors, or one in this process), cut the input into
+shards, hand them out, record each committed part in the manifest, and write `_SUCCESS` with the summary.
+
+Rerunning the same command resumes: shards recorded in the manifest are skipped and their parts left alone.
+A dead worker is replaced and its shard requeued; a shard that fails `max_shard_retries + 1` times is reported
+and every other shard still completes."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import os
+import time
+from collections import Counter, deque
+from pathlib import Path
+
+from pipeline.manifest import append_manifest, read_manifest, write_success
+from pipeline.output_dir import open_output
+from pipeline.parquet_io import is_temp_name
+from pipeline.progress import Progress
+from pipeline.runner import JobPlan, JobSummary, RunConfig, plan_job
+from pipeline.shards import Shard, make_shards
+
+log = logging.getLogger(__name__)
+
+BLOCKS_PER_SHARD = 4  # a derived shard holds up to this many planned blocks
+_WAIT_SECONDS = 1.0
+
+
+def run_job(config: RunConfig) -> JobSummary:
+    """Check, start the engines, complete every shard not yet committed, write `_SUCCESS`."""
+    plan = plan_job(config)
+    total = sum(f.num_rows for f in plan.files)
+    log.info("%d rows in %d files; model %s (%s)", total, len(plan.files), config.model, plan.spec.model_type)
+    shards = _recorded_shards(plan) or (make_shards(plan.files, config.shard_rows) if config.shard_rows else None)
+    committed = read_manifest(config.output, plan.record["config_hash"]) if plan.output.action == "reuse" else {}
+    if shards is not None and all(s.part_name in committed for s in shards):
+        log.info("every shard of this job is already committed in %s", config.output)
+        return _finish(plan, shards, committed, {}, [], [], 0.0)
+    dispatcher, infos = _start_workers(config, plan, total)
+    try:
+        if shards is None:
+            shards = make_shards(plan.files, derived_shard_rows(total, infos))
+        plan.record["shards"] = [s.to_dict() for s in shards]
+        plan.record["run"]["workers"] = infos
+        open_output(plan.output, plan.record)
+        pending = [s for s in shards if s.part_name not in committed]
+        log.info("%d shards: %d committed by an earlier run, %d to do", len(shards), len(shards) - len(pending),
+                 len(pending))
+        started = time.perf_counter()
+        new, failed = _dispatch(dispatcher, plan, pending, total - sum(r["rows"] for r in committed.values()))
+        seconds = time.perf_counter() - started
+    finally:
+        dispatcher.close()
+    return _finish(plan, shards, committed, new, failed, infos, seconds)
+
+
+def _recorded_shards(plan: JobPlan) -> list[Shard] | None:
+    """The shard layout of an earlier run of this job (kept so that its committed parts stay valid)."""
+    old = plan.output.old_record if plan.output.action == "reuse" else None
+    recorded = (old or {}).get("shards") or []
+    try:
+        shards = [Shard.from_dict(d) for d in recorded]
+    except (KeyError, TypeError):
+        return None
+    files = {str(f.path): f.num_rows for f in plan.files}
+    covered = Counter()
+    for s in shards:
+        covered[s.path] += s.num_rows
+    return shards if shards and dict(covered) == {p: n for p, n in files.items()} else None
+
+
+def derived_shard_rows(total_rows: int, infos: list[dict]) -> int:
+    """Up to BLOCKS_PER_SHARD planned blocks per shard, fewer when that leaves a worker without two shards,
+    never under one block while there are enough rows for every worker."""
+    block = max(p["policy"]["gbs"] * p["policy"]["num_gb"] for p in infos)
+    workers = max(1, len(infos))
+    per_worker = math.ceil(total_rows / workers)
+    return max(1, min(block * BLOCKS_PER_SHARD, max(math.ceil(per_worker / 2), min(block, per_worker))))
+
+
+def _start_workers(config: RunConfig, plan: JobPlan, total: int):
+    from pipeline.dispatch import InlineDispatcher, RayDispatcher
+
+    if not config.use_ray:
+        dispatcher = InlineDispatcher(plan)
+    else:
+        from pipeline.ray_runtime import actor_specs, alive_nodes, connect
+
+        where = connect(config.address)
+        specs = actor_specs(alive_nodes(), config.workers)
+        log.info("running on %s: %d engines (%s)", where, len(specs),
+                 ", ".join(f"{s.node_ip} {s.num_cpus} CPU {s.num_gpus} GPU" for s in specs))
+        dispatcher = RayDispatcher(plan, specs, math.ceil(total / len(specs)))
+    try:
+        infos = dispatcher.start()
+    except BaseException:
+        dispatcher.close()
+        raise
+    for info in infos:
+        predicted = info["predicted"]
+        log.info("worker %d: pid %d on %s, %d threads, setup %.1f s; policy %s%s", info["worker"], info["pid"],
+                 info["host"], info["threads"], info["setup_seconds"], info["policy"],
+                 f"; predicted {predicted['seconds']:.1f} s for its share" if predicted else "")
+    return dispatcher, infos
+
+
+def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int):
+    """Keep every idle worker busy until each pending shard is committed or has failed every try."""
+    config = plan.config
+    queue, attempts = deque(pending), Counter()
+    new: dict[str, dict] = {}
+    failed: list[dict] = []
+    total = sum(f.num_rows for f in plan.files)
+    progress = Progress(total, total - rows_to_do, config.progress_seconds)
+    try:
+        while queue or dispatcher.busy():
+            for worker in dispatcher.idle():
+                if queue:
+                    dispatcher.submit(worker, queue.popleft())
+            for o in dispatcher.wait(_WAIT_SECONDS):
+                if o.result is not None:
+                    new[o.shard.part_name] = _commit(config.output, plan.record["config_hash"], o.shard, o.result)
+                    progress.add(o.result.rows, o.result.completion_tokens)
+                    continue
+                attempts[o.shard.index] += 1
+                tries = attempts[o.shard.index]
+                what = "its worker died" if o.worker_lost else "it failed"
+                if tries > config.max_shard_retries:
+                    log.error("shard %d (%s) %s on try %d, giving up: %s", o.shard.index, o.shard.part_name, what,
+                              tries, o.error)
+                    failed.append({"shard": o.shard.index, "part": o.shard.part_name, "rows": o.shard.num_rows,
+                                   "error": o.error, "tries": tries})
+                else:
+                    log.warning("shard %d (%s) %s (try %d of %d), requeued: %s", o.shard.index, o.shard.part_name,
+                                what, tries, config.max_shard_retries + 1, o.error)
+                    queue.append(o.shard)
+            progress.tick()
+    finally:
+        progress.close()
+    progress.log_line()
+    return new, failed
+
+
+def _commit(folder: Path, config_hash: str, shard: Shard, result) -> dict:
+    """Record a written part: from this line on, the shard is done."""
+    record = {"config_hash": config_hash, "shard": shard.index, "part": result.part, "bytes": result.bytes,
+              "rows": result.rows, "error_rows": result.error_rows, "prompt_tokens": result.prompt_tokens,
+              "completion_tokens": result.completion_tokens, "seconds": round(result.seconds, 4),
+              "wall_seconds": round(result.wall_seconds, 4), "worker": result.worker,
+              "committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    append_manifest(folder, record)
+    return record
+
+
+def _finish(plan: JobPlan, shards, committed: dict, new: dict, failed: list, infos: list, seconds: float):
+    """Remove temporaries, write `_SUCCESS` and return the summary (of the whole job, earlier runs included)."""
+    folder = plan.config.output
+    for tmp in glob.glob(os.path.join(glob.escape(str(folder)), ".*")):
+        if is_temp_name(os.path.basename(tmp)):
+            Path(tmp).unlink(missing_ok=True)
+    done = {**committed, **new}
+    predictions = [i["predicted"]["seconds"] for i in infos if i.get("predicted")]
+    summary = JobSummary(
+        output=folder, files=len(plan.files), rows=sum(r["rows"] for r in done.values()),
+        error_rows=sum(r["error_rows"] for r in done.values()),
+        prompt_tokens=sum(r["prompt_tokens"] for r in done.values()),
+        completion_tokens=sum(r["completion_tokens"] for r in done.values()),
+        generate_seconds=sum(r["seconds"] for r in new.values()),
+        parts=tuple(folder / s.part_name for s in shards if s.part_name in done),
+        policy=infos[0]["policy"] if infos else None,
+        predicted_seconds=max(predictions) if predictions else None,
+        workers=tuple(infos), shards=len(shards), skipped_shards=len(committed), failed_shards=tuple(failed),
+        wall_seconds=seconds, run_completion_tokens=sum(r["completion_tokens"] for r in new.values()),
+    )
+    write_success(folder, success_record(summary, new))
+    log.info("done: %d rows (%d with errors) in %d shards, %d failed; %.1f completion tokens/s", summary.rows,
+             summary.error_rows, len(done), len(failed), summary.job_tokens_per_s)
+    return summary
+
+
+def success_record(s: JobSummary, new: dict) -> dict:
+    return {
+        "ok": s.ok, "rows": s.rows, "error_rows": s.error_rows, "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens, "shards": s.shards, "skipped_shards": s.skipped_shards,
+        "new_shards": len(new), "failed_shards": list(s.failed_shards),
+        "tokens_per_s": s.job_tokens_per_s, "measured_seconds": s.wall_seconds,
+        "generate_seconds": s.generate_seconds, "predicted_seconds": s.predicted_seconds,
+        "workers": list(s.workers), "parts": [p.name for p in s.parts],
+    }

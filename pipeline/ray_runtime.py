@@ -1,0 +1,105 @@
+"""Where a job's engines run on Ray: connecting (or starting a local Ray), and one actor per engine placed by the
+cluster's nodes: one per GPU with `num_gpus=1` and that GPU's share of the node's CPUs, or on a CPU-only node
+one per node (or `--workers N` spread over the CPU nodes)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from pipeline.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """One engine: the node it is placed on, its CPUs (torch threads) and GPUs."""
+
+    node_id: str
+    node_ip: str
+    num_cpus: int
+    num_gpus: int
+
+
+def connect(address: str | None) -> str:
+    """Join the cluster at `address` (or RAY_ADDRESS); with neither, start a Ray for this job only. Ray's token
+    authentication stays as Ray sets it: on by default for a local Ray in the Ray versions that have it. Returns
+    a description of where the job runs."""
+    import ray
+
+    if ray.is_initialized():
+        return "the Ray this process already joined"
+    target = address or os.environ.get("RAY_ADDRESS")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every worker's shard lines, not "repeated 2x"
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        log.warning("RAY_AUTH_MODE=disabled: anyone who reaches this cluster's ports can run code on it")
+    try:
+        if target:
+            ray.init(address=target, logging_level=logging.WARNING, log_to_driver=True)
+            return f"the Ray cluster at {target}"
+        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    except ConnectionError as e:
+        raise ConfigError(f"cannot join the Ray cluster at {target!r} ({e}); check --address / RAY_ADDRESS, and "
+                          f"for token auth RAY_AUTH_MODE=token with the head's token in ~/.ray/auth_token") from e
+    return "a local Ray started for this job"
+
+
+def alive_nodes() -> list[dict]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def actor_specs(nodes: list[dict], workers: int | None) -> list[ActorSpec]:
+    """The engines to start on `nodes` (as `ray.nodes()` describes them). A node with no CPU (a head node kept
+    for the driver) gets none."""
+    specs: list[ActorSpec] = []
+    cpu_nodes = []
+    for node in sorted(nodes, key=lambda n: n["NodeID"]):
+        res = node.get("Resources", {})
+        cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
+        if cpus < 1:
+            continue
+        if gpus >= 1:
+            share = max(1, cpus // gpus)
+            specs += [ActorSpec(node["NodeID"], node["NodeManagerAddress"], share, 1) for _ in range(gpus)]
+        else:
+            cpu_nodes.append((node, cpus))
+    if cpu_nodes:
+        specs += _cpu_actor_specs(cpu_nodes, workers)
+    if not specs:
+        raise ConfigError("the Ray cluster has no node with a CPU for an engine; add worker nodes or check "
+                          "`ray status`")
+    return specs
+
+
+def _cpu_actor_specs(cpu_nodes: list[tuple[dict, int]], workers: int | None) -> list[ActorSpec]:
+    """One engine per CPU node, or `workers` engines dealt round-robin over the CPU nodes, each node's CPUs
+    shared evenly among its engines."""
+    count = workers if workers is not None else len(cpu_nodes)
+    per_node = [count // len(cpu_nodes) + (i < count % len(cpu_nodes)) for i in range(len(cpu_nodes))]
+    specs = []
+    for (node, cpus), n in zip(cpu_nodes, per_node):
+        if n > cpus:
+            raise ConfigError(f"--workers {count} puts {n} engines on node {node['NodeManagerAddress']}, which has "
+                              f"{cpus} CPUs; pass --workers {sum(c for _, c in cpu_nodes)} or fewer")
+        specs += [ActorSpec(node["NodeID"], node["NodeManagerAddress"], cpus // n, 0) for _ in range(n)]
+    return specs
+
+
+def start_actor(spec: ActorSpec, *args, soft: bool = False):
+    """A `ShardWorker` actor placed on `spec`'s node (`soft`: anywhere if that node is gone, for a replacement).
+    Ray does not restart it: the driver replaces a dead actor itself and requeues its shard."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from pipeline.worker import ShardWorker
+
+    actor_class = ray.remote(ShardWorker)
+    return actor_class.options(
+        num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_restarts=0, max_concurrency=1,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(spec.node_id, soft=soft),
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": str(spec.num_cpus)}},
+    ).remote(*args)

@@ -1,0 +1,131 @@
+"""One engine and the shards it completes. `ShardWorker` is a plain class: the driver runs it as a Ray actor (one
+per GPU, or per CPU node) or, with `--no-ray`, in its own process. Setup loads the model once and plans the
+policy for this node's hardware; each shard is read, completed and written as one atomic output part, which
+only counts once the driver records it in the manifest."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from engine.request import Completion, Request
+from pipeline.errors import InputError
+from pipeline.parquet_io import output_table, write_part_atomic
+from pipeline.planning import prediction_record
+from pipeline.rows import build_requests, row_ids
+from pipeline.runner import JobPlan, choose, load_engine
+from pipeline.shards import Shard, read_shard
+
+log = logging.getLogger(__name__)
+
+# Requests handed to the engine per call: large enough for it to group prompts by length, small enough that
+# a shard's progress is logged often.
+_REQUESTS_PER_CALL_PER_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What a worker reports for a shard it wrote; the driver turns it into a manifest line."""
+
+    shard: int
+    part: str
+    bytes: int
+    rows: int
+    error_rows: int
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float  # spent generating
+    wall_seconds: float  # reading + generating + writing
+    worker: int
+
+
+class ShardWorker:
+    def __init__(self, plan: JobPlan, worker_id: int, threads: int | None = None, planned_rows: int | None = None):
+        """Load the model once and plan the policy for this node and `planned_rows` rows (this worker's share)."""
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.plan, self.worker_id = plan, worker_id
+        started = time.perf_counter()
+        self.policy, predicted = choose(plan.config, plan, planned_rows)
+        self.engine = load_engine(plan.config, self.policy)
+        self._info = {
+            "worker": worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
+            "policy": self.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
+            "setup_seconds": time.perf_counter() - started, "node": _node_id(),
+        }
+
+    def info(self) -> dict:
+        return self._info
+
+    def run_shard(self, shard: Shard) -> ShardResult:
+        started = time.perf_counter()
+        config = self.plan.config
+        log.info("worker %d (pid %d) starts shard %d: %s rows %d-%d", self.worker_id, os.getpid(), shard.index,
+                 os.path.basename(shard.path), shard.row_start, shard.row_stop)
+        table = read_shard(shard)
+        if table.num_rows != shard.num_rows:
+            raise InputError(f"{shard.path}: expected {shard.num_rows} rows at {shard.row_start}, read "
+                             f"{table.num_rows}; was the file modified during the job?")
+        ids = row_ids(table, shard.part_stem, offset=shard.row_start)
+        items = build_requests(table, ids, config.prompt_column, config.params)
+        completions, seconds = self._complete(items, shard)
+        check_one_per_row(completions, ids)
+        out = output_table(table, completions, ids, config.params.logprobs)
+        part = write_part_atomic(out, config.output, shard.part_name)
+        return ShardResult(
+            shard=shard.index, part=shard.part_name, bytes=part.stat().st_size, rows=len(completions),
+            error_rows=sum(c.finish_reason == "error" for c in completions),
+            prompt_tokens=sum(c.prompt_tokens for c in completions),
+            completion_tokens=sum(c.completion_tokens for c in completions),
+            seconds=seconds, wall_seconds=time.perf_counter() - started, worker=self.worker_id,
+        )
+
+    def _complete(self, items: list[Request | Completion], shard: Shard) -> tuple[list[Completion], float]:
+        """Run the requests among `items` through the engine; one completion per item, in order, and the
+        seconds spent generating."""
+        slots = [i for i, item in enumerate(items) if isinstance(item, Request)]
+        done = list(items)
+        per_call = self.engine.policy.block_size * _REQUESTS_PER_CALL_PER_BLOCK
+        seconds = 0.0
+        for start in range(0, len(slots), per_call):
+            chunk = slots[start : start + per_call]
+            began = time.perf_counter()
+            out = self.engine.generate([items[i] for i in chunk], truncate=self.plan.config.truncate)
+            seconds += time.perf_counter() - began
+            if len(out) != len(chunk):
+                raise RuntimeError(f"engine returned {len(out)} completions for {len(chunk)} requests")
+            for i, completion in zip(chunk, out):
+                done[i] = completion
+            if len(slots) > per_call:
+                log.info("shard %d: %d/%d requests done", shard.index, start + len(chunk), len(slots))
+        return done, seconds
+
+
+def check_one_per_row(completions: list, ids: list[str]) -> None:
+    """Exactly one completion per input row, each carrying that row's id: checked before a part is written."""
+    if len(completions) != len(ids):
+        raise RuntimeError(f"{len(completions)} completions for {len(ids)} input rows")
+    for row, (c, row_id) in enumerate(zip(completions, ids)):
+        if not isinstance(c, Completion) or c.id != row_id:
+            raise RuntimeError(f"row {row}: expected the completion of id {row_id!r}, got {c!r}")
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:  # not inside Ray, or Ray without a runtime context
+        return None
