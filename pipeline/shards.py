@@ -47,20 +47,21 @@ def row_group_bounds(path) -> list[int]:
 
 
 def cut_points(bounds: Sequence[int], shard_rows: int) -> list[int]:
-    """Shard boundaries for a file with row-group boundaries `bounds`: close a shard at the first row-group
-    boundary that reaches `shard_rows`, and split a row group that alone holds more than 2 x shard_rows into
-    slices of shard_rows (their last slice may be shorter)."""
+    """Shard boundaries for a file with row-group boundaries `bounds`: whole row groups are gathered until a
+    shard holds at least `shard_rows`; a row group that alone holds more than `shard_rows` is cut into slices
+    of `shard_rows` (the last one may be shorter)."""
     cuts = [0]
-    for stop in bounds[1:]:
-        start = cuts[-1]
-        if stop - start < shard_rows:
-            continue
-        if stop - start > 2 * shard_rows:
-            cuts += list(range(start + shard_rows, stop, shard_rows))
-        cuts.append(stop)
+    for group_start, stop in zip(bounds, bounds[1:]):
+        if stop - group_start > shard_rows:
+            if group_start > cuts[-1]:
+                cuts.append(group_start)
+            cuts += list(range(group_start + shard_rows, stop, shard_rows))
+            cuts.append(stop)
+        elif stop - cuts[-1] >= shard_rows:
+            cuts.append(stop)
     if cuts[-1] != bounds[-1]:
         cuts.append(bounds[-1])
-    return sorted(set(cuts))
+    return cuts
 
 
 def make_shards(files: Sequence[InputFile], shard_rows: int) -> list[Shard]:

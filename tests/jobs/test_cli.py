@@ -158,3 +158,17 @@ def test_bad_input_through_python_m_jobs_run_exits_2(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("flexbatch: error: no input files matched")
+
+
+def test_a_shard_that_fails_every_try_exits_1_and_is_listed(tmp_path, tiny_llama_dir, monkeypatch):
+    import pipeline.worker
+
+    def broken(shard):
+        raise OSError(f"cannot read {shard.path}")
+
+    monkeypatch.setattr(pipeline.worker, "read_shard", broken)
+    f = write_parquet(tmp_path / "a.parquet", prompt=["hello"])
+    result = invoke("--model", tiny_llama_dir, "--input", f, "--output", tmp_path / "out", "--no-plan",
+                    "--max-shard-retries", "0")
+    assert result.exit_code == 1, result.output
+    assert "failed shard 0 (a.parquet, 1 rows) after 1 tries: OSError: cannot read" in result.stdout
