@@ -375,9 +375,11 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
                f"torch {report['machine']['torch']}; {report['wall_seconds']:.0f} s; json: {output}")
 
 
-from jobs.bench_planner import planner_command  # noqa: E402  (after `bench` exists)
+from jobs.bench_pipeline import pipeline_command  # noqa: E402  (after `bench` exists)
+from jobs.bench_planner import planner_command  # noqa: E402
 
 bench.add_command(planner_command)
+bench.add_command(pipeline_command)
 
 
 def run_and_save(run, cfg, output: Path) -> dict:
