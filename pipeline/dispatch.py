@@ -59,10 +59,10 @@ class InlineDispatcher:
 class RayDispatcher:
     """One `ShardWorker` actor per `ActorSpec`, at most one shard in flight on each."""
 
-    def __init__(self, plan, specs, planned_rows: int):
+    def __init__(self, plan, specs, planned_rows: int, leave_ray: bool = False):
         from pipeline.ray_runtime import start_actor
 
-        self._plan, self._specs, self._rows = plan, list(specs), planned_rows
+        self._plan, self._specs, self._rows, self._leave_ray = plan, list(specs), planned_rows, leave_ray
         self._actors = [start_actor(s, plan, i, s.num_cpus, planned_rows) for i, s in enumerate(self._specs)]
         self._inflight: dict = {}  # object ref -> (worker, shard)
         self.replaced = 0
@@ -125,6 +125,8 @@ class RayDispatcher:
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors = []
+        if self._leave_ray:
+            ray.shutdown()
 
 
 def _cause(e: BaseException) -> str:

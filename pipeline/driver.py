@@ -88,11 +88,18 @@ def _start_workers(config: RunConfig, plan: JobPlan, total: int):
     else:
         from pipeline.ray_runtime import actor_specs, alive_nodes, connect
 
-        where = connect(config.address)
-        specs = actor_specs(alive_nodes(), config.workers)
+        where, joined = connect(config.address)
+        try:
+            specs = actor_specs(alive_nodes(), config.workers)
+        except BaseException:
+            if joined:
+                import ray
+
+                ray.shutdown()
+            raise
         log.info("running on %s: %d engines (%s)", where, len(specs),
                  ", ".join(f"{s.node_ip} {s.num_cpus} CPU {s.num_gpus} GPU" for s in specs))
-        dispatcher = RayDispatcher(plan, specs, math.ceil(total / len(specs)))
+        dispatcher = RayDispatcher(plan, specs, math.ceil(total / len(specs)), leave_ray=joined)
     try:
         infos = dispatcher.start()
     except BaseException:

@@ -23,14 +23,14 @@ class ActorSpec:
     num_gpus: int
 
 
-def connect(address: str | None) -> str:
+def connect(address: str | None) -> tuple[str, bool]:
     """Join the cluster at `address` (or RAY_ADDRESS); with neither, start a Ray for this job only. Ray's token
     authentication stays as Ray sets it: on by default for a local Ray in the Ray versions that have it. Returns
-    a description of where the job runs."""
+    a description of where the job runs, and whether this call joined or started it (and should leave it)."""
     import ray
 
     if ray.is_initialized():
-        return "the Ray this process already joined"
+        return "the Ray this process already joined", False
     target = address or os.environ.get("RAY_ADDRESS")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every worker's shard lines, not "repeated 2x"
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
@@ -38,12 +38,12 @@ def connect(address: str | None) -> str:
     try:
         if target:
             ray.init(address=target, logging_level=logging.WARNING, log_to_driver=True)
-            return f"the Ray cluster at {target}"
+            return f"the Ray cluster at {target}", True
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     except ConnectionError as e:
         raise ConfigError(f"cannot join the Ray cluster at {target!r} ({e}); check --address / RAY_ADDRESS, and "
                           f"for token auth RAY_AUTH_MODE=token with the head's token in ~/.ray/auth_token") from e
-    return "a local Ray started for this job"
+    return "a local Ray started for this job", True
 
 
 def alive_nodes() -> list[dict]:
