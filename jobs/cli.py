@@ -51,8 +51,9 @@ def main() -> None:
               help="Checkpoint folder (config.json, tokenizer, *.safetensors).  [default: the demo model in "
                    "examples/demo-model]")
 @click.option("--input", "input_", required=True, metavar="PATH",
-              help="A Parquet file, a folder (all *.parquet in it, sorted) or a glob (quote it).")
-@click.option("--output", required=True, type=click.Path(path_type=Path),
+              help="A Parquet file, a folder (all *.parquet in it, sorted) or a glob (quote it); or a URI of a "
+                   "filesystem pyarrow reads (s3://bucket/prompts/).")
+@click.option("--output", required=True, metavar="DIR",
               help="Folder for the output parts (<stem>.parquet per input file, or <stem>.rows-<a>-<b>.parquet per "
                    "shard of a larger one), _job.json, _manifest.jsonl and _SUCCESS.")
 @click.option("--prompt-column", default=_RC["prompt_column"], show_default=True,

@@ -7,20 +7,18 @@ and every other shard still completes."""
 
 from __future__ import annotations
 
-import glob
 import logging
 import math
-import os
 import time
 from collections import Counter, deque
 from pathlib import Path
 
 from pipeline.manifest import append_manifest, read_manifest, write_success
 from pipeline.output_dir import open_output
-from pipeline.parquet_io import is_temp_name
 from pipeline.progress import Progress
 from pipeline.runner import JobPlan, JobSummary, RunConfig, plan_job
 from pipeline.shards import Shard, make_shards
+from pipeline.storage import Folder, is_temp_name
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +162,10 @@ def _commit(folder: Path, config_hash: str, shard: Shard, result) -> dict:
 def _finish(plan: JobPlan, shards, committed: dict, new: dict, failed: list, infos: list, seconds: float):
     """Remove temporaries, write `_SUCCESS` and return the summary (of the whole job, earlier runs included)."""
     folder = plan.config.output
-    for tmp in glob.glob(os.path.join(glob.escape(str(folder)), ".*")):
-        if is_temp_name(os.path.basename(tmp)):
-            Path(tmp).unlink(missing_ok=True)
+    where = Folder(folder)
+    for name, _ in where.entries():
+        if is_temp_name(name):
+            where.delete(name)
     done = {**committed, **new}
     predictions = [i["predicted"]["seconds"] for i in infos if i.get("predicted")]
     summary = JobSummary(
@@ -175,7 +174,7 @@ def _finish(plan: JobPlan, shards, committed: dict, new: dict, failed: list, inf
         prompt_tokens=sum(r["prompt_tokens"] for r in done.values()),
         completion_tokens=sum(r["completion_tokens"] for r in done.values()),
         generate_seconds=sum(r["seconds"] for r in new.values()),
-        parts=tuple(folder / s.part_name for s in shards if s.part_name in done),
+        parts=tuple(part_location(folder, s.part_name) for s in shards if s.part_name in done),
         policy=infos[0]["policy"] if infos else None,
         predicted_seconds=max(predictions) if predictions else None,
         workers=tuple(infos), shards=len(shards), skipped_shards=len(committed), failed_shards=tuple(failed),
@@ -187,6 +186,11 @@ def _finish(plan: JobPlan, shards, committed: dict, new: dict, failed: list, inf
     return summary
 
 
+def part_location(folder: Path | str, name: str) -> Path | str:
+    """A part's path (local folder) or URI."""
+    return folder / name if isinstance(folder, Path) else Folder(folder).child(name)
+
+
 def success_record(s: JobSummary, new: dict) -> dict:
     return {
         "ok": s.ok, "rows": s.rows, "error_rows": s.error_rows, "prompt_tokens": s.prompt_tokens,
@@ -194,5 +198,5 @@ def success_record(s: JobSummary, new: dict) -> dict:
         "new_shards": len(new), "failed_shards": list(s.failed_shards),
         "tokens_per_s": s.job_tokens_per_s, "measured_seconds": s.wall_seconds,
         "generate_seconds": s.generate_seconds, "predicted_seconds": s.predicted_seconds,
-        "workers": list(s.workers), "parts": [p.name for p in s.parts],
+        "workers": list(s.workers), "parts": [str(p).rsplit("/", 1)[-1] for p in s.parts],
     }

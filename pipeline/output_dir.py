@@ -9,13 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import OutputFolderError
 from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE
-from pipeline.parquet_io import fsync_dir, is_temp_name, temp_name
+from pipeline.storage import Folder, is_temp_name
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +37,23 @@ def job_record(config: dict) -> dict:
 class OutputCheck:
     """What opening the folder will do: `create` it, `reuse` it (same job), or `replace` another job's output."""
 
-    folder: Path
+    folder: Path | str
     action: str
     old_record: dict | None
     kept: tuple[str, ...] = ()
 
 
-def check_output(folder: Path, record: dict, overwrite: bool) -> OutputCheck:
-    """Decide, without changing anything, whether this job may write to `folder`."""
-    if not folder.exists():
+def check_output(folder: Path | str, record: dict, overwrite: bool) -> OutputCheck:
+    """Decide, without changing anything, whether this job may write to `folder` (a path or a URI)."""
+    where = Folder(folder)
+    kind = where.kind()
+    if kind == "missing":
         return OutputCheck(folder, "create", None)
-    if not folder.is_dir():
+    if kind == "file":
         raise OutputFolderError(f"--output {folder} is a file; expected a folder (it is created if missing)")
     old = read_job_file(folder)
-    names = sorted(p.name for p in folder.iterdir())
+    entries = dict(where.entries())
+    names = sorted(entries)
     if not names:
         return OutputCheck(folder, "create", None)
     same_job = old is not None and old.get("config_hash") == record["config_hash"]
@@ -60,7 +62,7 @@ def check_output(folder: Path, record: dict, overwrite: bool) -> OutputCheck:
         return OutputCheck(folder, "reuse", old, tuple(n for n in _kept(old) if n in names))
     if not overwrite:
         raise OutputFolderError(_refusal(folder, record, old, foreign))
-    kept = tuple(n for n in names if not _removable(folder / n, old))
+    kept = tuple(n for n in names if not _removable(n, entries[n], old))
     return OutputCheck(folder, "replace", old, kept)
 
 
@@ -81,11 +83,10 @@ def _written_by_job(name: str, old: dict | None) -> bool:
     return old is not None and (name in _JOB_FILES or name in _part_names(old) or name in _kept(old))
 
 
-def _removable(path: Path, old: dict | None) -> bool:
+def _removable(name: str, is_file: bool, old: dict | None) -> bool:
     """What --overwrite deletes: job files, Parquet parts and temporaries; never folders or other files."""
-    if not path.is_file() or path.is_symlink():
+    if not is_file:
         return False
-    name = path.name
     return name in _JOB_FILES or is_temp_name(name) or name.endswith(".parquet") or (
         old is not None and name in _part_names(old)
     )
@@ -103,39 +104,36 @@ def _kept(record: dict) -> list[str]:
     return kept if isinstance(kept, list) else []
 
 
-def read_job_file(folder: Path) -> dict | None:
+def read_job_file(folder: Path | str) -> dict | None:
     """The folder's `_job.json`, or None if absent or unreadable (then the folder counts as foreign)."""
     try:
-        record = json.loads((folder / JOB_FILE).read_text())
-    except (OSError, ValueError):
+        record = json.loads(Folder(folder).read_text(JOB_FILE) or "")
+    except ValueError:
         return None
     return record if isinstance(record, dict) else None
 
 
 def open_output(check: OutputCheck, record: dict) -> None:
-    """Create or clean the folder as `check` decided, then write this job's `_job.json` atomically."""
-    folder = check.folder
-    folder.mkdir(parents=True, exist_ok=True)
-    removable = [p for p in folder.iterdir() if check.action == "replace" and _removable(p, check.old_record)]
-    removable += [p for p in folder.iterdir() if check.action == "reuse" and is_temp_name(p.name)]
-    for path in removable:
-        log.info("removing %s", path)
-        path.unlink()
+    """Create or clean the folder as `check` decided, then write this job's `_job.json` atomically. Reusing
+    the folder removes the temporaries and the `_SUCCESS` of an interrupted or earlier run."""
+    folder = Folder(check.folder)
+    folder.make()
+    entries = folder.entries()
+    if check.action == "replace":
+        removable = [n for n, is_file in entries if _removable(n, is_file, check.old_record)]
+    else:
+        removable = [n for n, _ in entries if is_temp_name(n) or n == SUCCESS_FILE]
+    for name in removable:
+        log.info("removing %s", folder.child(name))
+        folder.delete(name)
     if check.action == "replace" and check.kept:
         log.warning("--overwrite left files it did not write in %s: %s", folder, ", ".join(check.kept))
-    write_job_file(folder, {**record, "kept": list(check.kept)})
+    write_job_file(check.folder, {**record, "kept": list(check.kept)})
 
 
-def write_job_file(folder: Path, record: dict) -> None:
+def write_job_file(folder: Path | str, record: dict) -> None:
     write_json_atomic(folder, JOB_FILE, record)
 
 
-def write_json_atomic(folder: Path, name: str, record: dict) -> None:
-    tmp = folder / temp_name(name)
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, folder / name)
-    fsync_dir(folder)
+def write_json_atomic(folder: Path | str, name: str, record: dict) -> None:
+    Folder(folder).write_bytes(name, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())

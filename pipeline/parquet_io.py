@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from engine.request import Completion
 from pipeline.errors import InputError
+from pipeline.storage import Folder, is_uri, list_parquet, open_parquet, stem
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ _GLOB_CHARS = ("*", "?", "[")
 class InputFile:
     """One input Parquet file, checked, and the name of the output part it becomes."""
 
-    path: Path
+    path: Path | str  # a local path, or a URI of a pyarrow filesystem
     part_name: str
     num_rows: int
     columns: tuple[str, ...]
@@ -38,8 +38,11 @@ class InputFile:
         return self.part_name.removesuffix(".parquet")
 
 
-def resolve_inputs(spec: str | os.PathLike) -> list[Path]:
-    """The Parquet files named by `spec`: one file, every `*.parquet` in a folder, or a glob; sorted, absolute."""
+def resolve_inputs(spec: str | os.PathLike) -> list[Path | str]:
+    """The Parquet files named by `spec`: one file, every `*.parquet` in a folder, or a glob (local paths only);
+    sorted, absolute; URIs of pyarrow filesystems (s3://...) stay URIs."""
+    if is_uri(spec):
+        return list_parquet(str(spec))
     text = os.path.expanduser(str(spec))
     path = Path(text)
     if path.is_file():
@@ -67,8 +70,8 @@ def part_names(paths: Sequence[Path]) -> list[str]:
     names: list[str] = []
     taken: set[str] = set()
     for path in paths:
-        stem, n = path.stem, 0
-        while (name := f"{stem}.parquet" if n == 0 else f"{stem}-{n}.parquet") in taken:
+        base, n = stem(path), 0
+        while (name := f"{base}.parquet" if n == 0 else f"{base}-{n}.parquet") in taken:
             n += 1
         taken.add(name)
         names.append(name)
@@ -96,17 +99,10 @@ def inspect_inputs(paths: Sequence[Path], prompt_column: str) -> list[InputFile]
 def read_footer(path: Path) -> tuple[pa.Schema, int]:
     """Schema and row count from the Parquet footer; any failure becomes an `InputError` naming the file."""
     try:
-        with pq.ParquetFile(path) as pf:
+        with open_parquet(path) as pf:
             return pf.schema_arrow, pf.metadata.num_rows
     except (OSError, pa.ArrowException) as e:
         raise InputError(f"{path}: not a readable Parquet file ({_one_line(e)})") from e
-
-
-def read_table(path: Path) -> pa.Table:
-    try:
-        return pq.read_table(path)
-    except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{path}: cannot read Parquet data ({_one_line(e)})") from e
 
 
 def _one_line(e: BaseException) -> str:
@@ -137,36 +133,9 @@ def output_table(table: pa.Table, completions: Sequence[Completion], ids: Sequen
     return out
 
 
-def temp_name(name: str) -> str:
-    return f".{name}.{os.getpid()}.tmp"
-
-
-def is_temp_name(name: str) -> bool:
-    return name.startswith(".") and name.endswith(".tmp")
-
-
-def write_part_atomic(table: pa.Table, folder: Path, name: str) -> Path:
-    """Write `folder/name` so that readers see either the old file or the whole new one, never a partial one."""
-    final = folder / name
-    tmp = folder / temp_name(name)
-    try:
-        with open(tmp, "wb") as f:
-            pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(folder)
-    log.info("wrote %s (%d rows)", final, table.num_rows)
-    return final
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename in `folder` durable (the directory entry itself must reach the disk)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def write_part_atomic(table: pa.Table, folder: Path | str, name: str) -> int:
+    """Write `folder/name` so that readers see either the old file or the whole new one, never a partial one;
+    returns the part's size in bytes."""
+    size = Folder(folder).write_table(name, table)
+    log.info("wrote %s (%d rows)", Folder(folder).child(name), table.num_rows)
+    return size

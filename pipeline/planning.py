@@ -8,10 +8,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow.parquet as pq
-
 from engine.spec import ModelSpec
 from pipeline.parquet_io import InputFile
+from pipeline.storage import open_parquet
 
 if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, not for --help
     from planner.hardware import HardwareSpec
@@ -29,7 +28,7 @@ def sample_prompts(files: tuple[InputFile, ...], column: str, limit: int = SAMPL
     """Up to `limit` prompts, read row group by row group (one column) from the first files."""
     out: list[str] = []
     for f in files:
-        with pq.ParquetFile(f.path) as pf:
+        with open_parquet(f.path) as pf:
             for g in range(pf.num_row_groups):
                 values = pf.read_row_group(g, columns=[column]).column(0).to_pylist()
                 out += [v for v in values if isinstance(v, str) and v]

@@ -21,6 +21,7 @@ from pipeline.parquet_io import (
     resolve_inputs,
 )
 from pipeline.planning import choose_policy, hardware, workload_from_input
+from pipeline.storage import file_identity, is_uri
 
 if TYPE_CHECKING:
     from engine.generate import Engine
@@ -33,7 +34,7 @@ class RunConfig:
     """Everything a job needs. `params` are the job-wide decoding options; per-row columns override them."""
 
     input: str
-    output: Path
+    output: Path | str  # a local folder, or a URI of a pyarrow filesystem (s3://bucket/prefix)
     model: Path
     prompt_column: str = "prompt"
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -55,7 +56,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input", str(self.input))
-        object.__setattr__(self, "output", Path(self.output).expanduser().resolve())
+        if not is_uri(self.output):
+            object.__setattr__(self, "output", Path(self.output).expanduser().resolve())
         object.__setattr__(self, "model", Path(self.model).expanduser().resolve())
         if not self.input:
             raise ConfigError("--input is empty: expected a Parquet file, a folder or a glob")
@@ -124,7 +126,7 @@ def plan_job(config: RunConfig) -> JobPlan:
     """All checks that need no model weights: Parquet footers, config.json, the output folder."""
     files = tuple(inspect_inputs(resolve_inputs(config.input), config.prompt_column))
     for f in files:
-        if f.path.parent == config.output:
+        if isinstance(f.path, Path) and f.path.parent == config.output:
             raise InputError(f"input file {f.path} lies in the output folder {config.output}; choose another --output")
     spec = load_model_spec(config.model)
     record = job_record(_job_config(config, files))
@@ -139,7 +141,7 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...]) -> dict:
     and block sizes do not change the completions."""
     return {
         "model": str(config.model),
-        "input_files": [_file_identity(f.path) for f in files],
+        "input_files": [file_identity(f.path) for f in files],
         "prompt_column": config.prompt_column,
         "params": dataclasses.asdict(config.params),
         "dtype": config.dtype,
@@ -147,12 +149,6 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...]) -> dict:
         "compress_weight": config.policy.compress_weight,
         "compress_cache": config.policy.compress_cache,
     }
-
-
-def _file_identity(path: Path) -> dict:
-    """An input file as the job config records it: a file replaced or changed in place gets another identity."""
-    st = path.stat()
-    return {"path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def choose(config: RunConfig, plan: JobPlan, num_prompts: int | None = None) -> tuple[Policy, Prediction | None]:

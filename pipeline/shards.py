@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.errors import InputError
 from pipeline.parquet_io import InputFile
+from pipeline.storage import open_parquet
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Shard:
 
 def row_group_bounds(path) -> list[int]:
     """Cumulative row counts at each row-group boundary of `path`: [0, n0, n0+n1, ..., num_rows]."""
-    with pq.ParquetFile(path) as pf:
+    with open_parquet(path) as pf:
         bounds = [0]
         for g in range(pf.metadata.num_row_groups):
             bounds.append(bounds[-1] + pf.metadata.row_group(g).num_rows)
@@ -86,7 +86,7 @@ def make_shards(files: Sequence[InputFile], shard_rows: int) -> list[Shard]:
 def read_shard(shard: Shard) -> pa.Table:
     """The shard's rows: only the row groups that overlap it are read, then sliced to its range."""
     try:
-        with pq.ParquetFile(shard.path) as pf:
+        with open_parquet(shard.path) as pf:
             meta = pf.metadata
             groups, first_row, row = [], None, 0
             for g in range(meta.num_row_groups):

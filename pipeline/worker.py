@@ -77,9 +77,9 @@ class ShardWorker:
         completions, seconds = self._complete(items, shard)
         check_one_per_row(completions, ids)
         out = output_table(table, completions, ids, config.params.logprobs)
-        part = write_part_atomic(out, config.output, shard.part_name)
+        size = write_part_atomic(out, config.output, shard.part_name)
         return ShardResult(
-            shard=shard.index, part=shard.part_name, bytes=part.stat().st_size, rows=len(completions),
+            shard=shard.index, part=shard.part_name, bytes=size, rows=len(completions),
             error_rows=sum(c.finish_reason == "error" for c in completions),
             prompt_tokens=sum(c.prompt_tokens for c in completions),
             completion_tokens=sum(c.completion_tokens for c in completions),

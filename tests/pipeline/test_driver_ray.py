@@ -156,7 +156,9 @@ def test_a_two_node_cluster_gets_one_actor_per_node(tmp_path, tiny_llama_dir, ra
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         ids = _inputs(tmp_path / "in", files=2, rows=4)
-        summary = run_job(_config(tmp_path, tiny_llama_dir, address=cluster.address, shard_rows=2, plan=False))
+        # URIs: the actors read and write through pyarrow's filesystem, parts written once under their final key
+        summary = run_job(_config(tmp_path, tiny_llama_dir, address=cluster.address, shard_rows=2, plan=False,
+                                  input=f"file://{tmp_path}/in", output=f"file://{tmp_path}/out"))
         assert summary.ok and len(summary.workers) == 2
         assert len({w["node"] for w in summary.workers}) == 2
         assert sorted(r["id"] for r in _output_rows(tmp_path / "out")) == sorted(ids)

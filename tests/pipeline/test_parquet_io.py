@@ -3,7 +3,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine.request import Completion
-from pipeline import parquet_io
+from pipeline import storage
 from pipeline.errors import InputError
 from pipeline.parquet_io import (
     inspect_inputs,
@@ -126,7 +126,7 @@ def test_failed_write_keeps_the_old_part_and_no_temporary(tmp_path, monkeypatch)
         where.write(b"PAR1 half a file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(parquet_io.pq, "write_table", broken_write)
+    monkeypatch.setattr(storage.pq, "write_table", broken_write)
     with pytest.raises(OSError, match="disk full"):
         write_part_atomic(pa.table({"x": [5, 6, 7]}), tmp_path, "p.parquet")
     assert [p.name for p in tmp_path.iterdir()] == ["p.parquet"]
