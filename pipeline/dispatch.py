@@ -8,6 +8,7 @@ import logging
 import traceback
 from dataclasses import dataclass
 
+from engine.errors import FlexbatchError
 from pipeline.shards import Shard
 from pipeline.worker import ShardResult, ShardWorker
 
@@ -75,6 +76,10 @@ class RayDispatcher:
         for i, actor in enumerate(self._actors):
             try:
                 infos.append(ray.get(actor.info.remote()))
+            except ray.exceptions.RayTaskError as e:
+                if isinstance(e.cause, FlexbatchError):  # the user's to fix: one line, exit 2
+                    raise e.cause from None
+                raise RuntimeError(f"worker {i} on {self._specs[i].node_ip} failed to start: {_cause(e)}") from e
             except ray.exceptions.RayError as e:
                 raise RuntimeError(f"worker {i} on {self._specs[i].node_ip} failed to start: {_cause(e)}") from e
         return infos

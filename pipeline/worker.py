@@ -11,6 +11,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from engine.errors import FlexbatchError
 from engine.request import Completion, Request
 from pipeline.errors import InputError
 from pipeline.parquet_io import output_table, write_part_atomic
@@ -51,19 +52,30 @@ class ShardWorker:
 
             torch.set_num_threads(threads)
         self.plan, self.worker_id = plan, worker_id
+        self._setup_error: FlexbatchError | None = None
+        try:
+            self._setup(planned_rows)
+        except FlexbatchError as e:  # a user error (model, budget, plan): reported by info(), not a dead actor
+            self._setup_error = e
+
+    def _setup(self, planned_rows: int | None) -> None:
         started = time.perf_counter()
-        self.policy, predicted = choose(plan.config, plan, planned_rows)
-        self.engine = load_engine(plan.config, self.policy)
+        self.policy, predicted = choose(self.plan.config, self.plan, planned_rows)
+        self.engine = load_engine(self.plan.config, self.policy)
         self._info = {
-            "worker": worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
+            "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
             "policy": self.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
             "setup_seconds": time.perf_counter() - started, "node": _node_id(),
         }
 
     def info(self) -> dict:
+        if self._setup_error is not None:
+            raise self._setup_error
         return self._info
 
     def run_shard(self, shard: Shard) -> ShardResult:
+        if self._setup_error is not None:
+            raise self._setup_error
         started = time.perf_counter()
         config = self.plan.config
         log.info("worker %d (pid %d) starts shard %d: %s rows %d-%d", self.worker_id, os.getpid(), shard.index,

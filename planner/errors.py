@@ -18,6 +18,7 @@ class PlanInfeasible(PlannerError):
     """No policy fits: `tier` is the memory tier that is short, by `short_bytes` (need - have) at best."""
 
     def __init__(self, tier: str, need_bytes: float, have_bytes: float, detail: str = ""):
+        self._init_args = (tier, need_bytes, have_bytes, detail)
         self.tier, self.need_bytes, self.have_bytes = tier, float(need_bytes), float(have_bytes)
         self.short_bytes = max(0.0, self.need_bytes - self.have_bytes)
         fix = {"gpu": "raise --gpu-mem, pin less to the gpu, or compress",
@@ -27,6 +28,10 @@ class PlanInfeasible(PlannerError):
             f"no policy fits: the {tier} tier is short by {human(self.short_bytes)} (the leanest plan needs "
             f"{human(self.need_bytes)}, it has {human(self.have_bytes)}){'; ' + detail if detail else ''}; "
             f"lower --num-prompts/--gen-len, or {fix}")
+
+    def __reduce__(self):
+        """Pickled by its own arguments, so that it crosses process boundaries (a Ray actor's error)."""
+        return (type(self), self._init_args)
 
 
 class SolverError(PlannerError):

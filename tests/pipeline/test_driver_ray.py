@@ -167,3 +167,12 @@ def test_a_two_node_cluster_gets_one_actor_per_node(tmp_path, tiny_llama_dir, ra
 
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_a_user_error_in_an_actors_setup_reaches_the_driver_as_itself(tmp_path, tiny_llama_dir, ray_shutdown):
+    from planner.errors import PlanInfeasible
+
+    _inputs(tmp_path / "in", files=1, rows=2)
+    with pytest.raises(PlanInfeasible, match="the cpu tier is short by") as caught:
+        run_job(_config(tmp_path, tiny_llama_dir, workers=1, budgets={"cpu": 1024.0}))
+    assert caught.value.tier == "cpu"
