@@ -107,8 +107,9 @@ class JobSummary:
 
     @property
     def tokens_per_s(self) -> float:
-        """Completion tokens per second of generation (reading and writing Parquet not counted)."""
-        return self.completion_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
+        """This run's completion tokens per second of engine time, summed over workers (reading and writing
+        Parquet not counted): the speed of one engine."""
+        return self.run_completion_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
