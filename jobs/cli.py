@@ -17,6 +17,7 @@ from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
 from jobs.bench import bench
 from jobs.plan_cmd import pins_from_context, plan_command, profile_command
 from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
+from jobs.submit import submit_command
 from pipeline.driver import run_job
 from pipeline.runner import JobSummary, RunConfig
 
@@ -147,6 +148,7 @@ main.add_command(run)
 main.add_command(bench)
 main.add_command(plan_command)
 main.add_command(profile_command)
+main.add_command(submit_command)
 
 
 def _fail(e: FlexbatchError) -> None:
