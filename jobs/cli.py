@@ -14,10 +14,11 @@ import click
 import jobs
 from engine.errors import FlexbatchError, ModelNotFoundError
 from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
-from jobs.bench import bench
+from jobs.helm import helm_command
 from jobs.plan_cmd import pins_from_context, plan_command, profile_command
 from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
 from jobs.submit import submit_command
+from jobs.wrangle import wrangle_command
 from pipeline.driver import run_job
 from pipeline.runner import JobSummary, RunConfig
 
@@ -145,10 +146,38 @@ def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, 
 
 
 main.add_command(run)
-main.add_command(bench)
+
+
+class _LazyGroup(click.Group):
+    """A group whose commands are imported when used, so that `flexbatch --help` does not import torch."""
+
+    def __init__(self, *args, lazy: dict[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lazy = lazy
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted(self._lazy)
+
+    def get_command(self, ctx, name):
+        if name not in self._lazy:
+            return None
+        import importlib
+
+        module, attr = self._lazy[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@main.group(cls=_LazyGroup, lazy={"engine": "jobs.bench:engine_command", "planner": "jobs.bench_planner:planner_command",
+                                  "pipeline": "jobs.bench_pipeline:pipeline_command"})
+def bench() -> None:
+    """Benchmarks: print a table of ratios measured side by side and write JSON."""
+
+
 main.add_command(plan_command)
 main.add_command(profile_command)
 main.add_command(submit_command)
+main.add_command(helm_command)
+main.add_command(wrangle_command)
 
 
 def _fail(e: FlexbatchError) -> None:

@@ -57,12 +57,16 @@ def test_profile_writes_the_spec(tmp_path, monkeypatch):
 
 def test_run_plans_by_default_and_reports_predicted_against_measured(tmp_path, tiny_llama_dir, hw_file):
     inp = write_parquet(tmp_path / "in.parquet", prompt=["one two", "three four five", "six"])
-    args = ["run", "--model", tiny_llama_dir, "--input", inp, "--max-new-tokens", 3, "--hardware", hw_file]
+    args = ["run", "--no-ray", "--model", tiny_llama_dir, "--input", inp, "--max-new-tokens", 3, "--hardware",
+            hw_file]
     result = CliRunner().invoke(cli.main, [*map(str, args), "--output", str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
     assert "planner: predicted" in result.output
     job = json.loads((tmp_path / "a" / "_job.json").read_text())
-    assert job["run"]["predicted"]["seconds"] > 0
+    assert job["run"]["workers"][0]["predicted"]["seconds"] > 0
+    success = json.loads((tmp_path / "a" / "_SUCCESS").read_text())
+    assert success["predicted_seconds"] == job["run"]["workers"][0]["predicted"]["seconds"]
+    assert success["measured_seconds"] > 0
     result = CliRunner().invoke(cli.main, [*map(str, args), "--output", str(tmp_path / "b"), "--no-plan", "--gbs", "2"])
     assert result.exit_code == 0, result.output
     assert "planner: predicted" not in result.output

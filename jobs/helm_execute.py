@@ -1,0 +1,119 @@
+"""Running a run's requests through the pipeline, and reading the completions back as HELM results.
+
+Each HELM request becomes `num_completions` rows of `<run>/requests.parquet` (id `<request index>.<output
+index>`, the prompt, and the per-row `max_new_tokens`, `temperature`, `top_p`, `stop` and a distinct `seed`),
+completed by one pipeline job into `<run>/completions/`. The requests file is rewritten only when its
+content changes, so that rerunning an interrupted run resumes its job: committed shards are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.policy import Policy
+from engine.request import SamplingParams
+from pipeline import JobSummary, RunConfig, run_job
+from pipeline.rows import derive_seed
+
+log = logging.getLogger(__name__)
+
+REQUESTS_FILE = "requests.parquet"
+COMPLETIONS_DIR = "completions"
+FINISH_REASONS = {"eos": "endoftext"}  # the engine's name -> HELM's
+REQUEST_SCHEMA = pa.schema([
+    ("id", pa.string()), ("instance_id", pa.string()), ("prompt", pa.string()), ("max_new_tokens", pa.int64()),
+    ("temperature", pa.float64()), ("top_p", pa.float64()), ("stop", pa.list_(pa.string())), ("seed", pa.int64()),
+])
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the pipeline runs the requests: passed through to `RunConfig`."""
+
+    dtype: str = "auto"
+    use_ray: bool = True
+    workers: int | None = None
+    address: str | None = None
+    compress_weight: bool = False
+    compress_cache: bool = False
+
+
+def request_rows(states: list[dict]) -> list[dict]:
+    """One row per (request, output index); each output of a request gets its own seed."""
+    rows = []
+    for i, state in enumerate(states):
+        request = state["request"]
+        for k in range(request.get("num_completions", 1)):
+            row_id = f"{i}.{k}"
+            rows.append({
+                "id": row_id, "instance_id": str(state["instance"].get("id")), "prompt": request["prompt"],
+                "max_new_tokens": request.get("max_tokens", 100), "temperature": float(request.get("temperature", 1)),
+                "top_p": float(request.get("top_p", 1)), "stop": list(request.get("stop_sequences") or []),
+                "seed": derive_seed(0, f"{request.get('random') or ''}\x00{row_id}"),
+            })
+    return rows
+
+
+def write_requests(path: Path, rows: list[dict]) -> bool:
+    """Write the rows unless the file already holds exactly them; returns whether it was (re)written."""
+    table = pa.Table.from_pylist(rows, schema=REQUEST_SCHEMA)
+    if path.is_file():
+        try:
+            if pq.read_table(path).equals(table):
+                return False
+        except (OSError, pa.ArrowException):
+            pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    return True
+
+
+def run_requests(run_dir: Path, states: list[dict], model: Path, options: EngineOptions) -> JobSummary:
+    """Complete every request of the run with the pipeline (resuming an interrupted job of the same requests)."""
+    rows = request_rows(states)
+    if write_requests(run_dir / REQUESTS_FILE, rows):
+        log.info("%s: %d requests, %d rows written to %s", run_dir.name, len(states), len(rows), REQUESTS_FILE)
+    params = SamplingParams(max_new_tokens=max(r["max_new_tokens"] for r in rows), logprobs=True)
+    config = RunConfig(input=str(run_dir / REQUESTS_FILE), output=run_dir / COMPLETIONS_DIR, model=model,
+                       params=params, dtype=options.dtype,
+                       policy=Policy(compress_weight=options.compress_weight, compress_cache=options.compress_cache),
+                       use_ray=options.use_ray, workers=options.workers, address=options.address,
+                       overwrite=True)  # same config: resume; changed requests or options: redo the run's job
+    return run_job(config)
+
+
+def read_completions(summary: JobSummary) -> dict[str, dict]:
+    columns = ["id", "completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs"]
+    return {row["id"]: row for part in summary.parts for row in pq.read_table(part, columns=columns).to_pylist()}
+
+
+def attach_results(states: list[dict], rows: dict[str, dict]) -> tuple[list[dict], list[dict]]:
+    """The request states with HELM results, and each request's token usage (for the statistics)."""
+    out, usages = [], []
+    for i, state in enumerate(states):
+        got = [rows[f"{i}.{k}"] for k in range(state["request"].get("num_completions", 1))]
+        errors = [r["error"] for r in got if r["finish_reason"] == "error"]
+        result = {"success": not errors, "embedding": [], "completions": [_completion(r) for r in got
+                                                                             if r["finish_reason"] != "error"],
+                  "cached": False}
+        if errors:
+            result["error"] = errors[0]
+        out.append({**state, "result": result})
+        usages.append({"prompt_tokens": max(r["prompt_tokens"] or 0 for r in got),
+                       "completion_tokens": sum(r["completion_tokens"] or 0 for r in got)})
+    return out, usages
+
+
+def _completion(row: dict) -> dict:
+    """HELM's GeneratedOutput; the per-token texts are not kept by the pipeline, so `tokens` is empty and
+    `logprob` is the sum of the generated tokens' log-probabilities."""
+    reason = FINISH_REASONS.get(row["finish_reason"], row["finish_reason"])
+    return {"text": row["completion"] or "", "logprob": float(sum(row["logprobs"] or [])), "tokens": [],
+            "finish_reason": {"reason": reason}}
