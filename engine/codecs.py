@@ -20,7 +20,7 @@ from engine.weights import LayerWeights
 _PARTS = ("data", "mins", "scales")
 
 
-def _is_linear_weight(name: str, t: torch.Tensor) -> bool:
+def is_linear_weight(name: str, t: torch.Tensor) -> bool:
     return t.dim() == 2 and name.endswith(".weight") and "norm" not in name
 
 
@@ -39,7 +39,7 @@ class WeightCodec:
     def encode(self, lw: LayerWeights) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         tensors, meta = {}, dict(self.metadata())
         for name, t in lw.items():
-            if not _is_linear_weight(name, t):
+            if not is_linear_weight(name, t):
                 tensors[name] = t
                 continue
             qt = quantize(t, self.config)

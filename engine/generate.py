@@ -13,9 +13,10 @@ import torch
 from engine.codecs import KVCodec, WeightCodec
 from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
+from engine.kernels import NativeKernels, load_kernels
 from engine.models import family_for
 from engine.policy import Policy
-from engine.request import TRUNCATE_CHOICES, Completion, Request
+from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, Completion, Request
 from engine.rows import RowState
 from engine.schedule import BlockExecutor
 from engine.spec import ModelSpec, load_model_spec
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, spec: ModelSpec, tokenizer, global_weights: LayerWeights, weights: WeightStore,
-                 dtype: torch.dtype, eos_ids: tuple[int, ...], policy: Policy, devices: Devices, kv_codec=None):
+                 dtype: torch.dtype, eos_ids: tuple[int, ...], policy: Policy, devices: Devices, kv_codec=None,
+                 kernels: NativeKernels | None = None):
         self.spec = spec
         self.tokenizer = tokenizer
         self.gw = global_weights
@@ -39,7 +41,14 @@ class Engine:
         self.policy = policy
         self.devices = devices
         self.kv_codec = kv_codec
-        self.model = family_for(spec, dtype)
+        self.kernels = kernels or NativeKernels()
+        self.model = family_for(spec, dtype, self.kernels)
+        self.phase_seconds: dict[str, float] = {}  # the last `generate`'s prefill and decode seconds
+
+    @property
+    def backend(self) -> str:
+        """The kernel backend in use ("native" or "ipex"; "auto" resolves to one of them at load)."""
+        return self.kernels.name
 
     @property
     def layers(self) -> list[LayerWeights]:
@@ -49,12 +58,14 @@ class Engine:
     @classmethod
     def load(cls, model_dir: str | Path, dtype: str = "auto", policy: Policy | None = None,
              budgets: dict[str, float | None] | None = None, simulate_gpu: bool = False,
-             offload_dir: str | Path | None = None) -> Engine:
+             offload_dir: str | Path | None = None, backend: str = DEFAULT_BACKEND) -> Engine:
         """Load a checkpoint and place it by `policy` (everything on the CPU by default). `budgets` caps each
-        tier in bytes; `simulate_gpu` makes the gpu tier a separate CPU pool (tests on machines without CUDA)."""
+        tier in bytes; `simulate_gpu` makes the gpu tier a separate CPU pool (tests on machines without CUDA).
+        `backend` picks the CPU kernels (engine/kernels.py): "native", "ipex", or "auto" (ipex if it imports)."""
         spec = load_model_spec(model_dir)
         policy = policy or Policy()
         torch_dtype = resolve_dtype(dtype)
+        kernels = load_kernels(backend)
         devices = Devices(budgets, simulate_gpu=simulate_gpu, offload_dir=offload_dir)
         _check_gpu(policy, devices)
         t0 = time.perf_counter()
@@ -62,11 +73,12 @@ class Engine:
         gw = reader.globals(torch_dtype)
         devices.tiers["cpu"].reserve(tensor_bytes(gw.values()), "embeddings and head")
         wcodec, kvcodec = codecs_for(policy, torch_dtype)
-        weights = WeightStore(reader, policy, devices, torch_dtype, codec=wcodec, offload_dir=offload_dir)
-        log.info("loaded %s (%d layers, %s, layers on %s) in %.2fs", model_dir, spec.num_layers, torch_dtype,
-                 "/".join(weights.placement), time.perf_counter() - t0)
+        weights = WeightStore(reader, policy, devices, torch_dtype, codec=wcodec, offload_dir=offload_dir,
+                              kernels=kernels)
+        log.info("loaded %s (%d layers, %s, layers on %s, %s kernels) in %.2fs", model_dir, spec.num_layers,
+                 torch_dtype, "/".join(weights.placement), kernels.name, time.perf_counter() - t0)
         return cls(spec, load_tokenizer(model_dir), gw, weights, torch_dtype, _eos_ids(model_dir, spec), policy,
-                   devices, kvcodec)
+                   devices, kvcodec, kernels)
 
     def generate(self, requests: list[Request], batch_size: int | None = None,
                  truncate: str = "error") -> list[Completion]:
@@ -95,12 +107,13 @@ class Engine:
                 executor.run([row for _, row in block])
             for n, row in block:
                 results[n] = row.completion(self.tokenizer)
+        self.phase_seconds = dict(executor.seconds)
         return results
 
     def _executor(self, policy: Policy) -> BlockExecutor:
         pad = self.eos_ids[0] if self.eos_ids else 0
         return BlockExecutor(self.spec, self.model, self.gw, self.weights, self.devices, policy, self.dtype,
-                             self.tokenizer, pad, kv_codec=self.kv_codec)
+                             self.tokenizer, pad, kv_codec=self.kv_codec, kernels=self.kernels)
 
     def _check_budgets(self, executor: BlockExecutor, blocks) -> None:
         """Refuse, before any work, a workload whose largest block does not fit a tier's budget."""

@@ -92,14 +92,18 @@ class PlacedKV:
     prefill attends over the new K/V on the compute device; decode attends, per segment, where the segment
     lives when `cpu_attention` is on (only q, the new K/V and the output cross), else on the compute device."""
 
-    def __init__(self, devices: Devices, segments: list[tuple[str, slice, object]], cpu_attention: bool):
+    def __init__(self, devices: Devices, segments: list[tuple[str, slice, object]], cpu_attention: bool,
+                 prefill_attention=None):
         self.devices = devices
         self.segments = segments
         self.cpu_attention = cpu_attention
+        self.prefill_attention = prefill_attention  # a backend's kernel; None: the caches' own (SDPA)
         self.compute = "cpu"
         self.decode = False
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None):
+        if not self.decode and self.prefill_attention is not None:
+            return self._prefill(layer, q, k_new, v_new, start, mask, scale)
         if len(self.segments) == 1 and self.segments[0][0] == self.compute:
             return self.segments[0][2].attend(layer, q, k_new, v_new, start, mask, scale)
         outs = [self._attend_segment(seg, layer, q, k_new, v_new, start, mask, scale) for seg in self.segments]
@@ -118,6 +122,14 @@ class PlacedKV:
             return mv(o, home, dev)
         k_all, v_all = cache.update(layer, k_home, v_home, start)
         return attention(q[rows], self._fetch(k_all, home), self._fetch(v_all, home), mask[rows], scale)
+
+    def _prefill(self, layer, q, k_new, v_new, start, mask, scale):
+        """Store each segment's new K/V rows on its tier, then attend over the new K/V on the compute device
+        (a prefill's keys are all new)."""
+        for tier, rows, cache in self.segments:
+            home, mv = ("cpu" if tier == "disk" else tier), self.devices.move
+            cache.update(layer, mv(k_new[rows], self.compute, home), mv(v_new[rows], self.compute, home), start)
+        return self.prefill_attention(q, k_new, v_new, mask, scale)
 
     def _fetch(self, x, home: str):
         """A cache tensor moved to the compute device; a 4-bit one travels compressed."""

@@ -5,6 +5,8 @@ store, the activation and KV placement, and the per-phase compute device, what e
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engine.attention import decode_mask, prefill_mask
@@ -65,10 +67,12 @@ class BlockExecutor:
     """Runs blocks of rows (up to gbs * num_gb) through the zig-zag loop under one `Policy`."""
 
     def __init__(self, spec, model, global_weights, weights, devices, policy: Policy, dtype, tokenizer, pad: int,
-                 kv_codec=None):
+                 kv_codec=None, kernels=None):
         self.spec, self.model, self.gw, self.weights = spec, model, global_weights, weights
         self.devices, self.policy, self.dtype, self.tokenizer, self.pad = devices, policy, dtype, tokenizer, pad
         self.kv_codec = kv_codec  # makes compressed caches; None keeps K/V in the compute dtype
+        self.prefill_attention = kernels.prefill_attention if kernels is not None else None
+        self.seconds = {"prefill": 0.0, "decode": 0.0}  # wall time of each phase's steps, over every block run
         self._held: list[tuple[str, int]] = []
 
     def device(self, phase: str, layer: int) -> str:
@@ -89,7 +93,9 @@ class BlockExecutor:
                 live = [b for b in batches if not b.done]
                 if not live:
                     break
+                t0 = time.perf_counter()
                 self._step(live, step)
+                self.seconds["decode" if step else "prefill"] += time.perf_counter() - t0
         finally:
             for tier, nbytes in self._held:
                 self.devices.tiers[tier].release(nbytes)
@@ -112,7 +118,7 @@ class BlockExecutor:
             make = self.kv_codec.cache if self.kv_codec else KVCache
             cache = make(spec.num_layers, n, spec.num_kv_heads, T, spec.head_dim, self.dtype, alloc=self._alloc(tier))
             segments.append((tier, rows, cache))
-        return PlacedKV(self.devices, segments, p.cpu_attention)
+        return PlacedKV(self.devices, segments, p.cpu_attention, self.prefill_attention)
 
     def _step(self, live: list[GpuBatch], step: int) -> None:
         phase = "prefill" if step == 0 else "decode"

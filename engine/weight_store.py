@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from engine.kernels import NativeKernels
 from engine.policy import Policy
 from engine.tiers import Devices, tensor_bytes
 from engine.weights import CheckpointReader, LayerWeights
@@ -40,15 +41,20 @@ def layer_tiers(num_layers: int, fractions: dict[str, float]) -> list[str]:
 
 class WeightStore:
     """Holds every layer on its tier: `gpu`/`cpu` layers in memory, `disk` layers as one safetensors file per
-    layer in the offload folder (written once per model and format, then reused)."""
+    layer in the offload folder (written once per model and format, then reused). The kernels decide how a
+    loaded layer becomes ready to compute, and may keep a CPU layer that only computes on the CPU in their own
+    packed form (accounted at its stored size)."""
 
     def __init__(self, reader: CheckpointReader, policy: Policy, devices: Devices, dtype: torch.dtype,
-                 codec=None, offload_dir: Path | None = None):
+                 codec=None, offload_dir: Path | None = None, kernels: NativeKernels | None = None):
         self.devices = devices
         self.dtype = dtype
         self.codec = codec  # compresses / decompresses a layer; None keeps weights as they are
+        self.kernels = kernels or NativeKernels()
         fractions = {"gpu": policy.weight_gpu, "cpu": policy.weight_cpu, "disk": policy.weight_disk}
         self.placement = layer_tiers(reader.spec.num_layers, fractions)
+        self._cpu_only = [not (policy.layer_on_gpu("prefill", i) or policy.layer_on_gpu("decode", i))
+                          for i in range(reader.spec.num_layers)]
         self.resident: dict[int, LayerWeights] = {}
         self.meta: dict[int, dict[str, str] | None] = {}
         self._buffers_in_use: dict | None = None
@@ -84,7 +90,10 @@ class WeightStore:
             self.files[i] = path
         else:
             dev = self.devices.torch_device(tier)
-            self.resident[i] = {k: v.to(dev) for k, v in stored.items()}
+            resident = {k: v.to(dev) for k, v in stored.items()}
+            if tier == "cpu" and self._cpu_only[i]:
+                resident = self.kernels.pack_resident(resident, self.meta[i])
+            self.resident[i] = resident
 
     def _offload_folder(self, reader: CheckpointReader, offload_dir: Path | None) -> Path:
         """One folder per (checkpoint, dtype, format): the key hashes config.json and the weight files' sizes
@@ -108,10 +117,7 @@ class WeightStore:
         else:
             stored, src = self.resident[i], tier
         moved = {k: self.devices.move(v, src, device) for k, v in stored.items()}
-        if not self.codec:
-            return moved, None
-        buffers = self.codec.acquire()
-        return self.codec.decode(moved, self.meta[i], buffers), buffers
+        return self.kernels.ready(moved, self.meta[i], self.codec, device)
 
     def prefetch(self, i: int, device: str) -> None:
         if 0 <= i < len(self.placement) and (i, device) not in self._pending:

@@ -7,15 +7,14 @@ interleaved repeat by repeat, with the median of the repeats quoted:
   2. tokens/s of the engine's best block vs `transformers` `generate` at its best batch size;
   3. with all layer weights on disk and a CPU budget of weights / ratio: the engine vs HF Accelerate
      (`device_map="auto"`, the same `max_memory`, an `offload_folder`) at its best batch size;
-  4. compressed (4-bit weights and KV cache) vs uncompressed: tokens/s and peak memory."""
+  4. compressed (4-bit weights and KV cache) vs uncompressed: tokens/s and peak memory;
+  5. with --backends: kernel backends' prefill and decode tokens/s and peak memory (`jobs/bench_backends.py`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import logging
-import statistics
 import sys
 import tempfile
 import time
@@ -32,12 +31,12 @@ from engine.errors import FlexbatchError
 from engine.generate import Engine
 from engine.microbench import median_seconds
 from engine.policy import Policy
-from engine.request import Request, SamplingParams
 from engine.spec import load_model_spec
+from jobs.bench_backends import backend_lines, parse_backends
+from jobs.bench_runs import DTYPE, best, block_name, engine_runner, hf_runner, memory_probe, side_by_side
 
 log = logging.getLogger(__name__)
-SKIPPABLE = ("gemm", "transformers", "accelerate", "compress")
-DTYPE = "bfloat16"
+SKIPPABLE = ("gemm", "transformers", "accelerate", "offload", "compress")
 
 
 @dataclass(frozen=True)
@@ -52,6 +51,7 @@ class BenchConfig:
     accelerate_batches: tuple[int, ...] = (1, 8, 32)
     offload_ratio: float = 4.0
     skip: tuple[str, ...] = ()
+    backends: tuple[str, ...] = ()  # kernel backends to compare (line 5); empty: no comparison
     cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
 
 
@@ -77,79 +77,6 @@ class Line:
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "ratio": self.ratio, "met": self.met}
-
-
-# ---- timed runs ------------------------------------------------------------------------------------------
-
-def timed(fn, gen_len: int) -> dict:
-    """One call of fn(gen_len) -> generated tokens: wall time, tokens/s and peak RSS growth during the call."""
-    gc.collect()
-    reset_ok = bm.reset_peak_rss()
-    rss0 = bm.rss_bytes()
-    t0 = time.perf_counter()
-    tokens = fn(gen_len)
-    seconds = time.perf_counter() - t0
-    growth = bm.peak_rss_bytes() - rss0 if reset_ok else None
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rss_growth_bytes": growth}
-
-
-def side_by_side(runners: dict, gen_len: int, repeats: int, warmup: bool = True) -> dict[str, dict]:
-    """Warm every runner up (2 tokens, same shapes), then time them interleaved, `repeats` rounds."""
-    for name, fn in runners.items() if warmup else ():
-        log.info("warm-up %s", name)
-        fn(2)
-    runs: dict[str, list[dict]] = {name: [] for name in runners}
-    for r in range(repeats):
-        for name, fn in runners.items():
-            runs[name].append(timed(fn, gen_len))
-            log.info("repeat %d %s: %.2f s, %.1f tokens/s", r + 1, name, runs[name][-1]["seconds"],
-                     runs[name][-1]["tokens_per_s"])
-    return {name: summarize(v) for name, v in runs.items()}
-
-
-def summarize(runs: list[dict]) -> dict:
-    growth = [r["rss_growth_bytes"] for r in runs if r["rss_growth_bytes"] is not None]
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
-            "seconds": statistics.median(r["seconds"] for r in runs), "tokens": runs[0]["tokens"],
-            "peak_rss_growth_bytes": max(growth) if growth else None, "runs": runs}
-
-
-def best(results: dict[str, dict]) -> str:
-    return max(results, key=lambda k: results[k]["tokens_per_s"])
-
-
-def engine_runner(eng: Engine, prompts: list[list[int]], gbs: int, num_gb: int):
-    """Generate for one block of gbs * num_gb prompts (the block shape only changes the schedule, not where
-    the weights live, so one loaded engine serves every block shape)."""
-    rows = prompts[: gbs * num_gb]
-
-    def run(gen_len: int) -> int:
-        eng.policy = dataclasses.replace(eng.policy, gbs=gbs, num_gb=num_gb)
-        reqs = [Request(f"r{i}", bm.prompt_text(ids), SamplingParams(max_new_tokens=gen_len))
-                for i, ids in enumerate(rows)]
-        comps = eng.generate(reqs)
-        bad = [c for c in comps if c.error or c.prompt_tokens != len(rows[0])]
-        assert not bad, f"{len(bad)} rows failed or were tokenized to another length: {bad[0]}"
-        return sum(c.completion_tokens for c in comps)
-
-    return run
-
-
-def hf_runner(model, prompts: list[list[int]], batch: int):
-    """`generate` on one batch, greedy, exactly gen_len new tokens per row (min_new_tokens = max_new_tokens)."""
-    ids = torch.tensor(prompts[:batch])
-
-    def run(gen_len: int) -> int:
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=gen_len, min_new_tokens=gen_len, pad_token_id=0)
-        return (out.shape[1] - ids.shape[1]) * ids.shape[0]
-
-    return run
-
-
-def block_name(gbs: int, num_gb: int) -> str:
-    return f"ours {gbs}x{num_gb}"
 
 
 # ---- the four lines --------------------------------------------------------------------------------------
@@ -275,17 +202,6 @@ def compress_lines(cfg: BenchConfig, model_dir: Path, prompts, block: tuple[int,
                  rss["compressed"] / 2**20, rss["uncompressed"] / 2**20)]
 
 
-def memory_probe(model_dir: Path, policy: Policy, prompts, block: tuple[int, int], gen_len: int):
-    """Load an engine and run the block once (untimed, it also warms up): the peak RSS over both, less the RSS
-    before. The run matters: weights read from a safetensors file are mapped, and count once touched."""
-    gc.collect()
-    bm.reset_peak_rss()
-    rss0 = bm.rss_bytes()
-    eng = Engine.load(model_dir, dtype=DTYPE, policy=policy)
-    engine_runner(eng, prompts, *block)(gen_len)
-    return eng, bm.peak_rss_bytes() - rss0
-
-
 def run_engine_bench(cfg: BenchConfig) -> dict:
     """All lines, plus the machine and the config, as a JSON-ready dict."""
     t0 = time.perf_counter()
@@ -294,9 +210,12 @@ def run_engine_bench(cfg: BenchConfig) -> dict:
     rows = max([g * n for g, n in (*cfg.blocks, *cfg.offload_blocks)] + [*cfg.hf_batches, *cfg.accelerate_batches])
     prompts = bm.prompt_ids(rows, cfg.prompt_len, spec.vocab_size)
     lines, block, sweep = throughput_lines(cfg, model_dir, prompts)
-    lines.append(offload_line(cfg, model_dir, prompts))
+    if "offload" not in cfg.skip:
+        lines.append(offload_line(cfg, model_dir, prompts))
     if "compress" not in cfg.skip:
         lines += compress_lines(cfg, model_dir, prompts, block)
+    if cfg.backends:
+        lines += backend_lines(cfg, model_dir, prompts, block)
     return {"config": dataclasses.asdict(cfg), "machine": bm.machine_info(),
             "model": {"dir": str(model_dir), "preset": dataclasses.asdict(bm.PRESETS[cfg.preset]),
                       "linear_params": bm.linear_params(spec), "flops_formula": bm.FLOPS_FORMULA},
@@ -334,15 +253,10 @@ def format_table(report: dict) -> str:
     return "\n".join(out)
 
 
-@click.group()
-def bench() -> None:
-    """Benchmarks: print a table of ratios measured side by side and write JSON."""
-
-
 _D = BenchConfig()
 
 
-@bench.command("engine")
+@click.command("engine")
 @click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=_D.preset, show_default=True,
               help="Random-weight Llama to build (once, under --cache-dir) and run.")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=_D.prompt_len, show_default=True)
@@ -357,6 +271,7 @@ _D = BenchConfig()
               help="Weights / CPU budget in the disk-offload line.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]")
 @click.option("--skip", type=click.Choice(SKIPPABLE), multiple=True, help="Leave out a baseline or line.")
+@click.option("--backends", metavar="native,ipex", help="Compare kernel backends (ipex: in its torch 2.8 venv).")
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)
 def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, **kw):
@@ -368,18 +283,14 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
 
     transformers.utils.logging.disable_progress_bar()
     cfg = BenchConfig(blocks=_blocks(blocks), hf_batches=_ints(hf_batches), offload_blocks=_blocks(offload_blocks),
-                      accelerate_batches=_ints(accelerate_batches), skip=tuple(skip), **kw)
+                      accelerate_batches=_ints(accelerate_batches), skip=tuple(skip),
+                      backends=parse_backends(kw.pop("backends")), **kw)
     report = run_and_save(run_engine_bench, cfg, output)
     click.echo(format_table(report))
     click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads, "
                f"torch {report['machine']['torch']}; {report['wall_seconds']:.0f} s; json: {output}")
 
 
-from jobs.bench_pipeline import pipeline_command  # noqa: E402  (after `bench` exists)
-from jobs.bench_planner import planner_command  # noqa: E402
-
-bench.add_command(planner_command)
-bench.add_command(pipeline_command)
 
 
 def run_and_save(run, cfg, output: Path) -> dict:

@@ -13,7 +13,7 @@ import click
 
 import jobs
 from engine.errors import FlexbatchError, ModelNotFoundError
-from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
+from engine.request import BACKEND_CHOICES, DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
 from jobs.helm import helm_command
 from jobs.plan_cmd import pins_from_context, plan_command, profile_command
 from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
@@ -78,6 +78,9 @@ def main() -> None:
               help="Add a logprobs column: the log-probability of each generated token.  [default: off]")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=_RC["dtype"], show_default=True,
               help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32.")
+@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=_RC["backend"], show_default=True,
+              help="CPU kernels: native (PyTorch); ipex (Intel Extension for PyTorch, in its own torch 2.8 "
+                   "environment: scripts/setup_ipex_venv.sh); auto (ipex where it imports, else native).")
 @click.option("--truncate", type=click.Choice(TRUNCATE_CHOICES), default=_RC["truncate"], show_default=True,
               help="A prompt longer than the context: 'error' fails that row, 'left' keeps its last tokens.")
 @click.option("--show", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
@@ -106,7 +109,7 @@ def main() -> None:
 @policy_options
 @click.pass_context
 def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop, seed, logprobs,
-        dtype, truncate, show, overwrite, plan, hardware, use_ray, address, workers, shard_rows, max_shard_retries,
+        dtype, backend, truncate, show, overwrite, plan, hardware, use_ray, address, workers, shard_rows, max_shard_retries,
         **policy_opts) -> None:
     """Complete every prompt of the input Parquet and write Parquet parts with the completions.
 
@@ -131,7 +134,7 @@ def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, 
         offload_dir = policy_opts.pop("offload_dir")
         pins = pins_from_context(ctx, policy_opts)
         config = RunConfig(input=input_, output=output, model=model or _default_model(),
-                           prompt_column=prompt_column, params=params, dtype=dtype,
+                           prompt_column=prompt_column, params=params, dtype=dtype, backend=backend,
                            policy=policy_from_options(policy_opts), budgets=budgets_from_options(policy_opts),
                            offload_dir=offload_dir, truncate=truncate, overwrite=overwrite, plan=plan, pins=pins,
                            hardware=hardware, use_ray=use_ray, address=address, workers=workers,

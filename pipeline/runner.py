@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.policy import Policy
-from engine.request import DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
+from engine.request import BACKEND_CHOICES, DEFAULT_BACKEND, DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from pipeline.errors import ConfigError, InputError
 from pipeline.output_dir import OutputCheck, check_output, job_record
@@ -39,6 +39,7 @@ class RunConfig:
     prompt_column: str = "prompt"
     params: SamplingParams = field(default_factory=SamplingParams)
     dtype: str = "auto"
+    backend: str = DEFAULT_BACKEND  # CPU kernels (engine/kernels.py): native, ipex or auto
     policy: Policy = field(default_factory=Policy)
     budgets: dict = field(default_factory=dict)
     offload_dir: Path | None = None
@@ -65,6 +66,8 @@ class RunConfig:
             raise ConfigError(f"--prompt-column {self.prompt_column!r} is invalid: expected a column name")
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(f"--dtype {self.dtype!r} is invalid: expected one of {', '.join(DTYPE_CHOICES)}")
+        if self.backend not in BACKEND_CHOICES:
+            raise ConfigError(f"--backend {self.backend!r} is invalid: expected one of {', '.join(BACKEND_CHOICES)}")
         if self.truncate not in TRUNCATE_CHOICES:
             raise ConfigError(f"--truncate {self.truncate!r} is invalid: expected one of {', '.join(TRUNCATE_CHOICES)}")
         if self.workers is not None and self.workers < 1:
@@ -149,6 +152,8 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...]) -> dict:
         "truncate": config.truncate,
         "compress_weight": config.policy.compress_weight,
         "compress_cache": config.policy.compress_cache,
+        # kernels other than native may change bf16 outputs; native adds nothing, so older hashes still match
+        **({"backend": config.backend} if config.backend != DEFAULT_BACKEND else {}),
     }
 
 
@@ -174,6 +179,6 @@ def load_engine(config: RunConfig, policy: Policy) -> Engine:
 
     started = time.perf_counter()
     engine = Engine.load(config.model, dtype=config.dtype, policy=policy, budgets=config.budgets,
-                         offload_dir=config.offload_dir)
+                         offload_dir=config.offload_dir, backend=config.backend)
     log.info("loaded %s as %s in %.1f s", config.model, engine.dtype, time.perf_counter() - started)
     return engine

@@ -39,3 +39,15 @@ def demo_prompts():
     import pyarrow.parquet as pq
 
     return pq.read_table(DEMO_PROMPTS, columns=["prompt"]).column("prompt").to_pylist()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `ipex` are skipped where intel-extension-for-pytorch cannot run (it needs torch 2.8)."""
+    marked = [item for item in items if item.get_closest_marker("ipex") is not None]
+    if not marked:
+        return
+    from tests.ipex_check import ipex_missing
+
+    reason = ipex_missing()
+    for item in marked if reason else ():
+        item.add_marker(pytest.mark.skip(reason=f"needs the ipex backend: {reason}"))

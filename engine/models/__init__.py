@@ -5,6 +5,8 @@ loop (and later the block schedule) calls layer by layer:
     embed(gw, ids, ctx) -> h   token ids [B, S] -> hidden [B, S, H]
     layer(lw, h, ctx, i) -> h  one transformer layer with its KV cache
     head(gw, h) -> logits      hidden [B, H] -> float32 logits [B, V]
+
+Linear layers and rotary positions go through the backend's kernels (engine/kernels.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kernels import NativeKernels
 from engine.kv_cache import KVCache
 from engine.spec import ModelSpec
 
@@ -31,15 +34,12 @@ class StepContext:
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-def family_for(spec: ModelSpec, dtype: torch.dtype):
+def family_for(spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels | None = None):
+    kernels = kernels or NativeKernels()
     if spec.family == "opt":
         from engine.models.opt import OPTModel
 
-        return OPTModel(spec, dtype)
+        return OPTModel(spec, dtype, kernels)
     from engine.models.llama import LlamaModel
 
-    return LlamaModel(spec, dtype)
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.nn.functional.linear(x, w, b)
+    return LlamaModel(spec, dtype, kernels)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.models import StepContext, linear
-from engine.rope import apply_rope, cos_sin, inv_frequencies
+from engine.kernels import NativeKernels
+from engine.models import StepContext
+from engine.rope import inv_frequencies
 from engine.spec import ModelSpec
 from engine.weights import LayerWeights, require
 
@@ -21,14 +22,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class LlamaModel:
-    def __init__(self, spec: ModelSpec, dtype: torch.dtype):
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels):
         self.spec = spec
         self.dtype = dtype
+        self.kernels = kernels
         self.inv_freq = inv_frequencies(spec.rope, spec.head_dim)
         self.act = _ACT[spec.activation]
 
     def begin_step(self, ctx: StepContext) -> None:
-        ctx.rope = cos_sin(self.inv_freq, ctx.positions, self.dtype)
+        ctx.rope = self.kernels.rope_tables(self.inv_freq, ctx.positions, self.dtype)
 
     def embed(self, gw: LayerWeights, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         # the residual stream stays float32 whatever the compute dtype: adding small updates to a large
@@ -45,18 +47,17 @@ class LlamaModel:
     def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         B, S, _ = x.shape
         NH, KVH, D = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
-        p = "self_attn."
+        p, linear = "self_attn.", self.kernels.linear
         q = linear(x, lw[p + "q_proj.weight"], lw.get(p + "q_proj.bias")).view(B, S, NH, D).transpose(1, 2)
         k = linear(x, lw[p + "k_proj.weight"], lw.get(p + "k_proj.bias")).view(B, S, KVH, D).transpose(1, 2)
         v = linear(x, lw[p + "v_proj.weight"], lw.get(p + "v_proj.bias")).view(B, S, KVH, D).transpose(1, 2)
-        cos, sin = ctx.rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.kernels.rope(q, k, ctx.rope)
         o = ctx.cache.attend(i, q, k, v, ctx.start, ctx.mask)  # [B, NH, S, D]
         o = o.transpose(1, 2).reshape(B, S, NH * D)
         return linear(o, lw[p + "o_proj.weight"], lw.get(p + "o_proj.bias"))
 
     def _mlp(self, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        p = "mlp."
+        p, linear = "mlp.", self.kernels.linear
         gate = linear(x, lw[p + "gate_proj.weight"], lw.get(p + "gate_proj.bias"))
         up = linear(x, lw[p + "up_proj.weight"], lw.get(p + "up_proj.bias"))
         return linear(self.act(gate).mul_(up), lw[p + "down_proj.weight"], lw.get(p + "down_proj.bias"))
@@ -66,4 +67,4 @@ class LlamaModel:
         w = gw.get("lm_head.weight")
         if w is None or self.spec.tie_word_embeddings:
             w = gw["embed_tokens.weight"]
-        return linear(h, w).float()
+        return self.kernels.linear(h, w).float()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.models import StepContext, linear
+from engine.kernels import NativeKernels
+from engine.models import StepContext
 from engine.spec import ModelSpec
 from engine.weights import LayerWeights, require
 
@@ -15,9 +16,10 @@ _ACT = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
 
 class OPTModel:
-    def __init__(self, spec: ModelSpec, dtype: torch.dtype):
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels):
         self.spec = spec
         self.dtype = dtype
+        self.kernels = kernels
         self.act = _ACT[spec.activation]
         self.scaling = spec.head_dim**-0.5
 
@@ -33,12 +35,12 @@ class OPTModel:
     def embed(self, gw: LayerWeights, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         x = F.embedding(ids, require(gw, "embed_tokens.weight", "the embeddings"))
         if "project_in.weight" in gw:
-            x = linear(x, gw["project_in.weight"])
+            x = self.kernels.linear(x, gw["project_in.weight"])
         pos = F.embedding(ctx.positions + POSITION_OFFSET, require(gw, "embed_positions.weight", "the positions"))
         return x.float() + pos.float()  # the residual stream stays float32 (see llama.py)
 
     def layer(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
-        pre, dt = self.spec.do_layer_norm_before, self.dtype
+        pre, dt, linear = self.spec.do_layer_norm_before, self.dtype, self.kernels.linear
         x = self._ln(h, lw, "self_attn_layer_norm") if pre else h.to(dt)
         h = h + self._attention(lw, x, ctx, i)
         if not pre:
@@ -50,7 +52,7 @@ class OPTModel:
     def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         B, S, _ = x.shape
         NH, D = self.spec.num_heads, self.spec.head_dim
-        p = "self_attn."
+        p, linear = "self_attn.", self.kernels.linear
         q = linear(x, lw[p + "q_proj.weight"], lw[p + "q_proj.bias"]) * self.scaling
         q = q.view(B, S, NH, D).transpose(1, 2)
         k = linear(x, lw[p + "k_proj.weight"], lw[p + "k_proj.bias"]).view(B, S, NH, D).transpose(1, 2)
@@ -62,8 +64,8 @@ class OPTModel:
     def head(self, gw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         h = self._ln(h, gw, "final_layer_norm") if self.spec.final_layer_norm else h.to(self.dtype)
         if "project_out.weight" in gw:
-            h = linear(h, gw["project_out.weight"])
+            h = self.kernels.linear(h, gw["project_out.weight"])
         w = gw.get("lm_head.weight")
         if w is None or self.spec.tie_word_embeddings:
             w = gw["embed_tokens.weight"]
-        return linear(h, w).float()
+        return self.kernels.linear(h, w).float()

@@ -63,3 +63,25 @@ def test_model_flops_counts_linear_head_and_causal_attention(tmp_path):
     assert one["head"] == 2 * V * H * 2
     assert one["attention"] == 4 * L * H * (1 + 2 + 3 + 4)  # prefill pairs 1+2+3, one decode step over 4 keys
     assert bm.model_flops(spec, 3, 2, rows=5)["total"] == 5 * one["total"]
+
+
+@pytest.mark.parametrize("backends", ["ipex", "native,cuda", "native"])
+def test_bench_backends_must_name_native_and_another(backends):
+    result = CliRunner().invoke(cli.main, ["bench", "engine", "--backends", backends])
+    assert result.exit_code == 2 and "name native and at least one other of native, ipex" in result.output
+
+
+@pytest.mark.ipex
+def test_bench_compares_backends_per_phase(tmp_path, one_thread):
+    out = tmp_path / "engine.json"
+    skip = [a for s in ("gemm", "transformers", "accelerate", "offload", "compress") for a in ("--skip", s)]
+    args = ["bench", "engine", "--preset", "tiny", "--repeats", "1", "--gen-len", "4", "--prompt-len", "16",
+            "--blocks", "2x1", "--backends", "native,ipex", "--threads", str(one_thread), *skip,
+            "--cache-dir", str(tmp_path / "cache"), "--output", str(out)]
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    lines = {d["id"]: d for d in json.loads(out.read_text())["lines"]}
+    ids = [f"ipex{w}_{m}" for w in ("", "_w4") for m in ("prefill", "decode", "total", "rss")]
+    assert [i for i in lines if i.startswith("ipex")] == ids
+    for i in ids:
+        assert lines[i]["ours"] > 0 and lines[i]["baseline"] > 0, lines[i]
