@@ -6,7 +6,9 @@ one engine, and the pipeline with two; the median over rounds is quoted. Two tim
   - steady state: generation in the bare engine vs the pipeline's run from the first shard handed out to the
     last one committed (reading shards, tokenizing, Ray calls, writing parts, manifest lines);
   - end to end: model load + generation vs the whole job (starting Ray, the actors' setup, the run, _SUCCESS).
-The completions of every pipeline run must equal the bare engine's, row by row."""
+In float32 the completions of every pipeline run must equal the bare engine's, row by row (greedy); in bfloat16
+the rows of a block depend on how rows are grouped (a shard is grouped on its own), and GEMM rounding depends on
+the batch, so the share of identical rows is reported instead."""
 
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ from engine.policy import Policy
 from engine.request import SamplingParams
 
 log = logging.getLogger(__name__)
-DTYPE = "bfloat16"
 TARGET_OVERHEAD = 0.05
 DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "examples" / "prompts.parquet"
 
@@ -36,7 +37,8 @@ DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "examples" / "prompts.pa
 @dataclass(frozen=True)
 class PipelineBenchConfig:
     model: str = "demo"
-    rows: int = 1024
+    dtype: str = "bfloat16"
+    rows: int = 4096
     gen_len: int = 32
     shard_rows: int | None = None
     repeats: int = 2
@@ -56,22 +58,24 @@ def plan_once(model_dir: Path, data: Path, cfg: PipelineBenchConfig) -> Policy:
     """The policy the planner picks for one engine on this machine; every run below uses it."""
     from pipeline.runner import RunConfig, choose, plan_job
 
-    config = RunConfig(input=str(data), output=data.parent / "plan-only", model=model_dir, dtype=DTYPE,
+    config = RunConfig(input=str(data), output=data.parent / "plan-only", model=model_dir, dtype=cfg.dtype,
                        params=SamplingParams(max_new_tokens=cfg.gen_len))
     policy, predicted = choose(config, plan_job(config))
     log.info("policy for the benchmark: %s (predicted %.1f s)", policy.to_json(), predicted.total_s)
     return policy
 
 
-def bare_engine(model_dir: Path, data: Path, policy: Policy, gen_len: int) -> tuple[dict, dict[str, str]]:
+def bare_engine(model_dir: Path, data: Path, policy: Policy, cfg: PipelineBenchConfig) -> tuple[dict, dict[str, str]]:
     """Model load and `generate` over every row, timed apart; completions by id."""
     from engine.generate import Engine
     from pipeline.rows import build_requests, row_ids
+    from pipeline.worker import warm_up
 
     table = pq.read_table(data)
-    items = build_requests(table, row_ids(table, "rows"), "prompt", SamplingParams(max_new_tokens=gen_len))
+    items = build_requests(table, row_ids(table, "rows"), "prompt", SamplingParams(max_new_tokens=cfg.gen_len))
     t0 = time.perf_counter()
-    eng = Engine.load(model_dir, dtype=DTYPE, policy=policy)
+    eng = Engine.load(model_dir, dtype=cfg.dtype, policy=policy)
+    warm_up(eng)  # as each pipeline worker does in its setup
     t1 = time.perf_counter()
     try:
         out = eng.generate(items)
@@ -89,7 +93,7 @@ def pipeline_run(model_dir: Path, data: Path, out: Path, policy: Policy, cfg: Pi
     from pipeline.driver import run_job
     from pipeline.runner import RunConfig
 
-    config = RunConfig(input=str(data), output=out, model=model_dir, dtype=DTYPE, policy=policy, plan=False,
+    config = RunConfig(input=str(data), output=out, model=model_dir, dtype=cfg.dtype, policy=policy, plan=False,
                        params=SamplingParams(max_new_tokens=cfg.gen_len), workers=workers,
                        shard_rows=cfg.shard_rows)
     t0 = time.perf_counter()
@@ -116,14 +120,16 @@ def run_pipeline_bench(cfg: PipelineBenchConfig) -> dict:
         data = write_rows(Path(tmp), cfg.rows)
         policy = plan_once(model_dir, data, cfg)
         for round_ in range(cfg.repeats):
-            timing, expected = bare_engine(model_dir, data, policy, cfg.gen_len)
+            timing, expected = bare_engine(model_dir, data, policy, cfg)
             runs["engine"].append(timing)
             for name, workers in (("pipeline 1x2", 1), ("pipeline 2x1", 2)):
                 timing, got = pipeline_run(model_dir, data, Path(tmp) / f"out-{workers}-{round_}", policy, cfg,
                                            workers)
-                if got != expected:
-                    differ = sorted(k for k in expected if got.get(k) != expected[k])
-                    raise AssertionError(f"{name}: {len(differ)} rows differ from the bare engine, e.g. {differ[:3]}")
+                if sorted(got) != sorted(expected):
+                    raise AssertionError(f"{name}: the output ids differ from the input's")
+                timing["same_rows"] = sum(got[k] == expected[k] for k in expected) / len(expected)
+                if cfg.dtype == "float32" and timing["same_rows"] < 1:
+                    raise AssertionError(f"{name}: {timing['same_rows']:.1%} of the rows equal the bare engine's")
                 runs[name].append(timing)
     return report(cfg, policy, runs, time.perf_counter() - started)
 
@@ -140,7 +146,9 @@ def report(cfg: PipelineBenchConfig, policy: Policy, runs: dict[str, list[dict]]
         _line("workers", "2 engines x 1 thread vs 1 engine x 2 threads, steady state (s)", two["steady_s"],
               one["steady_s"], None),
     ]
+    same = {name: min(r["same_rows"] for r in rs) for name, rs in runs.items() if name != "engine"}
     return {"config": dataclasses.asdict(cfg), "policy": policy.to_dict(), "lines": lines, "runs": runs,
+            "same_rows_as_engine": same,
             "medians": med, "machine": bm.machine_info(), "wall_seconds": seconds}
 
 
@@ -166,6 +174,8 @@ _D = PipelineBenchConfig()
 @click.option("--model", default=_D.model, show_default=True,
               help="A preset of the engine benchmark (tiny, 300m), demo, or a checkpoint folder.")
 @click.option("--rows", type=click.IntRange(min=2), default=_D.rows, show_default=True)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default=_D.dtype, show_default=True,
+              help="float32 also checks that every completion equals the bare engine's.")
 @click.option("--gen-len", type=click.IntRange(min=1), default=_D.gen_len, show_default=True)
 @click.option("--shard-rows", type=click.IntRange(min=1), default=None,
               help="Rows per shard.  [default: the pipeline's own choice]")
@@ -180,4 +190,6 @@ def pipeline_command(output: Path, **kw):
 
     rep = run_and_save(run_pipeline_bench, PipelineBenchConfig(**kw), output)
     click.echo(format_table(rep))
+    same = ", ".join(f"{k} {v:.1%}" for k, v in rep["same_rows_as_engine"].items())
+    click.echo(f"rows identical to the bare engine's ({rep['config']['dtype']}): {same}")
     click.echo(f"{rep['wall_seconds']:.0f} s; json: {output}")

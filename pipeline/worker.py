@@ -62,6 +62,7 @@ class ShardWorker:
         started = time.perf_counter()
         self.policy, predicted = choose(self.plan.config, self.plan, planned_rows)
         self.engine = load_engine(self.plan.config, self.policy)
+        warm_up(self.engine)
         self._info = {
             "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
             "policy": self.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
@@ -117,6 +118,14 @@ class ShardWorker:
             if len(slots) > per_call:
                 log.info("shard %d: %d/%d requests done", shard.index, start + len(chunk), len(slots))
         return done, seconds
+
+
+def warm_up(engine) -> None:
+    """One tiny generation, so that one-time kernel setup is part of the setup, not of the first shard."""
+    from engine.request import SamplingParams
+
+    engine.generate([Request(id="warm-up", prompt="Hello", params=SamplingParams(max_new_tokens=2))],
+                    truncate="left")
 
 
 def check_one_per_row(completions: list, ids: list[str]) -> None:
