@@ -141,7 +141,9 @@ class HardwareSpec:
     and written at disk_*_bytes_per_s when cold, and at page_cache_bytes_per_s while the OS page cache still
     holds them. cpu_background_overlap is the share of the prefetch thread's CPU work (copies, dequantization)
     that hides behind CPU compute: 1 on a machine with cores to spare, 0 when it runs in turn with compute,
-    below 0 (down to -3) where the threads oversubscribe the cores and cost more together than in turn."""
+    below 0 (down to -3) where the threads oversubscribe the cores and cost more together than in turn.
+    cpu_run_scale multiplies the predicted time of CPU-computed layers: a real block over the sum of its profiled
+    parts, measured once by `flexbatch profile` on a calibration model (1.0 in a hand-written spec)."""
 
     name: str
     cpu: DeviceSpec
@@ -153,10 +155,12 @@ class HardwareSpec:
     h2d_bytes_per_s: float | None = None
     d2h_bytes_per_s: float | None = None
     cpu_background_overlap: float = 1.0
+    cpu_run_scale: float = 1.0  # measured whole-block time / predicted on the CPU (planner/calibrate.py)
     sources: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("disk_read_bytes_per_s", "disk_write_bytes_per_s", "disk_bytes", "page_cache_bytes_per_s"):
+        for name in ("disk_read_bytes_per_s", "disk_write_bytes_per_s", "disk_bytes", "page_cache_bytes_per_s",
+                     "cpu_run_scale"):
             _positive(self.name, name, getattr(self, name))
         links = (self.h2d_bytes_per_s, self.d2h_bytes_per_s)
         if self.gpu is None and any(x is not None for x in links):

@@ -33,12 +33,14 @@ PROMPT, STEPS = 4, 24
 PROBE_ROWS = 8  # a typical GPU batch: the per-row parts of a call (masks, sampling, copies) are included
 
 
-def write_probe_checkpoint(folder: Path, layers: int) -> Path:
-    """A random-weight Llama of `layers` layers: config.json and one safetensors file (no tokenizer)."""
-    cfg = {**PROBE_CONFIG, "num_hidden_layers": layers}
+def write_probe_checkpoint(folder: Path, layers: int, config: dict | None = None) -> Path:
+    """A random-weight Llama of `layers` layers (PROBE_CONFIG, or `config`): config.json and one safetensors file
+    (no tokenizer)."""
+    cfg = {**(config or PROBE_CONFIG), "num_hidden_layers": layers}
     h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    shapes = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (h, h),
-              "self_attn.v_proj.weight": (h, h), "self_attn.o_proj.weight": (h, h), "mlp.gate_proj.weight": (f, h),
+    kv = h * cfg["num_key_value_heads"] // cfg["num_attention_heads"]
+    shapes = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h),
+              "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, h), "mlp.gate_proj.weight": (f, h),
               "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f), "input_layernorm.weight": (h,),
               "post_attention_layernorm.weight": (h,)}
     tensors = {"model.embed_tokens.weight": torch.randn(v, h) * 0.02, "model.norm.weight": torch.ones(h)}
@@ -50,19 +52,20 @@ def write_probe_checkpoint(folder: Path, layers: int) -> Path:
     return folder
 
 
-def block_seconds(folder: Path, dtype: torch.dtype, policy: Policy, repeats: int = 5) -> float:
-    """Fewest seconds of one block of policy.gbs rows (PROMPT tokens, STEPS steps) through the executor."""
+def block_seconds(folder: Path, dtype: torch.dtype, policy: Policy, repeats: int = 5, prompt: int = PROMPT,
+                  steps: int = STEPS) -> float:
+    """Fewest seconds of one block of policy.gbs rows (`prompt` tokens, `steps` steps) through the executor."""
     spec, rows = load_model_spec(folder), policy.gbs
     reader, devices = CheckpointReader(folder, spec), Devices(offload_dir=folder / "offload")
     weight_codec, kv_codec = codecs_for(policy, dtype)
     store = WeightStore(reader, policy, devices, dtype, codec=weight_codec, offload_dir=folder / "offload")
     executor = BlockExecutor(spec, family_for(spec, dtype), reader.globals(dtype), store, devices, policy, dtype,
                              tokenizer=None, pad=0, kv_codec=kv_codec)
-    params = SamplingParams(max_new_tokens=STEPS)
+    params = SamplingParams(max_new_tokens=steps)
     times = []
     try:
         for _ in range(repeats + 1):
-            block = [RowState(Request(str(i), "", params), [1] * PROMPT, ()) for i in range(rows)]
+            block = [RowState(Request(str(i), "", params), [1] * prompt, ()) for i in range(rows)]
             t0 = time.perf_counter()
             with torch.inference_mode():
                 executor.run(block)

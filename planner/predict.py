@@ -100,7 +100,9 @@ def phase_cost(blk: Block, phase: str) -> PhaseCost:
         layers[device], pre_s[device], main_s[device] = count, pre, main
         layer_s[device] = max(pre, main)
         chans[device] = {c: chains["prefetch"][c].at(x) + chains["main"][c].at(x) for c in CHANNELS}
-    step = sum(layers[d] * layer_s[d] for d in layers) + head_s(blk)
+    scale = {"cpu": blk.hw.cpu_run_scale, "gpu": 1.0}
+    head_scale = scale["cpu"] if blk.hw.gpu is None else 1.0
+    step = sum(layers[d] * layer_s[d] * scale[d] for d in layers) + head_s(blk) * head_scale
     return PhaseCost(layers, layer_s, pre_s, main_s, chans, step)
 
 
