@@ -51,3 +51,14 @@ def pytest_collection_modifyitems(config, items):
     reason = ipex_missing()
     for item in marked if reason else ():
         item.add_marker(pytest.mark.skip(reason=f"needs the ipex backend: {reason}"))
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if any model is loaded: for checks that must come before the weights."""
+    from engine.generate import Engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(Engine, "load", refuse)

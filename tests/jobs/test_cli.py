@@ -7,20 +7,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.generate import Engine
 from engine.request import DEFAULT_MAX_NEW_TOKENS
 from jobs import cli
 from tests.pipeline.parquet_files import read_rows, write_corrupt, write_parquet, write_unsupported_model
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def no_model_load(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model was loaded before the input was checked")
-
-    monkeypatch.setattr(Engine, "load", refuse)
 
 
 def invoke(*args):

@@ -7,7 +7,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.generate import Engine
 from jobs.helm_errors import SpecError
 from jobs.helm_scenarios import load_instances
 from jobs.helm_spec import AdapterSpec, load_spec, with_overrides
@@ -15,14 +14,6 @@ from tests.jobs.helm_files import assert_user_error, invoke, write_jsonl, write_
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_SPEC = REPO / "examples" / "helm" / "demo.yaml"
-
-
-@pytest.fixture
-def no_model_load(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the spec was checked")
-
-    monkeypatch.setattr(Engine, "load", refuse)
 
 
 def _rows(n_test=3, n_train=2, **extra):

@@ -12,21 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from engine.generate import Engine
 from jobs.wrangle import WrangleConfig, build_prompts, run_wrangle, wrangle_command
 from jobs.wrangle_tasks import render
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "examples" / "wrangle"
 COLUMN = {"data_imputation": ["--impute-column", "country"]}
-
-
-@pytest.fixture
-def no_model_load(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model was loaded before the input was checked")
-
-    monkeypatch.setattr(Engine, "load", refuse)
 
 
 def invoke(*args):

@@ -13,14 +13,6 @@ from tests.pipeline.parquet_files import read_rows, write_parquet
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 40  # several hundred tokens; context is 256
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model was loaded before the job was checked")
-
-    monkeypatch.setattr(Engine, "load", refuse)
-
-
 def _config(tmp_path, model, **kw):
     kw.setdefault("input", str(tmp_path / "in"))
     kw.setdefault("output", tmp_path / "out")
