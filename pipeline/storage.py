@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.errors import InputError, OutputFolderError
+from pipeline.errors import InputError
 
 
 def is_uri(location: str | os.PathLike) -> bool:
@@ -195,7 +195,3 @@ def fsync_dir(folder: Path) -> None:
     finally:
         os.close(fd)
 
-
-def check_not_a_folder_file(folder: Folder) -> None:
-    if folder.kind() == "file":
-        raise OutputFolderError(f"--output {folder} is a file; expected a folder (it is created if missing)")
