@@ -43,13 +43,15 @@ class ChunkBuffers:
     def __init__(self):
         self.k = self.v = self.scratch = None
 
-    def _grow(self, buf, n: int, dtype) -> torch.Tensor:
-        return buf if buf is not None and buf.numel() >= n else torch.empty(n, dtype=dtype)
+    def _grow(self, buf, n: int, dtype, device) -> torch.Tensor:
+        fits = buf is not None and buf.numel() >= n and buf.device == device
+        return buf if fits else torch.empty(n, dtype=dtype, device=device)
 
-    def reserve(self, n: int) -> None:
-        self.k = self._grow(self.k, n, torch.float32)
-        self.v = self._grow(self.v, n, torch.float32)
-        self.scratch = self._grow(self.scratch, n, torch.uint8)
+    def reserve(self, n: int, device: torch.device | None = None) -> None:
+        device = device or torch.device("cpu")
+        self.k = self._grow(self.k, n, torch.float32, device)
+        self.v = self._grow(self.v, n, torch.float32, device)
+        self.scratch = self._grow(self.scratch, n, torch.uint8, device)
 
 
 def _chunk_t(x: CacheTensor, t0: int, t1: int, buf: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
@@ -92,7 +94,7 @@ def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torc
     buffers = buffers or ChunkBuffers()
     d_pad = k.buffer_shape[-2] if isinstance(k, QTensor) else D
     chunk = chunk or auto_chunk(B, KVH, d_pad)
-    buffers.reserve(B * KVH * d_pad * min(chunk, T))
+    buffers.reserve(B * KVH * d_pad * min(chunk, T), q.device)
     for t0 in range(0, T, chunk):
         t1 = min(t0 + chunk, T)
         kt = _chunk_t(k, t0, t1, buffers.k, buffers.scratch)
@@ -124,6 +126,19 @@ class QuantKVCache:
         self.config = config
         self.k = [empty_qtensor(shape, dtype, config, alloc) for _ in range(num_layers)]
         self.v = [empty_qtensor(shape, dtype, config, alloc) for _ in range(num_layers)]
+
+    def store(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int, copy=torch.Tensor.copy_) -> int:
+        """Quantize k_new/v_new [B, KVH, S, D] where they are, then write the codes, mins and scales into slots
+        [start, start+S) with `copy(dst, src)` (only compressed bytes cross); bytes written."""
+        end = start + k_new.shape[2]
+        assert end <= self.max_len, (end, self.max_len)
+        moved = 0
+        for cache, new in ((self.k[layer], k_new), (self.v[layer], v_new)):
+            q = quantize(new, self.config)
+            for part in ("data", "mins", "scales"):
+                copy(getattr(cache, part)[..., start:end], getattr(q, part))
+            moved += q.nbytes
+        return moved
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int):
         """Quantize k_new/v_new [B, KVH, S, D] into slots [start, start+S); return lazy K, V over [0, end)."""

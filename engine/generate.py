@@ -68,6 +68,8 @@ class Engine:
         kernels = load_kernels(backend)
         devices = Devices(budgets, simulate_gpu=simulate_gpu, offload_dir=offload_dir)
         _check_gpu(policy, devices)
+        devices.use_pinned_host(any(policy.layer_on_gpu(ph, j) for ph in ("prefill", "decode")
+                                    for j in range(spec.num_layers)))
         t0 = time.perf_counter()
         reader = CheckpointReader(model_dir, spec)
         gw = reader.globals(torch_dtype)
@@ -121,7 +123,9 @@ class Engine:
             rows = [row for _, row in block]
             S = max(len(r.prompt_ids) for r in rows)
             T = S + max(r.req.params.max_new_tokens for r in rows)
-            for tier, nbytes in executor.block_bytes(len(rows), S, T).items():
+            need = executor.block_bytes(len(rows), S, T)
+            need["gpu"] += self.weights.staging_bytes()  # two layers staged on the GPU away from their tier
+            for tier, nbytes in need.items():
                 t = self.devices.tiers[tier]
                 if t.budget is not None and t.used + nbytes > t.budget:
                     raise BudgetError(

@@ -18,6 +18,14 @@ class KVCache:
         self.k = [alloc(shape, dtype) for _ in range(num_layers)]
         self.v = [alloc(shape, dtype) for _ in range(num_layers)]
 
+    def store(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int, copy=torch.Tensor.copy_) -> int:
+        """Write k_new/v_new [B, KVH, S, D] at slots [start, start+S) with `copy(dst, src)`; bytes written."""
+        end = start + k_new.shape[2]
+        assert end <= self.max_len, (end, self.max_len)
+        copy(self.k[layer][:, :, start:end], k_new)
+        copy(self.v[layer][:, :, start:end], v_new)
+        return 2 * k_new.numel() * self.k[layer].element_size()
+
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int):
         """Write k_new/v_new [B, KVH, S, D] at slots [start, start+S); return K, V over slots [0, start+S)."""
         end = start + k_new.shape[2]

@@ -1,5 +1,9 @@
 """KV cache and activations placed at tensor granularity: each GPU batch's tensors are split along the batch
-dimension into row segments on the gpu, cpu and disk tiers."""
+dimension into row segments on the gpu, cpu and disk tiers.
+
+With CUDA, host segments are pinned. A prefill computed on the GPU stores its new K/V into a host cache on the
+`kv` side stream (4-bit caches are quantized on the GPU first, so only the compressed bytes cross), overlapping
+the next GPU batch's compute; the host waits for those copies once, before decode first reads the cache."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import torch
 from engine.attention import attend
 from engine.cpu_attention import attention
 from engine.quant import QTensor
+from engine.streams import synchronize
 from engine.tiers import Devices
 
 _file_ids = itertools.count()
@@ -38,6 +43,8 @@ def alloc(devices: Devices, tier: str, shape: tuple[int, ...], dtype: torch.dtyp
     for n in shape:
         numel *= n
     devices.tiers[tier].reserve(numel * torch.empty((), dtype=dtype).element_size(), what)
+    if tier == "cpu":
+        return devices.host_empty(shape, dtype)
     if tier != "disk":
         return torch.empty(shape, dtype=dtype, device=devices.torch_device(tier))
     folder = Path(devices.offload_dir or tempfile.gettempdir()) / "flexbatch-scratch"
@@ -59,7 +66,7 @@ class PlacedActivations:
     @classmethod
     def create(cls, devices: Devices, fractions: dict[str, float], shape: tuple[int, int, int], dtype):
         segs = row_segments(shape[0], fractions)
-        if len(segs) == 1 and segs[0][0] != "disk":
+        if len(segs) == 1 and segs[0][0] != "disk" and not (segs[0][0] == "cpu" and devices.pin_host):
             return cls(devices, segs, [])
         bufs = [alloc(devices, t, (s.stop - s.start, *shape[1:]), dtype, "activations") for t, s in segs]
         return cls(devices, segs, bufs)
@@ -68,21 +75,26 @@ class PlacedActivations:
         return not self.buffers
 
     def store(self, h: torch.Tensor, src: str) -> None:
-        """Write hidden states [B, S, H] computed on `src`."""
+        """Write hidden states [B, S, H] computed on `src` (into the reused, pinned buffers when they cross)."""
         if self._whole():
             self.h = self.devices.move(h, src, self.segments[0][0])  # one memory tier: no staging buffer
             return
         S = h.shape[1]
         for (tier, rows), buf in zip(self.segments, self.buffers):
-            part = self.devices.move(h[rows], src, "cpu" if tier == "disk" else tier)
-            buf[:, :S].copy_(part)
+            home = "cpu" if tier == "disk" else tier
+            if home == src:
+                buf[:, :S].copy_(h[rows])
+            else:
+                self.devices.copy_into(buf[:, :S], h[rows], src, home)
         self.length = S
 
-    def load(self, dst: str) -> torch.Tensor:
-        """The hidden states [B, S, H] on compute device `dst`."""
+    def load(self, dst: str, last: bool = False) -> torch.Tensor:
+        """The hidden states [B, S, H] on compute device `dst`; with `last`, only the last position's [B, H]
+        (what the LM head reads), taken before it crosses."""
         if self._whole():
-            return self.devices.move(self.h, self.segments[0][0], dst)
-        parts = [self.devices.move(buf[:, : self.length], "cpu" if tier == "disk" else tier, dst)
+            return self.devices.move(self.h[:, -1] if last else self.h, self.segments[0][0], dst)
+        cols = self.length - 1 if last else slice(0, self.length)
+        parts = [self.devices.move(buf[:, cols], "cpu" if tier == "disk" else tier, dst)
                  for (tier, _), buf in zip(self.segments, self.buffers)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -100,8 +112,12 @@ class PlacedKV:
         self.prefill_attention = prefill_attention  # a backend's kernel; None: the caches' own (SDPA)
         self.compute = "cpu"
         self.decode = False
+        self._stored = None  # the kv stream's event after prefill's last queued store
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None):
+        if self.decode and self._stored is not None:  # prefill's queued stores land before the host reads
+            synchronize(self._stored)
+            self._stored = None
         if not self.decode and self.prefill_attention is not None:
             return self._prefill(layer, q, k_new, v_new, start, mask, scale)
         if len(self.segments) == 1 and self.segments[0][0] == self.compute:
@@ -112,10 +128,10 @@ class PlacedKV:
     def _attend_segment(self, seg, layer, q, k_new, v_new, start, mask, scale):
         tier, rows, cache = seg
         home, dev, mv = ("cpu" if tier == "disk" else tier), self.compute, self.devices.move
-        k_home, v_home = mv(k_new[rows], dev, home), mv(v_new[rows], dev, home)
         if not self.decode:  # prefill: every key is new, so attend on the compute device and only store
-            cache.update(layer, k_home, v_home, start)
+            self._store(seg, layer, k_new, v_new, start)
             return attend(q[rows], k_new[rows], v_new[rows], mask[rows], scale)
+        k_home, v_home = mv(k_new[rows], dev, home), mv(v_new[rows], dev, home)
         where = home if self.cpu_attention else dev
         if where == home:
             o = cache.attend(layer, mv(q[rows], dev, home), k_home, v_home, start, mv(mask[rows], dev, home), scale)
@@ -126,10 +142,31 @@ class PlacedKV:
     def _prefill(self, layer, q, k_new, v_new, start, mask, scale):
         """Store each segment's new K/V rows on its tier, then attend over the new K/V on the compute device
         (a prefill's keys are all new)."""
-        for tier, rows, cache in self.segments:
-            home, mv = ("cpu" if tier == "disk" else tier), self.devices.move
-            cache.update(layer, mv(k_new[rows], self.compute, home), mv(v_new[rows], self.compute, home), start)
+        for seg in self.segments:
+            self._store(seg, layer, k_new, v_new, start)
         return self.prefill_attention(q, k_new, v_new, mask, scale)
+
+    def _store(self, seg, layer: int, k_new, v_new, start: int) -> None:
+        """Store prefill's new K/V rows of one segment on its tier; a 4-bit cache quantizes them on the compute
+        device, so only compressed bytes cross. From a CUDA GPU into a pinned host cache the copies (and the
+        quantization) queue on the kv stream."""
+        tier, rows, cache = seg
+        home, dev, d = ("cpu" if tier == "disk" else tier), self.compute, self.devices
+        if dev == home:
+            cache.store(layer, k_new[rows], v_new[rows], start)
+            return
+        if not (d.has_cuda and d.pin_host and dev == "gpu" and tier == "cpu"):
+            cache.store(layer, k_new[rows], v_new[rows], start, copy=lambda dst, src: d.copy_into(dst, src, dev, home))
+            return
+        kv = d.streams["kv"]
+        kv.wait(d.compute_stream.record())
+        k, v = k_new[rows], v_new[rows]
+        with kv:
+            k.record_stream(torch.cuda.current_stream())  # the compute stream's allocator must not reuse them yet
+            v.record_stream(torch.cuda.current_stream())
+            moved = cache.store(layer, k, v, start, copy=_async_copy)
+        d.links.add(dev, home, moved)
+        self._stored = kv.record()
 
     def _fetch(self, x, home: str):
         """A cache tensor moved to the compute device; a 4-bit one travels compressed."""
@@ -138,3 +175,8 @@ class PlacedKV:
             return replace(x, data=mv(x.data, home, self.compute), mins=mv(x.mins, home, self.compute),
                            scales=mv(x.scales, home, self.compute))
         return self.devices.move(x, home, self.compute)
+
+
+def _async_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """A copy queued on the current stream (the source is kept alive for that stream by the caller)."""
+    dst.copy_(src, non_blocking=True)

@@ -181,7 +181,7 @@ def _quantize_rows(x: torch.Tensor, group: int):
 
 def quantize(x: torch.Tensor, cfg: QuantConfig = DEFAULT_CONFIG) -> QTensor:
     """x (any float dtype) -> QTensor grouped along cfg.dim, in passes of ~4M values."""
-    qt = empty_qtensor(x.shape, x.dtype, cfg, alloc=lambda s, d: torch.empty(s, dtype=d))
+    qt = empty_qtensor(x.shape, x.dtype, cfg, alloc=lambda s, d: torch.empty(s, dtype=d, device=x.device))
     moved = x.movedim(cfg.dim, -1).reshape(_moved_shape(tuple(x.shape), cfg.dim))  # [*L, R, C]
     *lead, r, c = moved.shape
     step = max(1, _ROWS_PER_PASS // max(1, c * math.prod(lead)))
@@ -191,11 +191,11 @@ def quantize(x: torch.Tensor, cfg: QuantConfig = DEFAULT_CONFIG) -> QTensor:
     return qt
 
 
-def _take(buf: torch.Tensor | None, shape, dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous [shape] view at the start of buf (reused when big enough), else a new tensor."""
+def _take(buf: torch.Tensor | None, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A contiguous [shape] view at the start of buf (reused when big enough), else a new tensor on `device`."""
     n = math.prod(shape)
     if buf is None:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device=device)
     if buf.dtype != dtype or not buf.is_contiguous() or buf.numel() < n:
         raise ValueError(f"buffer {buf.dtype} {tuple(buf.shape)} cannot hold {dtype} {tuple(shape)}")
     return buf.view(-1)[:n].view(shape)
@@ -204,7 +204,7 @@ def _take(buf: torch.Tensor | None, shape, dtype: torch.dtype) -> torch.Tensor:
 def unpack_codes(qt: QTensor, scratch=None) -> torch.Tensor:
     """data [*L, ng, G/2, R] -> codes q^T uint8 [*L, Cp, R] (low nibbles: j < G/2, high: j >= G/2)."""
     *lead, ng, half, r = qt.data.shape
-    codes = _take(scratch, (*lead, ng, 2, half, r), torch.uint8)
+    codes = _take(scratch, (*lead, ng, 2, half, r), torch.uint8, qt.data.device)
     torch.bitwise_and(qt.data, 15, out=codes[..., 0, :, :])
     torch.bitwise_right_shift(qt.data, 4, out=codes[..., 1, :, :])
     return codes.view(qt.buffer_shape)
@@ -218,7 +218,7 @@ def dequantize_transposed(qt: QTensor, out=None, scratch=None, dtype=None) -> to
     dtype = dtype or (out.dtype if out is not None else qt.dtype)
     *lead, ng, half, r = qt.data.shape
     codes = unpack_codes(qt, scratch)  # [*L, Cp, R]
-    res = _take(out, (*lead, ng, 2 * half, r), dtype)
+    res = _take(out, (*lead, ng, 2 * half, r), dtype, qt.data.device)
     res.copy_(codes.view(res.shape))
     mins, scales = qt.mins.to(dtype).unsqueeze(-2), qt.scales.to(dtype).unsqueeze(-2)  # [*L, ng, 1, R]
     torch.addcmul(mins, res, scales, out=res)

@@ -141,7 +141,7 @@ class BlockExecutor:
                 b.acts.store(self.model.layer(w, b.acts.load(dev), self._on(ctx, dev), j), dev)
             del w
         for b in live:
-            b.choose(self.model.head(self.gw, b.acts.load("cpu")[:, -1]), self.tokenizer)
+            b.choose(self.model.head(self.gw, b.acts.load("cpu", last=True)), self.tokenizer)
 
     def _on(self, ctx: StepContext, dev: str) -> StepContext:
         """The step context with its tensors on compute device `dev` (a no-op unless that is CUDA)."""

@@ -2,7 +2,12 @@
 
 A tier keeps byte accounts against its budget and refuses what does not fit. The `gpu` tier is CUDA when it
 exists; the test-only `simulate_gpu` option makes it a separate CPU memory pool, so that every transfer and
-split path runs without a GPU (a transfer there is a real copy). The `disk` tier is a folder of files."""
+split path runs without a GPU (a transfer there is a real copy). The `disk` tier is a folder of files.
+
+With CUDA and a policy that computes on the GPU, host memory that crosses PCIe is pinned (`pin_host`):
+host-to-device copies from it are asynchronous on the stream that issues them, while device-to-host copies
+whose result the host reads next are synchronous on the compute stream only (`move`); the prefetched weights
+and prefill's KV stores use the side streams of `engine/streams.py`."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import FlexbatchError
+from engine.streams import Stream, current
 
 log = logging.getLogger(__name__)
 
@@ -80,19 +86,43 @@ class Devices:
         self.gpu_available = self.has_cuda or simulate_gpu
         self.offload_dir = Path(offload_dir) if offload_dir else None
         self.links = Links()
+        self.pin_host = False  # set by the engine when a policy computes on a CUDA GPU
+        self.compute_stream = current(self.has_cuda)
+        self.streams = {name: Stream(self.has_cuda) for name in ("weights", "kv")}
+
+    def use_pinned_host(self, on: bool) -> None:
+        """Pin host buffers that cross PCIe from now on (only with CUDA)."""
+        self.pin_host = bool(on) and self.has_cuda
+
+    def host_empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialized CPU tensor, pinned when host buffers cross PCIe."""
+        return torch.empty(shape, dtype=dtype, pin_memory=self.pin_host)
+
+    def pinned(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` itself, or a pinned copy of a CPU tensor when host buffers cross PCIe."""
+        return t.pin_memory() if self.pin_host and t.device.type == "cpu" and not t.is_pinned() else t
 
     def torch_device(self, name: str) -> torch.device:
         """Where tensors of tier/compute device `name` live in torch terms (disk data is staged on the CPU)."""
         return torch.device("cuda") if name == "gpu" and self.has_cuda else torch.device("cpu")
 
     def move(self, x: torch.Tensor, src: str, dst: str) -> torch.Tensor:
-        """Copy `x` from compute device `src` to `dst` ("cpu" / "gpu"); the same device returns `x` itself."""
+        """Copy `x` from compute device `src` to `dst` ("cpu" / "gpu"); the same device returns `x` itself.
+
+        Host to device is asynchronous from pinned memory (the host never rewrites a source before the compute
+        stream has passed a later synchronous copy); device to host returns once the host may read the result."""
         if src == dst:
             return x
         self.links.add(src, dst, x.numel() * x.element_size())
         if self.has_cuda:
-            return x.to(self.torch_device(dst), non_blocking=True)
+            return x.to(self.torch_device(dst), non_blocking=dst == "gpu" and x.is_pinned())
         return x.clone()
+
+    def copy_into(self, out: torch.Tensor, x: torch.Tensor, src: str, dst: str) -> torch.Tensor:
+        """`move` into an existing buffer `out` on `dst` (a reused staging or cache buffer); returns `out`."""
+        if src != dst:
+            self.links.add(src, dst, x.numel() * x.element_size())
+        return out.copy_(x, non_blocking=self.has_cuda and dst == "gpu" and x.is_pinned())
 
 
 def tensor_bytes(tensors) -> int:

@@ -1,5 +1,10 @@
 """Layer weights placed on tiers at layer granularity, loaded on demand for the compute device, with the next
-layer prefetched by a background thread while the current one computes."""
+layer prefetched by a background thread while the current one computes.
+
+A layer whose weights live away from the GPU it computes on is copied into one of a few reused staging buffer
+sets there (the layer computing, the layer being prefetched), from pinned host memory, on the `weights` side
+stream; the compute stream waits for that copy's event, and a staging set is refilled only after the compute
+stream has passed the event recorded when its previous layer was handed back."""
 
 from __future__ import annotations
 
@@ -25,18 +30,44 @@ DEFAULT_OFFLOAD_DIR = Path.home() / ".cache" / "flexbatch" / "offload"
 def layer_tiers(num_layers: int, fractions: dict[str, float]) -> list[str]:
     """Assign each layer a tier so that each tier gets round(fraction * layers) layers, spread evenly (a disk
     layer between resident ones gives its read time to overlap with their compute)."""
+    return _spread(num_layers, _tier_counts(num_layers, fractions))
+
+
+def _tier_counts(num_layers: int, fractions: dict[str, float]) -> dict[str, int]:
     counts, acc = {}, 0.0
     for name in ("gpu", "cpu", "disk"):
         start = round(acc * num_layers)
         acc += fractions[name]
         counts[name] = round(min(acc, 1.0) * num_layers) - start
     counts["disk"] = num_layers - counts["gpu"] - counts["cpu"]
+    return counts
+
+
+def _spread(n: int, counts: dict[str, int]) -> list[str]:
     out, given = [], dict.fromkeys(counts, 0)
-    for i in range(num_layers):
-        name = max(counts, key=lambda t: (counts[t] * (i + 1) / num_layers - given[t], -"gpu cpu disk".find(t)))
+    for i in range(n):
+        name = max(counts, key=lambda t: (counts[t] * (i + 1) / n - given[t], -"gpu cpu disk".find(t)))
         out.append(name)
         given[name] += 1
     return out
+
+
+def weight_placement(policy: Policy, num_layers: int) -> list[str]:
+    """Each layer's weight tier under `policy`. The gpu tier's layers go first to the layers that compute on the
+    GPU (in decode, then in prefill; upper layers first), so that a static CPU-GPU split keeps its GPU layers'
+    weights resident there and its CPU layers' weights in CPU memory: only activations cross (FlexInfer). The
+    cpu and disk layers are spread evenly over the rest. Without a split every layer is alike and the tiers are
+    spread evenly over all of them (`layer_tiers`)."""
+    fractions = {t: getattr(policy, f"weight_{t}") for t in ("gpu", "cpu", "disk")}
+    affinity = [2 * policy.layer_on_gpu("decode", j) + policy.layer_on_gpu("prefill", j) for j in range(num_layers)]
+    if len(set(affinity)) == 1:
+        return layer_tiers(num_layers, fractions)
+    counts = _tier_counts(num_layers, fractions)
+    by_affinity = sorted(range(num_layers), key=lambda j: (affinity[j], j), reverse=True)
+    on_gpu = set(by_affinity[: counts["gpu"]])
+    rest = [j for j in range(num_layers) if j not in on_gpu]
+    spread = iter(_spread(len(rest), {"cpu": counts["cpu"], "disk": counts["disk"]}))
+    return ["gpu" if j in on_gpu else next(spread) for j in range(num_layers)]
 
 
 class WeightStore:
@@ -51,13 +82,14 @@ class WeightStore:
         self.dtype = dtype
         self.codec = codec  # compresses / decompresses a layer; None keeps weights as they are
         self.kernels = kernels or NativeKernels()
-        fractions = {"gpu": policy.weight_gpu, "cpu": policy.weight_cpu, "disk": policy.weight_disk}
-        self.placement = layer_tiers(reader.spec.num_layers, fractions)
+        self.placement = weight_placement(policy, reader.spec.num_layers)
         self._cpu_only = [not (policy.layer_on_gpu("prefill", i) or policy.layer_on_gpu("decode", i))
                           for i in range(reader.spec.num_layers)]
         self.resident: dict[int, LayerWeights] = {}
         self.meta: dict[int, dict[str, str] | None] = {}
-        self._buffers_in_use: dict | None = None
+        self._in_use: tuple | None = None  # the staging set and codec buffers of the layer computing
+        self._staging_free: list[dict] = []
+        self._released = None  # compute-stream event recorded when the last layer was handed back
         self.files: dict[int, Path] = {}
         self.layer_bytes: list[int] = []
         # one intra-op thread for the prefetcher: with two, its dequant/copies fight the compute thread's
@@ -93,6 +125,8 @@ class WeightStore:
             resident = {k: v.to(dev) for k, v in stored.items()}
             if tier == "cpu" and self._cpu_only[i]:
                 resident = self.kernels.pack_resident(resident, self.meta[i])
+            elif tier == "cpu":  # crosses PCIe whenever it computes on the GPU
+                resident = {k: self.devices.pinned(v) for k, v in resident.items()}
             self.resident[i] = resident
 
     def _offload_folder(self, reader: CheckpointReader, offload_dir: Path | None) -> Path:
@@ -108,34 +142,65 @@ class WeightStore:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
-    def _load(self, i: int, device: str) -> tuple[LayerWeights, dict | None]:
-        """Layer i ready to compute on `device`: read from disk if needed, moved, then decompressed there."""
+    def _load(self, i: int, device: str) -> tuple[LayerWeights, tuple]:
+        """Layer i ready to compute on `device` (read from disk if needed, moved, then decompressed there), and
+        the staging set and codec buffers it occupies until it is handed back."""
         tier = self.placement[i]
         if tier == "disk":
             stored, src = load_file(str(self.files[i])), "cpu"
             self.devices.links.add("disk", "cpu", self.layer_bytes[i])
         else:
             stored, src = self.resident[i], tier
-        moved = {k: self.devices.move(v, src, device) for k, v in stored.items()}
-        return self.kernels.ready(moved, self.meta[i], self.codec, device)
+        staging = None
+        if src != device and device == "gpu":
+            staging = self._staging_free.pop() if self._staging_free else {}
+            moved = {k: self.devices.copy_into(self._slot(staging, k, v), v, src, device) for k, v in stored.items()}
+        else:
+            moved = {k: self.devices.move(v, src, device) for k, v in stored.items()}
+        weights, buffers = self.kernels.ready(moved, self.meta[i], self.codec, device)
+        return weights, (staging, buffers)
+
+    def _slot(self, staging: dict, name: str, like: torch.Tensor) -> torch.Tensor:
+        """The staging buffer for tensor `name` on the GPU, made on first use (every layer has the same shapes)."""
+        buf = staging.get(name)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = staging[name] = torch.empty(like.shape, dtype=like.dtype, device=self.devices.torch_device("gpu"))
+        return buf
 
     def prefetch(self, i: int, device: str) -> None:
         if 0 <= i < len(self.placement) and (i, device) not in self._pending:
-            self._pending[(i, device)] = self._pool.submit(self._load_in_thread, i, device)
+            self._pending[(i, device)] = self._pool.submit(self._load_in_thread, i, device, self._released)
 
-    def _load_in_thread(self, i: int, device: str):
-        with torch.inference_mode():  # inference mode is per thread; the buffers were made under it
-            return self._load(i, device)
+    def _load_in_thread(self, i: int, device: str, released):
+        stream = self.devices.streams["weights"]
+        with torch.inference_mode(), stream:  # inference mode is per thread; the buffers were made under it
+            stream.wait(released)  # buffers handed back are refilled only once the compute stream is past them
+            weights, held = self._load(i, device)
+            return weights, held, stream.record()
 
     def get(self, i: int, device: str) -> LayerWeights:
         """Layer i on `device`. The schedule computes one layer at a time, so this also hands the previous
-        layer's decompression buffers back for reuse."""
+        layer's staging and decompression buffers back for reuse."""
         future = self._pending.pop((i, device), None)
-        weights, buffers = future.result() if future is not None else self._load(i, device)
-        if self._buffers_in_use is not None:
-            self.codec.release(self._buffers_in_use)
-        self._buffers_in_use = buffers
+        if future is not None:
+            weights, held, ready = future.result()
+            self.devices.compute_stream.wait(ready)
+        else:
+            weights, held = self._load(i, device)
+        if self._in_use is not None:
+            staging, buffers = self._in_use
+            if staging is not None:
+                self._staging_free.append(staging)
+            if buffers is not None:
+                self.codec.release(buffers)
+            self._released = self.devices.compute_stream.record()
+        self._in_use = held
         return weights
+
+    def staging_bytes(self) -> int:
+        """GPU bytes the staging of two layers takes (0 when no layer moves to the GPU to compute)."""
+        moves = any(t != "gpu" for j, t in enumerate(self.placement) if not self._cpu_only[j])
+        return 2 * max(self.layer_bytes) if moves and self.devices.gpu_available else 0
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

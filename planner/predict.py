@@ -11,7 +11,7 @@ import numpy as np
 from engine.placement import row_segments
 from engine.policy import Policy
 from engine.spec import ModelSpec
-from engine.weight_store import layer_tiers
+from engine.weight_store import weight_placement
 from planner.cost_model import (
     CHANNELS,
     Block,
@@ -32,7 +32,7 @@ MEMORY_FRACTION = 0.8  # FlexGen's slack on a device's capacity when no budget i
 
 def realized_policy(policy: Policy, num_layers: int) -> Policy:
     """The policy with the fractions the engine realizes: layer counts / L and rows per GPU batch / gbs."""
-    w = layer_tiers(num_layers, {t: getattr(policy, f"weight_{t}") for t in TIERS})
+    w = weight_placement(policy, num_layers)
     kw = {f"weight_{t}": w.count(t) / num_layers for t in ("gpu", "cpu")}
     for kind in ("cache", "act"):
         segs = dict(row_segments(policy.gbs, {t: getattr(policy, f"{kind}_{t}") for t in TIERS}))
@@ -43,8 +43,8 @@ def realized_policy(policy: Policy, num_layers: int) -> Policy:
 
 def group_placement(policy: Policy, num_layers: int, phase: str, device: str) -> np.ndarray:
     """Placement vector seen by the layers computing on `device` in `phase`: their own weight tiers (the
-    engine spreads each tier's layers evenly, so a split's two groups can differ), the shared cache and acts."""
-    tiers = layer_tiers(num_layers, {t: getattr(policy, f"weight_{t}") for t in TIERS})
+    engine's `weight_placement` gives a split's GPU layers the gpu tier first), the shared cache and acts."""
+    tiers = weight_placement(policy, num_layers)
     layers = [j for j in range(num_layers) if policy.layer_on_gpu(phase, j) == (device == "gpu")]
     x = np.array([getattr(policy, name) for name in PLACEMENT], dtype=float)
     for i, t in enumerate(TIERS):

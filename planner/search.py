@@ -4,9 +4,9 @@ inner placement program (`planner.program`, a small MILP re-solved with new para
 The outer loop enumerates gbs (powers of two, and the prompt count), num_gb (1..16, blocks no larger than the
 workload), 4-bit weights and cache (only when the caller allows lossy compression or pins it), CPU attention,
 and FlexInfer's compute choice for each phase (CPU-only, GPU with offloading, or a split at a quarter, half or
-three quarters of the layers; only CPU-only without a GPU). Any `Policy` field can be pinned by the caller;
+three quarters of the layers, or where the layers that fit the GPU sit on it; only CPU-only without a GPU). Any `Policy` field can be pinned by the caller;
 the search fills in the rest. Every feasible candidate is then priced exactly (`planner.predict`) and ranked by
-predicted job time. With a GPU the choices are many (25 device pairs x CPU attention x compression x block
+predicted job time. With a GPU the choices are many (up to 36 device pairs x CPU attention x compression x block
 shapes), so a first stage ranks the modes at two reference block shapes and the second enumerates every block
 shape for the best TOP_MODES of them."""
 
@@ -25,6 +25,7 @@ from engine.spec import ModelSpec
 from planner.cost_model import Block
 from planner.errors import PlanInfeasible
 from planner.hardware import HardwareSpec
+from planner.memory_model import layer_bytes, layers_on
 from planner.predict import Prediction, block_rows, capacities, memory_need, predict, shortfalls
 from planner.program import PlacementProgram
 from planner.workload import KINDS, TIERS, Workload
@@ -35,6 +36,7 @@ FRACTION_FIELDS = tuple(f"{kind}_{tier}" for kind in KINDS for tier in ("gpu", "
 NUM_GB_CHOICES = (1, 2, 4, 8, 16)
 MAX_GBS = 512
 SPLIT_POINTS = (0.25, 0.5, 0.75)
+SPLIT_FIT_SHARE = 0.8  # of the GPU capacity, for the weights of a split's GPU layers (the rest: cache, scratch)
 TOP_ALTERNATIVES = 5
 FULL_ENUMERATION = 200  # above this many (shape, mode) pairs, rank the modes first
 TOP_MODES = 4
@@ -80,8 +82,11 @@ def block_shapes(work: Workload, pins: dict) -> list[tuple[int, int]]:
     return shapes or [(gbs_set[0], nums[0])]
 
 
-def device_choices(model: ModelSpec, hw: HardwareSpec, pins: dict, phase: str) -> list[tuple[str, int]]:
-    """FlexInfer's per-phase choices as (device, split layer)."""
+def device_choices(model: ModelSpec, hw: HardwareSpec, pins: dict, phase: str,
+                   fit_layers: int | None = None) -> list[tuple[str, int]]:
+    """FlexInfer's per-phase choices as (device, split layer): CPU-only, GPU with offloading, and splits at a
+    quarter, half and three quarters of the layers and, given `fit_layers` (how many layers' weights fit the
+    GPU), at the split that puts exactly those layers on the GPU."""
     if f"{phase}_device" in pins:
         device = pins[f"{phase}_device"]
         if device != "split":
@@ -91,23 +96,34 @@ def device_choices(model: ModelSpec, hw: HardwareSpec, pins: dict, phase: str) -
     elif not hw.has_gpu:
         return [("cpu", 0)]
     L = model.num_layers
-    splits = sorted({min(L - 1, max(1, round(L * q))) for q in SPLIT_POINTS}) if L > 1 else []
+    points = {round(L * q) for q in SPLIT_POINTS} | ({L - fit_layers} if fit_layers is not None else set())
+    splits = sorted({min(L - 1, max(1, k)) for k in points}) if L > 1 else []
     options = [("split", k) for k in splits]
     if f"{phase}_device" not in pins:
         options = [("cpu", 0), ("gpu", 0), *options]
     return options
 
 
-def modes(model: ModelSpec, hw: HardwareSpec, pins: dict, allow_compression: bool) -> list[dict]:
-    """Every choice besides the block shape: compression, CPU attention, each phase's compute device."""
+def modes(model: ModelSpec, hw: HardwareSpec, pins: dict, allow_compression: bool,
+          gpu_capacity: float = 0.0, dtype_bytes: int = 2) -> list[dict]:
+    """Every choice besides the block shape: compression, CPU attention, each phase's compute device (a split
+    where the layers that fit SPLIT_FIT_SHARE of the GPU capacity sit on the GPU is among them)."""
     lossy = (False, True) if allow_compression else (False,)
     cw = [pins["compress_weight"]] if "compress_weight" in pins else lossy
     cc = [pins["compress_cache"]] if "compress_cache" in pins else lossy
     attn = [pins["cpu_attention"]] if "cpu_attention" in pins else ((True, False) if hw.has_gpu else (True,))
-    pre, dec = device_choices(model, hw, pins, "prefill"), device_choices(model, hw, pins, "decode")
+    out = []
+    for w in cw:
+        fit = int(gpu_capacity * SPLIT_FIT_SHARE // layer_bytes(model, dtype_bytes, w)) if hw.has_gpu else None
+        pre, dec = (device_choices(model, hw, pins, phase, fit) for phase in ("prefill", "decode"))
+        out += _modes_for(w, cc, attn, pre, dec)
+    return out
+
+
+def _modes_for(w, cc, attn, pre, dec) -> list[dict]:
     return [dict(compress_weight=w, compress_cache=c, cpu_attention=a, prefill_device=p[0],
                  prefill_split_layer=p[1], decode_device=d[0], decode_split_layer=d[1])
-            for w, c, a, p, d in itertools.product(cw, cc, attn, pre, dec)]
+            for c, a, p, d in itertools.product(cc, attn, pre, dec)]
 
 
 def reference_shapes(shapes: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -116,10 +132,24 @@ def reference_shapes(shapes: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return sorted({by_rows[-1], by_rows[len(by_rows) // 2]})
 
 
-def count_bounds(model: ModelSpec, hw: HardwareSpec, pins: dict, gbs: int) -> tuple[np.ndarray, np.ndarray]:
+def split_gpu_layers(policy: Policy, num_layers: int) -> int | None:
+    """For a policy with a static split (decode's when it has one, else prefill's): the layers computing on the
+    GPU, whose weights FlexInfer keeps resident there. None without a split."""
+    for phase in ("decode", "prefill"):
+        if getattr(policy, f"{phase}_device") == "split":
+            return layers_on(policy, phase, num_layers)["gpu"]
+    return None
+
+
+def count_bounds(model: ModelSpec, hw: HardwareSpec, pins: dict, gbs: int,
+                 template: Policy | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Bounds on the placement counts: a pinned fraction fixes its count (rounded as the engine rounds);
-    without a GPU nothing goes there."""
+    without a GPU nothing goes there. A split (FlexInfer) fixes the gpu weight layers to its GPU layers, unless
+    weight_gpu is pinned: the engine places those layers' weights on the GPU and the rest in CPU memory."""
     lo, hi = np.zeros(9), np.array([model.num_layers] * 3 + [gbs] * 6, dtype=float)
+    resident = split_gpu_layers(template, model.num_layers) if template is not None else None
+    if resident is not None and hw.has_gpu and "weight_gpu" not in pins:
+        lo[0] = hi[0] = resident
     for k, kind in enumerate(KINDS):
         units = model.num_layers if kind == "weight" else gbs
         acc = 0.0
@@ -149,8 +179,8 @@ class _Solver:
         if key in self.seen:
             return self.seen[key]
         blk = Block(self.model, self.hw, self.work, template, block_rows(template, self.work))
-        solution = self.program.solve(blk, *count_bounds(self.model, self.hw, self.pins, template.gbs),
-                                      self.capacity)
+        bounds = count_bounds(self.model, self.hw, self.pins, template.gbs, template)
+        solution = self.program.solve(blk, *bounds, self.capacity)
         self.solves += 1
         pred = solution and predict(self.model, self.hw, self.work, solution.policy(template, self.model.num_layers))
         if pred is None or shortfalls(pred.peak_bytes, self.capacity):
@@ -165,13 +195,14 @@ def search(model: ModelSpec, hw: HardwareSpec, work: Workload, pins: dict | None
            budgets: dict | None = None, allow_compression: bool = False) -> Plan:
     """The fastest feasible policy for `work` on `hw`, honouring `pins`; PlanInfeasible when none fits.
 
-    When the choices are many (a GPU: 25 device pairs x CPU attention x compression), a first stage ranks every
+    When the choices are many (a GPU: up to 36 device pairs x CPU attention x compression), a first stage ranks every
     mode at two reference block shapes and the second enumerates every block shape for the best TOP_MODES."""
     started, pins = time.perf_counter(), check_pins(pins or {})
     if not hw.has_gpu and any(pins.get(f"{k}_gpu", 0) > 0 for k in KINDS):
         raise InvalidParamsError(f"{hw.name} has no GPU, but a gpu fraction is pinned above 0; pin it to 0")
     solver = _Solver(model, hw, work, pins, capacities(hw, budgets))
-    shapes, choices = block_shapes(work, pins), modes(model, hw, pins, allow_compression)
+    shapes = block_shapes(work, pins)
+    choices = modes(model, hw, pins, allow_compression, solver.capacity["gpu"], work.dtype_bytes)
     if len(shapes) * len(choices) > FULL_ENUMERATION:
         score = [min(solver.run(Policy(gbs=g, num_gb=k, **m)) for g, k in reference_shapes(shapes))
                  for m in choices]

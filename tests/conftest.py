@@ -42,7 +42,14 @@ def demo_prompts():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `ipex` are skipped where intel-extension-for-pytorch cannot run (it needs torch 2.8)."""
+    """Tests marked `gpu` are skipped without CUDA; tests marked `ipex` where intel-extension-for-pytorch cannot
+    run (it needs torch 2.8)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in items:
+            if item.get_closest_marker("gpu") is not None:
+                item.add_marker(pytest.mark.skip(reason="needs CUDA (run scripts/device_check.sh on a GPU machine)"))
     marked = [item for item in items if item.get_closest_marker("ipex") is not None]
     if not marked:
         return

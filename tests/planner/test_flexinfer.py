@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.weight_store import weight_placement
 from planner.hardware import load_hardware
 from planner.predict import predict
 from planner.search import search
@@ -21,8 +22,22 @@ FLEXINFER_SETTING = {"weight_gpu": 0.0, "weight_cpu": 1.0, "cache_gpu": 0.0, "ca
 def test_short_prompts_small_batches_run_cpu_only_on_the_amx_server(num_prompts):
     plan = search(LLAMA2_70B, load_hardware(SPR_H100), Workload(128, 32, num_prompts), pins=FLEXINFER_SETTING)
     assert (plan.policy.prefill_device, plan.policy.decode_device) == ("cpu", "cpu")
-    free = search(LLAMA2_70B, load_hardware(SPR_H100), Workload(128, 32, num_prompts))
-    assert (free.policy.prefill_device, free.policy.decode_device) == ("cpu", "cpu")
+
+
+
+@pytest.mark.parametrize("num_prompts", [1, 4])
+def test_free_placement_splits_with_the_gpu_layers_weights_resident(num_prompts):
+    """Free to place weights, the planner keeps the layers that fit the GPU resident there and splits decode
+    at them (FlexInfer's static split: only activations cross), which beats CPU-only."""
+    hw, work = load_hardware(SPR_H100), Workload(128, 32, num_prompts)
+    free = search(LLAMA2_70B, hw, work)
+    p = free.policy
+    assert p.decode_device == "split"
+    placement = weight_placement(p, LLAMA2_70B.num_layers)
+    k = p.decode_split_layer
+    assert set(placement[k:]) == {"gpu"} and "gpu" not in placement[:k]
+    cpu_only = search(LLAMA2_70B, hw, work, pins=FLEXINFER_SETTING)
+    assert free.prediction.total_s < cpu_only.prediction.total_s
 
 
 @pytest.mark.parametrize("num_prompts", [64, 256])
