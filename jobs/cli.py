@@ -171,7 +171,7 @@ class _LazyGroup(click.Group):
 
 
 @main.group(cls=_LazyGroup, lazy={"engine": "jobs.bench:engine_command", "planner": "jobs.bench_planner:planner_command",
-                                  "pipeline": "jobs.bench_pipeline:pipeline_command"})
+                                  "pipeline": "jobs.bench_pipeline:pipeline_command", "gpu": "jobs.bench_gpu:gpu_command"})
 def bench() -> None:
     """Benchmarks: print a table of ratios measured side by side and write JSON."""
 

@@ -1,0 +1,111 @@
+"""The per-phase policies `flexbatch bench gpu` compares under one GPU budget (FlexInfer's choices: CPU-only, GPU
+with offloading, a static split by layers, for prefill and decode separately), with FlexGen-like offloading of
+both phases as the baseline.
+
+Where the weights live is fixed when an engine loads, so each policy's weight placement is fixed for every batch
+size: the baseline keeps on the GPU as many whole layers as the budget holds after two staged layers and the
+activations of the largest batch, and streams the others from the CPU; every policy that computes on the CPU in
+some phase keeps all weights on the CPU (a GPU-resident layer would cross back to the CPU to compute there).
+The KV cache and activations are placed per batch: on the GPU when they fit what the budget has left and a
+GPU phase uses them, else on the CPU, where decode attention then runs (FlexGen's CPU attention)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from engine.policy import Policy
+from engine.spec import ModelSpec
+
+BASELINE = "offload"
+KINDS = (BASELINE, "cpu", "gpu-cpu", "gpu-split", "split-split", "planner")
+SPLIT_POINTS = (0.25, 0.5, 0.75)  # of the layers, as the planner's search splits
+ACT_BYTES = 4  # the residual stream between layers is float32 (engine.schedule.ACT_DTYPE)
+STAGED_LAYERS = 2  # layers staged on the GPU while streaming: the one computing and the one prefetched
+
+
+@dataclass(frozen=True)
+class BenchPolicy:
+    """A named policy: `base` fixes the weights and each phase's device; `place` fills in the rest per batch."""
+
+    name: str
+    kind: str
+    base: Policy
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.base.uses_gpu()
+
+
+def split_layers(num_layers: int) -> list[int]:
+    """The first GPU layer of a split at a quarter, half and three quarters of the layers."""
+    return sorted({min(num_layers - 1, max(1, round(num_layers * q))) for q in SPLIT_POINTS}) if num_layers > 1 else []
+
+
+def layer_bytes(spec: ModelSpec, dtype_bytes: int) -> float:
+    return spec.params_per_layer * dtype_bytes
+
+
+def act_bytes(spec: ModelSpec, batch: int, prompt_len: int) -> float:
+    """Activations of one block of `batch` rows: batch * prompt_len * hidden * 4 bytes."""
+    return batch * prompt_len * spec.hidden_size * ACT_BYTES
+
+
+def kv_bytes(spec: ModelSpec, batch: int, total_len: int, dtype_bytes: int) -> float:
+    """KV cache of one block of `batch` rows for total_len slots."""
+    return batch * total_len * spec.kv_bytes_per_token(dtype_bytes)
+
+
+def offload_gpu_layers(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batch: int, prompt_len: int) -> int:
+    """Whole layers the offloading baseline keeps on the GPU: what the budget holds after STAGED_LAYERS streamed
+    layers and the activations of the largest batch."""
+    room = gpu_bytes - STAGED_LAYERS * layer_bytes(spec, dtype_bytes) - act_bytes(spec, max_batch, prompt_len)
+    return max(0, min(spec.num_layers, int(room // layer_bytes(spec, dtype_bytes))))
+
+
+def bench_policies(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batch: int, prompt_len: int,
+                   kinds: tuple[str, ...] = KINDS) -> list[BenchPolicy]:
+    """The fixed policies of the comparison (the planner's choice is added per batch), baseline first."""
+    L = spec.num_layers
+    wg = offload_gpu_layers(spec, gpu_bytes, dtype_bytes, max_batch, prompt_len) / L
+    out = [BenchPolicy("offload gpu/gpu", BASELINE,
+                       Policy(weight_gpu=wg, weight_cpu=1 - wg, prefill_device="gpu", decode_device="gpu"))]
+    if "cpu" in kinds:
+        out.append(BenchPolicy("cpu/cpu", "cpu", Policy()))
+    if "gpu-cpu" in kinds:
+        out.append(BenchPolicy("gpu/cpu", "gpu-cpu", Policy(prefill_device="gpu")))
+    splits = split_layers(L)
+    for k in splits if "gpu-split" in kinds else ():
+        out.append(BenchPolicy(f"gpu/split@{k}", "gpu-split",
+                               Policy(prefill_device="gpu", decode_device="split", decode_split_layer=k)))
+    for k in splits[len(splits) // 2:][:1] if "split-split" in kinds else ():  # the middle split
+        out.append(BenchPolicy(f"split@{k}/split@{k}", "split-split",
+                               Policy(prefill_device="split", prefill_split_layer=k, decode_device="split",
+                                      decode_split_layer=k)))
+    return out
+
+
+def place(base: Policy, spec: ModelSpec, free_gpu_bytes: float, batch: int, prompt_len: int, gen_len: int,
+          dtype_bytes: int) -> Policy:
+    """`base` for one batch of `batch` rows (gbs = batch, num_gb = 1): activations on the GPU when some phase
+    computes there and they fit, then the KV cache there too when decode runs wholly on the GPU and it fits."""
+    p = dataclasses.replace(base, gbs=batch, num_gb=1, cache_gpu=0.0, cache_cpu=1.0, act_gpu=0.0, act_cpu=1.0)
+    if not base.uses_gpu():
+        return p
+    act = act_bytes(spec, batch, prompt_len)
+    if act > free_gpu_bytes:
+        return p
+    p = dataclasses.replace(p, act_gpu=1.0, act_cpu=0.0)
+    kv = kv_bytes(spec, batch, prompt_len + gen_len, dtype_bytes)
+    if base.decode_device == "gpu" and act + kv <= free_gpu_bytes:
+        p = dataclasses.replace(p, cache_gpu=1.0, cache_cpu=0.0)
+    return p
+
+
+def load_key(policy: Policy, num_layers: int) -> str:
+    """What an engine fixes at load: the weights' tiers and format, and which layers only ever compute on the
+    CPU. Two policies with the same key can share one loaded engine."""
+    cpu_only = [i for i in range(num_layers)
+                if not (policy.layer_on_gpu("prefill", i) or policy.layer_on_gpu("decode", i))]
+    return (f"wg={policy.weight_gpu:.6f} wc={policy.weight_cpu:.6f} cw={policy.compress_weight} "
+            f"cc={policy.compress_cache} cpu_only={cpu_only}")
