@@ -2,8 +2,9 @@
 dimension into row segments on the gpu, cpu and disk tiers.
 
 With CUDA, host segments are pinned. A prefill computed on the GPU stores its new K/V into a host cache on the
-`kv` side stream (4-bit caches are quantized on the GPU first, so only the compressed bytes cross), overlapping
-the next GPU batch's compute; the host waits for those copies once, before decode first reads the cache."""
+`kv` side stream (4-bit caches are quantized on the GPU first, so only the compressed bytes cross): each store
+copies into pinned contiguous staging buffers while the GPU computes on, and lands in the strided cache slices
+on the host STORES_IN_FLIGHT stores later, or before decode first reads the cache."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from engine.streams import synchronize
 from engine.tiers import Devices
 
 _file_ids = itertools.count()
+STORES_IN_FLIGHT = 2  # prefill K/V stores of a GPU batch (one per layer) left copying while the GPU computes
 
 
 def row_segments(rows: int, fractions: dict[str, float]) -> list[tuple[str, slice]]:
@@ -112,12 +114,11 @@ class PlacedKV:
         self.prefill_attention = prefill_attention  # a backend's kernel; None: the caches' own (SDPA)
         self.compute = "cpu"
         self.decode = False
-        self._stored = None  # the kv stream's event after prefill's last queued store
+        self._queued: list = []  # prefill stores in flight: (event, [(cache slice, pinned staging)])
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None):
-        if self.decode and self._stored is not None:  # prefill's queued stores land before the host reads
-            synchronize(self._stored)
-            self._stored = None
+        if self.decode and self._queued:  # prefill's queued stores land before the host reads the cache
+            self._land(keep=0)
         if not self.decode and self.prefill_attention is not None:
             return self._prefill(layer, q, k_new, v_new, start, mask, scale)
         if len(self.segments) == 1 and self.segments[0][0] == self.compute:
@@ -158,15 +159,34 @@ class PlacedKV:
         if not (d.has_cuda and d.pin_host and dev == "gpu" and tier == "cpu"):
             cache.store(layer, k_new[rows], v_new[rows], start, copy=lambda dst, src: d.copy_into(dst, src, dev, home))
             return
-        kv = d.streams["kv"]
+        kv, pairs = d.streams["kv"], []
         kv.wait(d.compute_stream.record())
         k, v = k_new[rows], v_new[rows]
         with kv:
             k.record_stream(torch.cuda.current_stream())  # the compute stream's allocator must not reuse them yet
             v.record_stream(torch.cuda.current_stream())
-            moved = cache.store(layer, k, v, start, copy=_async_copy)
+            moved = cache.store(layer, k, v, start, copy=lambda dst, src: pairs.append((dst, self._staged(src))))
         d.links.add(dev, home, moved)
-        self._stored = kv.record()
+        self._queued.append((kv.record(), pairs))
+        self._land(keep=STORES_IN_FLIGHT)
+
+    @staticmethod
+    def _staged(src: torch.Tensor) -> torch.Tensor:
+        """A pinned, contiguous host buffer filled from GPU tensor `src` asynchronously (on the current stream):
+        a cache slice is strided, and a strided destination would make the copy synchronous. PyTorch's pinned
+        allocator reuses such buffers, and not before the copies recorded on them have finished."""
+        buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        buf.copy_(src, non_blocking=True)
+        return buf
+
+    def _land(self, keep: int) -> None:
+        """Finish all but the newest `keep` queued stores: wait for each one's copies, then write the staged
+        rows into the cache slices on the host."""
+        while len(self._queued) > keep:
+            event, pairs = self._queued.pop(0)
+            synchronize(event)
+            for dst, buf in pairs:
+                dst.copy_(buf)
 
     def _fetch(self, x, home: str):
         """A cache tensor moved to the compute device; a 4-bit one travels compressed."""
@@ -175,8 +195,3 @@ class PlacedKV:
             return replace(x, data=mv(x.data, home, self.compute), mins=mv(x.mins, home, self.compute),
                            scales=mv(x.scales, home, self.compute))
         return self.devices.move(x, home, self.compute)
-
-
-def _async_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """A copy queued on the current stream (the source is kept alive for that stream by the caller)."""
-    dst.copy_(src, non_blocking=True)
