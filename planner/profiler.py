@@ -93,13 +93,15 @@ def _timed(fn, device: torch.device, repeats: int) -> float:
     return best_seconds(synced, repeats)
 
 
-def prefill_attention_table(dtype: torch.dtype, batch: int = 4, heads: int = 16, head_dim: int = 64):
+def prefill_attention_table(dtype: torch.dtype, batch: int = 4, heads: int = 16, head_dim: int = 64,
+                            device: torch.device | None = None):
     """GFLOP/s of the engine's masked prefill attention (4 * B * H * D * S^2 flops) at each of PREFILL_LENS."""
+    device = device or torch.device("cpu")
     out = []
     for s in PREFILL_LENS:
-        q, k, v = (torch.randn(batch, heads, s, head_dim).to(dtype) for _ in range(3))
-        mask = prefill_mask(torch.ones(batch, s, dtype=torch.bool))
-        seconds = best_seconds(lambda q=q, k=k, v=v, mask=mask: attend(q, k, v, mask), 5)
+        q, k, v = (torch.randn(batch, heads, s, head_dim, device=device).to(dtype) for _ in range(3))
+        mask = prefill_mask(torch.ones(batch, s, dtype=torch.bool)).to(device)
+        seconds = _timed(lambda q=q, k=k, v=v, mask=mask: attend(q, k, v, mask), device, 5)
         out.append(4 * batch * heads * head_dim * s * s / seconds / 1e9)
     return tuple(out)
 
@@ -156,14 +158,17 @@ def gpu_device_spec(dtype: torch.dtype) -> tuple[DeviceSpec | None, dict, dict]:
                       attention_bf16_bytes_per_s=2 * cache.numel() * cache.element_size() / attn_s,
                       attention_4bit_bytes_per_s=2 * cache.numel() * cache.element_size() / attn_s / 2,
                       dequant_bytes_per_s=w.numel() * w.element_size() / deq_s,
-                      elementwise_bytes_per_s=copy_bytes_per_s(dev), layer_call_s=1e-4, step_call_s=1e-4)
+                      elementwise_bytes_per_s=copy_bytes_per_s(dev), attention_prefill_lens=PREFILL_LENS,
+                      attention_prefill_gflop_per_s=prefill_attention_table(dtype, device=dev),
+                      layer_call_s=1e-4, step_call_s=1e-4)
     host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
     dev_buf = torch.empty_like(host, device=dev)
     links = {"h2d_bytes_per_s": host.numel() / _timed(lambda: dev_buf.copy_(host, non_blocking=True), dev, 3),
              "d2h_bytes_per_s": host.numel() / _timed(lambda: host.copy_(dev_buf, non_blocking=True), dev, 3)}
     name = torch.cuda.get_device_name(0)
     return spec, links, {"gpu": f"measured on {name}: GEMMs, SDPA decode (4-bit: half the bf16 rate, an "
-                                "estimate), dequant; h2d/d2h with pinned 64 MiB copies; call costs 0.1 ms "
+                                "estimate), masked prefill attention, dequant; h2d/d2h with pinned 64 MiB copies; "
+                                "call costs 0.1 ms "
                                 "(an estimate of kernel launches per layer)"}
 
 
