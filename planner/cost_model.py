@@ -4,9 +4,9 @@ For one layer and one step of a block (num_gb GPU batches of gbs rows), each tra
 it uses (h2d, d2h, disk read, disk write) and compute on its device. As in FlexGen, the layer's time is the max
 over what overlaps. In this engine two things overlap: the prefetch thread, which brings the next layer's weights
 (disk read, then the link, then dequantization), and the main thread, which computes and moves the KV cache and
-activations itself. So
+activations itself; on a CUDA GPU, prefill's K/V stores to CPU memory go on a side stream (the store chain). So
 
-    T_layer = max(prefetch_s, main_s),  T_block = L * T_pre + (n - 1) * L * T_gen + n * head_s
+    T_layer = max(prefetch_s, main_s, store_s),  T_block = L * T_pre + (n - 1) * L * T_gen + n * head_s
 
 with each phase's layers split between the CPU and the GPU by its compute choice (FlexInfer: CPU-only, GPU with
 offloading, or a static split). Two facts of this engine shape the chains: a disk layer is memory-mapped, so plain
@@ -249,14 +249,18 @@ def lazy_disk_weights(blk: Block, device: str) -> bool:
 
 
 def layer_chains(blk: Block, phase: str, device: str) -> dict[str, dict[str, Affine]]:
-    """Per layer per step: the prefetch chain's and the main chain's seconds by channel."""
+    """Per layer per step, seconds by channel of the three chains that overlap: the prefetch chain (weights),
+    the main chain (compute, activations, the cache) and the store chain: a prefill computed on the GPU stores
+    its new K/V to CPU memory on a side stream while the GPU computes on (nothing otherwise)."""
     rates, weights = channel_rates(blk), weight_moves(blk, device)
     lazy = [m for m in weights if m[1] == "disk"] if lazy_disk_weights(blk, device) else []
     prefetch = priced([m for m in weights if not any(m is x for x in lazy)], rates)
     prefetch["compute"] = Affine(const=dequant_s(blk, device))
-    main = priced(lazy + kv_moves(blk, phase, device) + act_moves(blk, phase, device), rates)
+    kv = kv_moves(blk, phase, device)
+    side = [m for m in kv if m[2] == "cpu"] if phase == "prefill" and device == "gpu" else []
+    main = priced(lazy + [m for m in kv if not any(m is x for x in side)] + act_moves(blk, phase, device), rates)
     main["compute"] = compute_s(blk, phase, device) + background_cpu_s(blk, device)
-    return {"prefetch": prefetch, "main": main}
+    return {"prefetch": prefetch, "main": main, "store": priced(side, rates)}
 
 
 def layer_time_terms(blk: Block, phase: str, device: str) -> list[Affine]:

@@ -61,7 +61,9 @@ def bottleneck(cost: PhaseCost) -> str:
     """The slower chain of each device group and its largest channel."""
     parts = []
     for device, n in cost.layers.items():
-        chain = "prefetch (weights)" if cost.prefetch_s[device] > cost.main_s[device] else "main (compute + cache)"
+        chains = {"prefetch (weights)": cost.prefetch_s[device], "main (compute + cache)": cost.main_s[device],
+                  "store (prefill K/V to CPU memory)": cost.store_s.get(device, 0.0)}
+        chain = max(chains, key=chains.get)
         top = max(CHANNELS, key=lambda c: cost.channels_s[device][c])
         parts.append(f"{n} layers on {device}: {chain} bound, largest channel {top}")
     return "; ".join(parts)

@@ -4,7 +4,7 @@ tier, whole rows per tier in each GPU batch)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -54,8 +54,8 @@ def group_placement(policy: Policy, num_layers: int, phase: str, device: str) ->
 
 @dataclass(frozen=True)
 class PhaseCost:
-    """One step of one phase for a block: per compute device, layers, seconds per layer (the max of the prefetch
-    and main chains) and FlexGen's five channels (seconds, both chains summed); step_s includes head_s."""
+    """One step of one phase for a block: per compute device, layers, seconds per layer (the max of the prefetch,
+    main and store chains) and FlexGen's five channels (seconds, the chains summed); step_s includes head_s."""
 
     layers: dict
     layer_s: dict
@@ -63,6 +63,7 @@ class PhaseCost:
     main_s: dict
     channels_s: dict
     step_s: float
+    store_s: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,19 +92,18 @@ class Prediction:
 
 def phase_cost(blk: Block, phase: str) -> PhaseCost:
     L = blk.model.num_layers
-    layers, layer_s, pre_s, main_s, chans = {}, {}, {}, {}, {}
+    layers, layer_s, pre_s, main_s, store_s, chans = {}, {}, {}, {}, {}, {}
     for device, count in phase_groups(blk, phase).items():
         x = group_placement(blk.policy, L, phase, device)
         chains = layer_chains(blk, phase, device)
-        pre = sum(a.at(x) for a in chains["prefetch"].values())
-        main = sum(a.at(x) for a in chains["main"].values())
-        layers[device], pre_s[device], main_s[device] = count, pre, main
-        layer_s[device] = max(pre, main)
-        chans[device] = {c: chains["prefetch"][c].at(x) + chains["main"][c].at(x) for c in CHANNELS}
+        pre, main, store = (sum(a.at(x) for a in chains[k].values()) for k in ("prefetch", "main", "store"))
+        layers[device], pre_s[device], main_s[device], store_s[device] = count, pre, main, store
+        layer_s[device] = max(pre, main, store)
+        chans[device] = {c: sum(chain[c].at(x) for chain in chains.values()) for c in CHANNELS}
     scale = {"cpu": blk.hw.cpu_run_scale, "gpu": 1.0}
     head_scale = scale["cpu"] if blk.hw.gpu is None else 1.0
     step = sum(layers[d] * layer_s[d] * scale[d] for d in layers) + head_s(blk) * head_scale
-    return PhaseCost(layers, layer_s, pre_s, main_s, chans, step)
+    return PhaseCost(layers, layer_s, pre_s, main_s, chans, step, store_s)
 
 
 def block_seconds(blk: Block) -> tuple[float, PhaseCost, PhaseCost]:

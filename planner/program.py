@@ -32,7 +32,7 @@ from planner.predict import PHASES
 from planner.workload import PLACEMENT, TIERS
 
 GROUPS = tuple((phase, device) for phase in PHASES for device in ("cpu", "gpu"))
-CHAINS = 2
+CHAINS = 3  # prefetch, main, store (cost_model.layer_chains)
 NV = len(PLACEMENT)
 MS_PER_S = 1e3  # the time rows are in milliseconds, to keep the coefficients near 1
 DISK_TIE_MS = 1e-6  # breaks ties toward memory: a fully disk-placed kind costs this much more (no real time)

@@ -6,9 +6,10 @@ import pytest
 from engine.policy import Policy
 from planner import cost_model as cm
 from planner import memory_model as mm
+from planner.hardware import HardwareSpec
 from planner.predict import memory_need, predict
 from planner.workload import Workload
-from tests.planner.specs import SMALL, cpu_machine
+from tests.planner.specs import SMALL, cpu_machine, flat_cpu
 
 WORK = Workload(prompt_len=8, gen_len=4, num_prompts=4)  # bf16
 POLICY = Policy(gbs=2, num_gb=2)  # everything on the CPU, one block of 4 rows in 2 GPU batches
@@ -102,3 +103,24 @@ def test_peak_memory_by_hand():
     on_disk = memory_need(SMALL, cpu_machine(), WORK, Policy(gbs=2, num_gb=2, weight_cpu=0.0), rows=4)
     assert on_disk["decode"]["disk"] == 2 * 73984
     assert on_disk["decode"]["cpu"] == need["decode"]["cpu"] - 2 * 73984 + 2 * 73984  # two staged layers
+
+
+def gpu_machine() -> HardwareSpec:
+    """The hand CPU plus a GPU 10x faster at everything, PCIe at 1 GB/s each way."""
+    gpu = flat_cpu(memory_bytes=1e9, gflops=1000.0, layer_call_s=1e-5, step_call_s=1e-5)
+    base = cpu_machine()
+    return HardwareSpec("hand gpu", base.cpu, gpu=gpu, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9,
+                        disk_read_bytes_per_s=1e8, disk_write_bytes_per_s=5e7, disk_bytes=1e12,
+                        page_cache_bytes_per_s=1e9)
+
+
+def test_gpu_prefill_stores_its_kv_on_a_side_stream():
+    """Prefill on the GPU into a CPU cache: the K/V stores form their own chain (a side stream), so the layer
+    takes the max of it and the main chain, not their sum; decode has no store chain."""
+    policy = Policy(gbs=2, num_gb=2, prefill_device="gpu", weight_gpu=1.0, weight_cpu=0.0, act_gpu=1.0, act_cpu=0.0)
+    p = predict(SMALL, gpu_machine(), WORK, policy)
+    store = 4 * 8 * 128 / 1e9  # rows * prompt * kv_slot_bytes over d2h
+    assert p.prefill.store_s["gpu"] == pytest.approx(store)
+    assert p.prefill.layer_s["gpu"] == pytest.approx(max(p.prefill.main_s["gpu"], p.prefill.prefetch_s["gpu"], store))
+    assert p.prefill.channels_s["gpu"]["d2h"] == pytest.approx(store)
+    assert p.decode.store_s["cpu"] == 0
