@@ -160,8 +160,8 @@ def predict(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Policy) 
 
 
 def kv_handoff_s(blk: Block, layers: dict) -> float:
-    """FlexInfer's KV move: seconds prefill spends storing the new cache to tiers away from its compute
-    device, summed over layers (part of the prefill time, reported on its own)."""
+    """FlexInfer's KV move: seconds of transfer prefill spends storing the new cache to tiers away from its
+    compute device, summed over layers (reported on its own; from a GPU to CPU memory it overlaps compute)."""
     rates = channel_rates(blk)
     out = 0.0
     for device, count in layers.items():
