@@ -247,7 +247,9 @@ def run_gpu_bench(cfg: GpuBenchConfig, json_path: Path | None = None) -> dict:
     report = {"config": asdict(cfg), "machine": {**bm.machine_info(), "gpu": bench.device},
               "hardware": bench.hw.name, "model": {"dir": str(bench.model_dir), "model_type": bench.spec.model_type,
                                                    "layers": bench.spec.num_layers, "bf16_bytes": bench.weight_bytes},
-              "gpu_budget_bytes": bench.gpu_bytes, "batches": [], "summary": None}
+              "gpu_budget_bytes": bench.gpu_bytes, "baseline_gpu_layers": round(bench.policies[0].base.weight_gpu
+                                                                              * bench.spec.num_layers),
+              "batches": [], "summary": None}
     try:
         for i, batch in enumerate(sorted(cfg.batch_sizes)):
             rows = bench.batch_rows(batch, warmup=i == 0)

@@ -89,7 +89,8 @@ def format_table(report: dict) -> str:
     c, m = report["config"], report["model"]
     out = [f"bench gpu: {m['dir']} ({m['model_type']}, {m['layers']} layers, {human(m['bf16_bytes'])} in bf16) on "
            f"{report['machine']['gpu']}; GPU budget {human(report['gpu_budget_bytes'])} "
-           f"({report['gpu_budget_bytes'] / m['bf16_bytes']:.2f}x the weights); prompt {c['prompt_len']}, "
+           f"({report['gpu_budget_bytes'] / m['bf16_bytes']:.2f}x the weights; the baseline keeps "
+           f"{report['baseline_gpu_layers']} of {m['layers']} layers there); prompt {c['prompt_len']}, "
            f"gen {c['gen_len']}, {c['dtype']}, median of {c['repeats']}; planner's view: {report['hardware']}",
            f"{'batch':>5}  {'policy (prefill/decode)':<28} {'latency s':>9} {'tokens/s':>9} {'prefill s':>9} "
            f"{'decode s':>9} {'pred s':>8} {'vs base':>8}"]

@@ -221,3 +221,7 @@ def _print_summary(s: JobSummary) -> None:
 
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+if __name__ == "__main__":  # python -m jobs.cli: the same CLI where the console script is not installed
+    main()
