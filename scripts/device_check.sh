@@ -16,8 +16,9 @@
 #
 # Settings (environment): PYTHON (python3), OUT, SITE (/tmp/site, emptied first), CHECK_BUDGET_S, STAGES ("env install tests bench flexgen"),
 # FLEXBATCH_CACHE (/tmp/flexbatch-cache: built checkpoints, offloaded weights; kept out of $OUT),
-# BENCH_ARGS (default: opt-1.3b, prompt 512, gen 32, batch sizes 1,8,32, one round),
-# FLEXGEN_ARGS (default: opt-1.3b, prompt 512, gen 32, GPU batch 32),
+# BENCH_ARGS (default: opt-1.3b, prompt 512, gen 32, batch sizes 1,4,16, one round: sized so that the CPU
+# prefills of the CPU-only and split policies fit the stage on a 16-core CPU without AMX),
+# FLEXGEN_ARGS (default: opt-1.3b, prompt 512, gen 32, GPU batch 16, as the bench's largest batch),
 # SIMULATE=1 (test this script without a GPU: the bench and flexbatch's side of the comparison on a tiny model
 # with --simulate-gpu).
 set -uo pipefail
@@ -34,8 +35,8 @@ if [[ $SIMULATE == 1 ]]; then
   BENCH_ARGS=${BENCH_ARGS:---simulate-gpu --preset tiny-opt --prompt-len 16 --gen-len 4 --batch-sizes 1,4 --repeats 1}
   FLEXGEN_ARGS=${FLEXGEN_ARGS:---simulate-gpu --preset tiny-opt --prompt-len 16 --gen-len 4 --gpu-batch-size 4}
 else
-  BENCH_ARGS=${BENCH_ARGS:---preset opt-1.3b --prompt-len 512 --gen-len 32 --batch-sizes 1,8,32 --repeats 1}
-  FLEXGEN_ARGS=${FLEXGEN_ARGS:---preset opt-1.3b --prompt-len 512 --gen-len 32 --gpu-batch-size 32 --timeout 70}
+  BENCH_ARGS=${BENCH_ARGS:---preset opt-1.3b --prompt-len 512 --gen-len 32 --batch-sizes 1,4,16 --repeats 1}
+  FLEXGEN_ARGS=${FLEXGEN_ARGS:---preset opt-1.3b --prompt-len 512 --gen-len 32 --gpu-batch-size 16 --timeout 65}
 fi
 
 mkdir -p "$OUT" "$CACHE"
@@ -116,7 +117,7 @@ GPU_SKIP="needs CUDA: $TORCH_LINE"
 if wants tests; then
   if [[ $CUDA == yes ]]; then
     # exit code 5: no test is marked gpu
-    stage tests 100 '(passed|failed|error|no tests ran)' "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider \
+    stage tests 80 '(passed|failed|error|no tests ran)' "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider \
       --continue-on-collection-errors tests
     if tail -n 1 "$SUMMARY" | grep -q 'FAILED rc=5'; then
       sed -i '$ s/FAILED rc=5/ok (no gpu tests)/' "$SUMMARY"
@@ -129,7 +130,7 @@ fi
 if wants bench; then
   if [[ $CUDA == yes || $SIMULATE == 1 ]]; then
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-    stage bench 250 '^(headline|flexbatch: error)' "$PYTHON" -m jobs.cli bench gpu $BENCH_ARGS --cache-dir "$CACHE" \
+    stage bench 240 '^(headline|flexbatch: error)' "$PYTHON" -m jobs.cli bench gpu $BENCH_ARGS --cache-dir "$CACHE" \
       --json "$OUT/bench_gpu.json"
   else
     record bench skipped 0 "$GPU_SKIP"
@@ -141,7 +142,7 @@ if wants flexgen; then
     record flexgen skipped 0 "no flexgen wheel in .whl/"
   elif [[ $CUDA == yes || $SIMULATE == 1 ]]; then
     # shellcheck disable=SC2086  # FLEXGEN_ARGS is a list of options
-    stage flexgen 160 '^summary:' "$PYTHON" scripts/flexgen_baseline.py $FLEXGEN_ARGS --cache-dir "$CACHE" \
+    stage flexgen 150 '^summary:' "$PYTHON" scripts/flexgen_baseline.py $FLEXGEN_ARGS --cache-dir "$CACHE" \
       --json "$OUT/flexgen.json"
   else
     record flexgen skipped 0 "$GPU_SKIP"
