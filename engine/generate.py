@@ -124,15 +124,17 @@ class Engine:
             S = max(len(r.prompt_ids) for r in rows)
             T = S + max(r.req.params.max_new_tokens for r in rows)
             need = executor.block_bytes(len(rows), S, T)
-            need["gpu"] += self.weights.staging_bytes()  # two layers staged on the GPU away from their tier
+            staging = self.weights.staging_bytes()  # two layers staged on the GPU away from their tier
+            need["gpu"] += staging
             for tier, nbytes in need.items():
                 t = self.devices.tiers[tier]
                 if t.budget is not None and t.used + nbytes > t.budget:
+                    what = ("KV cache, activations and two streamed layers' staging" if tier == "gpu" and staging
+                            else "KV cache and activations")
                     raise BudgetError(
-                        f"a block of {len(rows)} rows x {T} tokens needs {human(nbytes)} of KV cache and "
-                        f"activations on the {tier} tier, which has {human(t.budget - t.used)} left of its "
-                        f"{human(t.budget)} budget; lower --gbs/--num-gb, raise --{tier}-mem, or move cache "
-                        "to another tier")
+                        f"a block of {len(rows)} rows x {T} tokens needs {human(nbytes)} of {what} on the {tier} "
+                        f"tier, which has {human(t.budget - t.used)} left of its {human(t.budget)} budget; lower "
+                        f"--gbs/--num-gb, raise --{tier}-mem, or move cache or weights to another tier")
 
     def _prepare(self, req: Request, truncate: str) -> RowState | Completion:
         if req.prompt_ids is not None:

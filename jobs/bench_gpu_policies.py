@@ -4,8 +4,11 @@ both phases as the baseline.
 
 Where the weights live is fixed when an engine loads, so each policy's weight placement is fixed for every batch
 size: the baseline keeps on the GPU as many whole layers as the budget holds after two staged layers and the
-activations of the largest batch, and streams the others from the CPU; every policy that computes on the CPU in
-some phase keeps all weights on the CPU (a GPU-resident layer would cross back to the CPU to compute there).
+activations of the largest batch, and streams the others from the CPU; a split keeps its GPU layers' weights
+resident on the GPU (as many as fit; the engine gives the gpu tier to the layers above the split first), its CPU
+layers' in CPU memory (FlexInfer's static split); CPU-only and GPU-prefill/CPU-decode keep all weights on the CPU.
+Besides the splits at 1/4, 1/2 and 3/4 of the layers, each split kind is also run at the layer where exactly the
+layers that fit the budget sit on the GPU.
 The KV cache and activations are placed per batch: on the GPU when they fit what the budget has left and a
 GPU phase uses them, else on the CPU, where decode attention then runs (FlexGen's CPU attention)."""
 
@@ -59,8 +62,25 @@ def kv_bytes(spec: ModelSpec, batch: int, total_len: int, dtype_bytes: int) -> f
 def offload_gpu_layers(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batch: int, prompt_len: int) -> int:
     """Whole layers the offloading baseline keeps on the GPU: what the budget holds after STAGED_LAYERS streamed
     layers and the activations of the largest batch."""
-    room = gpu_bytes - STAGED_LAYERS * layer_bytes(spec, dtype_bytes) - act_bytes(spec, max_batch, prompt_len)
+    return fitting_layers(spec, gpu_bytes, dtype_bytes, max_batch, prompt_len, STAGED_LAYERS)
+
+
+def fitting_layers(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batch: int, prompt_len: int,
+                   staged: int) -> int:
+    """Whole layers whose weights fit the GPU budget after `staged` staged layers and the largest batch's
+    activations."""
+    room = gpu_bytes - staged * layer_bytes(spec, dtype_bytes) - act_bytes(spec, max_batch, prompt_len)
     return max(0, min(spec.num_layers, int(room // layer_bytes(spec, dtype_bytes))))
+
+
+def split_policy(L: int, k: int, fit: tuple[int, int], prefill: str) -> Policy:
+    """Decode split at layer k, prefill on `prefill` ("gpu" or "split" at k): the GPU layers' weights resident
+    on the GPU, as many as fit. fit: the layers that fit with nothing staged, and with two layers staged (once
+    some GPU layer streams its weights)."""
+    wg = (L - k if L - k <= fit[0] else fit[1]) / L
+    extra = dict(prefill_split_layer=k) if prefill == "split" else {}
+    return Policy(weight_gpu=wg, weight_cpu=1 - wg, prefill_device=prefill, decode_device="split",
+                  decode_split_layer=k, **extra)
 
 
 def bench_policies(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batch: int, prompt_len: int,
@@ -75,13 +95,13 @@ def bench_policies(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batc
     if "gpu-cpu" in kinds:
         out.append(BenchPolicy("gpu/cpu", "gpu-cpu", Policy(prefill_device="gpu")))
     splits = split_layers(L)
-    for k in splits if "gpu-split" in kinds else ():
-        out.append(BenchPolicy(f"gpu/split@{k}", "gpu-split",
-                               Policy(prefill_device="gpu", decode_device="split", decode_split_layer=k)))
-    for k in splits[len(splits) // 2:][:1] if "split-split" in kinds else ():  # the middle split
-        out.append(BenchPolicy(f"split@{k}/split@{k}", "split-split",
-                               Policy(prefill_device="split", prefill_split_layer=k, decode_device="split",
-                                      decode_split_layer=k)))
+    staged, bare = (fitting_layers(spec, gpu_bytes, dtype_bytes, max_batch, prompt_len, n) for n in (STAGED_LAYERS, 0))
+    if "gpu-split" in kinds:  # prefill streams the CPU layers' weights: two layers staged
+        for k in sorted(set(splits) | ({L - staged} if 0 < staged < L else set())):
+            out.append(BenchPolicy(f"gpu/split@{k}", "gpu-split", split_policy(L, k, (staged, staged), "gpu")))
+    if "split-split" in kinds:  # the middle split, and where the fitting layers sit on the GPU
+        for k in sorted(set(splits[len(splits) // 2:][:1]) | ({L - bare} if 0 < bare < L else set())):
+            out.append(BenchPolicy(f"split@{k}/split@{k}", "split-split", split_policy(L, k, (bare, staged), "split")))
     return out
 
 

@@ -9,8 +9,9 @@ from jobs import cli
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = REPO / "infra" / "hardware" / "h100-80gb-sapphirerapids.json"
+# split@6/split@6: the split where the 2 layers that fit the budget (a quarter of 8) run on the GPU
 POLICIES = ["offload gpu/gpu", "cpu/cpu", "gpu/cpu", "gpu/split@2", "gpu/split@4", "gpu/split@6", "split@4/split@4",
-            "planner"]
+            "split@6/split@6", "planner"]
 
 
 def test_simulated_run_prints_every_policy_at_every_batch_size(tmp_path):
@@ -43,6 +44,8 @@ def test_simulated_run_prints_every_policy_at_every_batch_size(tmp_path):
     assert report["gpu_budget_bytes"] == 0.25 * report["model"]["bf16_bytes"]
     offload = report["batches"][0]["rows"][0]["policy"]
     assert offload["prefill_device"] == offload["decode_device"] == "gpu" and offload["weight_cpu"] > 0
+    fitting = report["batches"][0]["rows"][POLICIES.index("split@6/split@6")]["policy"]
+    assert fitting["weight_gpu"] == 0.25  # the split's two GPU layers resident there
     assert report["summary"]["planner_compared"] == 2
 
 
