@@ -323,13 +323,15 @@ def gpu_command(model, batch_sizes, policies, gpu_mem, json_path, **kw):
       offload gpu/gpu   the baseline: both phases on the GPU, the weights that do not fit streamed from the CPU
       cpu/cpu           everything on the CPU
       gpu/cpu           prefill on the GPU (weights streamed), decode on the CPU
-      gpu/split@K       prefill on the GPU, decode split at a quarter, half and three quarters of the layers
-      split@K/split@K   both phases split at half the layers
+      gpu/split@K       prefill on the GPU, decode split at a quarter, half and three quarters of the layers,
+                        and where the layers that fit the budget run on the GPU
+      split@K/split@K   both phases split at half the layers, and where the fitting layers run on the GPU
       planner           the planner's choice for each batch size and this budget, with its predicted seconds
 
     Weights stay where each policy's engine loaded them, for every batch size: the baseline keeps on the GPU
-    the whole layers that fit the budget after two staged layers and the largest batch's activations; a policy
-    with a CPU phase keeps every weight on the CPU. The KV cache and activations go on the GPU per batch when
+    the whole layers that fit the budget after two staged layers and the largest batch's activations; a split
+    keeps its GPU layers' weights resident on the GPU (as many as fit) and its CPU layers' in CPU memory;
+    cpu/cpu and gpu/cpu keep every weight on the CPU. The KV cache and activations go on the GPU per batch when
     they fit what is left (else on the CPU, where decode attention then runs).
 
     For each batch size the table gives every policy's latency (seconds for the batch), tokens/s, prefill and
