@@ -8,17 +8,11 @@ from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardw
 from tests.planner.specs import cpu_machine, flat_cpu
 
 
-def test_matmul_rate_is_a_power_law_between_points_and_clamped():
-    d = DeviceSpec(1e9, (1, 100), (1.0, 100.0), 1e9, 1e9, 1e9, 1e9)
-    assert d.matmul_flop_per_s(10) == pytest.approx(10e9)  # log10(10) is half of log10(100)
-    assert d.matmul_flop_per_s(0.5) == 1e9 and d.matmul_flop_per_s(1000) == 100e9
-    assert d.matmul_flop_per_s(math.sqrt(10)) == pytest.approx(math.sqrt(10) * 1e9)
-
-
-def test_a_memory_bound_gemm_takes_the_same_time_at_1_and_2_rows():
-    """Rate proportional to rows between sparse points (1 and 16): the time of a GEMV-like step stays flat."""
-    d = DeviceSpec(1e9, (1, 16), (230.0, 3680.0), 1e9, 1e9, 1e9, 1e9)
-    assert 2 / d.matmul_flop_per_s(2) == pytest.approx(1 / d.matmul_flop_per_s(1))
+def test_matmul_rate_is_interpolated_in_log_rows_and_clamped():
+    d = DeviceSpec(1e9, (1, 100), (1.0, 101.0), 1e9, 1e9, 1e9, 1e9)
+    assert d.matmul_flop_per_s(10) == pytest.approx(51e9)  # log10(10) is half of log10(100)
+    assert d.matmul_flop_per_s(0.5) == 1e9 and d.matmul_flop_per_s(1000) == 101e9
+    assert d.matmul_flop_per_s(math.sqrt(10)) == pytest.approx(26e9)
 
 
 def test_json_round_trip(tmp_path):
@@ -56,11 +50,10 @@ def test_bad_files_are_refused(tmp_path):
 
 
 def test_matmul_rate_by_rows_and_width():
-    d = DeviceSpec(1e9, (1, 100), ((1.0, 16.0), (100.0, 400.0)), 1e9, 1e9, 1e9, 1e9, matmul_widths=(10, 1000))
-    assert d.matmul_flop_per_s(1, 10) == 1e9 and d.matmul_flop_per_s(100, 1000) == 400e9
-    # geometric means: over rows at each width (4 and 200), then over widths
-    assert d.matmul_flop_per_s(10, 100) == pytest.approx(math.sqrt(4 * 200) * 1e9)
-    assert d.matmul_flop_per_s(10, 5) == pytest.approx(4e9)  # below the smallest width: held
+    d = DeviceSpec(1e9, (1, 100), ((1.0, 11.0), (101.0, 201.0)), 1e9, 1e9, 1e9, 1e9, matmul_widths=(10, 1000))
+    assert d.matmul_flop_per_s(1, 10) == 1e9 and d.matmul_flop_per_s(100, 1000) == 201e9
+    assert d.matmul_flop_per_s(10, 100) == pytest.approx(((1 + 11) / 2 + (101 + 201) / 2) / 2 * 1e9)
+    assert d.matmul_flop_per_s(10, 5) == pytest.approx(6e9)  # below the smallest width: held
     with pytest.raises(HardwareSpecError, match="for each width"):
         DeviceSpec(1e9, (1, 100), ((1.0, 11.0),), 1e9, 1e9, 1e9, 1e9, matmul_widths=(10, 1000))
 
