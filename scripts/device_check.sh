@@ -5,6 +5,7 @@
 #   install  the wheels carried in .whl/ (scripts/fetch_device_wheels.sh) into /tmp/site; flexbatch itself runs
 #            from this source tree (PYTHONPATH), so nothing has to be built
 #   tests    the GPU-marked tests: pytest -m gpu tests
+#   profile  flexbatch profile (CPU, GPU, pinned h2d/d2h), which the bench's planner uses; its GPU figures
 #   bench    flexbatch bench gpu: FlexInfer's per-phase policies vs FlexGen-like offloading under a GPU budget
 #   flexgen  FlexGen 0.1.8 vs flexbatch, same OPT shape, budget and policy (scripts/flexgen_baseline.py), when
 #            its wheel is in .whl/
@@ -27,7 +28,7 @@ cd "$(dirname "$0")/.." || exit 1
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-$PWD/device-check-out}
 BUDGET=${CHECK_BUDGET_S:-460}
-STAGES=${STAGES:-env install tests bench flexgen}
+STAGES=${STAGES:-env install tests profile bench flexgen}
 CACHE=${FLEXBATCH_CACHE:-/tmp/flexbatch-cache}
 SITE=${SITE:-/tmp/site}
 SIMULATE=${SIMULATE:-0}
@@ -124,6 +125,20 @@ if wants tests; then
     fi
   else
     record tests skipped 0 "$GPU_SKIP"
+  fi
+fi
+
+if wants profile; then
+  if [[ $CUDA == yes ]]; then
+    stage profile 90 '^(gpu:|flexbatch: error)' bash -c "$PYTHON -m jobs.cli profile >/dev/null && $PYTHON -c '
+from planner.profiler import load_or_profile
+hw = load_or_profile()
+g = hw.gpu
+print(f\"gpu: {g.memory_bytes / 2**30:.0f} GiB, GEMM up to {max(max(r) for r in g.matmul_gflop_per_s) / 1e3:.0f} TFLOP/s, \"
+      f\"h2d {hw.h2d_bytes_per_s / 1e9:.1f} GB/s, d2h {hw.d2h_bytes_per_s / 1e9:.1f} GB/s (pinned); cpu_run_scale {hw.cpu_run_scale:.2f}\")
+'"
+  else
+    record profile skipped 0 "$GPU_SKIP"
   fi
 fi
 
