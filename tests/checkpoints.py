@@ -57,6 +57,9 @@ def llama_config(vocab: int, variant: str):
     if variant == "mistral_window":
         base.update(num_key_value_heads=2, sliding_window=6)
         return MistralConfig(**base)
+    if variant == "llama_deep":  # five layers: splits at 1..4 and staging that wraps around an odd depth
+        base.update(num_hidden_layers=5, num_key_value_heads=2)
+        return LlamaConfig(**base)
     if variant == "qwen2":
         base.update(num_key_value_heads=2, tie_word_embeddings=False)
         return Qwen2Config(**base)

@@ -40,6 +40,23 @@ COMPRESSED = {
 }
 
 
+# the same policies on other shapes: OPT (the GPU benchmark's family) and a 5-layer Llama
+OTHER_SHAPES = {
+    "opt": {"offload-both": GPU_POLICIES["offload-both"], "split-resident": GPU_POLICIES["split-resident"],
+            "prefill-gpu-decode-cpu-4bit": COMPRESSED["prefill-gpu-decode-cpu-4bit"]},
+    "llama_deep": {
+        "offload-both": GPU_POLICIES["offload-both"],
+        "split-resident-3": Policy(gbs=4, num_gb=2, weight_gpu=0.4, weight_cpu=0.6, prefill_device="split",
+                                   prefill_split_layer=3, decode_device="split", decode_split_layer=3),
+        "prefill-gpu-decode-split-2-part-resident": Policy(
+            gbs=3, num_gb=2, weight_gpu=0.4, weight_cpu=0.4, prefill_device="gpu", decode_device="split",
+            decode_split_layer=2, cache_gpu=0.5, cache_cpu=0.5),
+        "offload-gpu-attention-4bit": COMPRESSED["offload-4bit-gpu-attention"],
+    },
+}
+SHAPE_CASES = [(variant, name) for variant, policies in OTHER_SHAPES.items() for name in policies]
+
+
 def _reqs(n=10):
     return [Request(str(i), p, SamplingParams(max_new_tokens=n)) for i, p in enumerate(PROMPTS_X2)]
 
@@ -82,6 +99,34 @@ def test_cuda_compressed_policies_agree_with_the_cpu_compressed_run(checkpoint, 
     want, _ = _tokens(checkpoint(VARIANT), "float32", cpu)
     got, _ = _tokens(checkpoint(VARIANT), "float32", policy, tmp_path=tmp_path)
     assert _agreement(got, want) >= 0.95
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant, name", SHAPE_CASES)
+def test_cuda_other_shapes_agree_with_their_cpu_run(checkpoint, tmp_path, variant, name):
+    policy = OTHER_SHAPES[variant][name]
+    cpu = Policy(gbs=policy.gbs, num_gb=policy.num_gb, compress_weight=policy.compress_weight,
+                 compress_cache=policy.compress_cache)
+    want, _ = _tokens(checkpoint(variant), "float32", cpu)
+    got, _ = _tokens(checkpoint(variant), "float32", policy, tmp_path=tmp_path)
+    if policy.compress_weight or policy.compress_cache:
+        assert _agreement(got, want) >= 0.95
+    else:
+        assert got == want
+
+
+@pytest.mark.parametrize("variant, name", SHAPE_CASES)
+def test_simulated_other_shapes_equal_their_cpu_run(checkpoint, tmp_path, variant, name):
+    policy = OTHER_SHAPES[variant][name]
+    cpu = Policy(gbs=policy.gbs, num_gb=policy.num_gb, compress_weight=policy.compress_weight,
+                 compress_cache=policy.compress_cache)
+    want, _ = _tokens(checkpoint(variant), "float32", cpu)
+    got, engine = _tokens(checkpoint(variant), "float32", policy, simulate=True, tmp_path=tmp_path)
+    assert got == want
+    if name.startswith("split-resident"):
+        assert engine.weights.staging_bytes() == 0
+        k = policy.decode_split_layer
+        assert engine.weights.placement[k:] == ["gpu"] * (engine.spec.num_layers - k)
 
 
 def _agreement(got: list[list[int]], want: list[list[int]]) -> float:
