@@ -13,6 +13,7 @@ import math
 
 from engine.policy import Policy
 from engine.spec import ModelSpec
+from engine.weight_store import weight_placement
 from planner.workload import TIERS, Affine, Workload
 
 GROUP = 64  # 4-bit group size (engine.quant.DEFAULT_CONFIG)
@@ -100,10 +101,18 @@ def layers_on(policy: Policy, phase: str, num_layers: int) -> dict[str, int]:
     return {"cpu": num_layers if device == "cpu" else 0, "gpu": num_layers if device == "gpu" else 0}
 
 
+def streams_to_gpu(policy: Policy, num_layers: int) -> bool:
+    """Whether some layer computes on the GPU (in either phase) with its weights away from it, so that two layers
+    are staged there (engine.weight_store); a split with its GPU layers resident stages none."""
+    placement = weight_placement(policy, num_layers)
+    return any(placement[j] != "gpu" and (policy.layer_on_gpu("prefill", j) or policy.layer_on_gpu("decode", j))
+               for j in range(num_layers))
+
+
 def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) -> dict[str, float]:
     """Unaccounted scratch per compute device used in `phase`: intermediate_bytes, plus 2 dense layer buffers
     (2 * params_per_layer * dtype_bytes) with compressed weights, plus 2 stored layers staged on the GPU when it
-    computes layers whose weights live elsewhere (a conservative constant in the fractions)."""
+    computes layers whose weights live elsewhere (`streams_to_gpu`)."""
     tokens = work.max_prompt_len if phase == "prefill" else 1
     out = dict.fromkeys(TIERS, 0.0)
     for device, count in layers_on(policy, phase, model.num_layers).items():
@@ -112,7 +121,7 @@ def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) 
         out[device] += intermediate_bytes(model, policy.gbs, tokens, work.dtype_bytes)
         if policy.compress_weight:
             out[device] += 2 * model.params_per_layer * work.dtype_bytes
-        if device == "gpu" and policy.weight_gpu < 1:
+        if device == "gpu" and streams_to_gpu(policy, model.num_layers):
             out[device] += 2 * layer_bytes(model, work.dtype_bytes, policy.compress_weight)
     return out
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -175,6 +175,10 @@ class _Solver:
 
     def run(self, template: Policy) -> float:
         """Predicted job time of the template's best placement (inf when none fits)."""
+        resident = split_gpu_layers(template, self.model.num_layers)
+        if resident is not None and self.hw.has_gpu and "weight_gpu" not in self.pins:
+            L = self.model.num_layers  # the split's GPU layers resident (count_bounds fixes them): no staging
+            template = replace(template, weight_gpu=resident / L, weight_cpu=1 - resident / L)
         key = template.to_json()
         if key in self.seen:
             return self.seen[key]

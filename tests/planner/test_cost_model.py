@@ -124,3 +124,14 @@ def test_gpu_prefill_stores_its_kv_on_a_side_stream():
     assert p.prefill.layer_s["gpu"] == pytest.approx(max(p.prefill.main_s["gpu"], p.prefill.prefetch_s["gpu"], store))
     assert p.prefill.channels_s["gpu"]["d2h"] == pytest.approx(store)
     assert p.decode.store_s["cpu"] == 0
+
+
+def test_a_split_with_its_gpu_layers_resident_stages_nothing_on_the_gpu():
+    resident = Policy(gbs=2, num_gb=2, weight_gpu=0.5, weight_cpu=0.5, prefill_device="split", prefill_split_layer=1,
+                      decode_device="split", decode_split_layer=1)
+    streamed = Policy(gbs=2, num_gb=2, weight_gpu=0.0, weight_cpu=1.0, prefill_device="split", prefill_split_layer=1,
+                      decode_device="split", decode_split_layer=1)
+    assert not mm.streams_to_gpu(resident, 2) and mm.streams_to_gpu(streamed, 2)
+    for phase in ("prefill", "decode"):
+        gap = mm.working_bytes(SMALL, WORK, streamed, phase)["gpu"] - mm.working_bytes(SMALL, WORK, resident, phase)["gpu"]
+        assert gap == 2 * mm.layer_bytes(SMALL, 2, compressed=False)
