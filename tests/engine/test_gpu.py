@@ -221,3 +221,51 @@ def test_cuda_host_buffers_that_cross_are_pinned(checkpoint, tmp_path):
         assert torch.cuda.is_available()
     finally:
         engine.weights.close()
+
+
+class _RecordingStream:
+    """Stands in for a CUDA stream: logs each event it records and each event it is made to wait for."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log, self.count = name, log, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def record(self):
+        self.count += 1
+        event = (self.name, self.count)
+        self.log.append(("record", event))
+        return event
+
+    def wait(self, event):
+        self.log.append((f"{self.name} waits", event))
+
+
+def test_streamed_weights_follow_the_event_protocol(checkpoint, tmp_path):
+    """The ordering that CUDA enforces through events, checked with recording streams: every prefetched layer
+    is waited for by the compute stream before use, and the weights stream refills buffers only after waiting
+    for the compute stream's hand-back event (never for one of its own)."""
+    engine = Engine.load(checkpoint("llama_deep"), dtype="float32", policy=GPU_POLICIES["offload-both"],
+                         simulate_gpu=True, offload_dir=tmp_path)
+    log: list = []
+    engine.devices.compute_stream = _RecordingStream("compute", log)
+    engine.devices.streams["weights"] = _RecordingStream("weights", log)
+    try:
+        engine.generate(_reqs(4))
+    finally:
+        engine.weights.close()
+    ready = [e for kind, e in log if kind == "record" and e[0] == "weights"]
+    waited_ready = [e for kind, e in log if kind == "compute waits"]
+    released = [e for kind, e in log if kind == "record" and e[0] == "compute"]
+    refills = [e for kind, e in log if kind == "weights waits"]
+    assert ready and released
+    assert all(e[0] == "weights" for e in waited_ready) and all(e is None or e[0] == "compute" for e in refills)
+    assert len(waited_ready) >= len(ready) - 1  # at most the last step's prefetch of layer 0 is never taken
+    assert sorted(waited_ready) == waited_ready and len(set(waited_ready)) == len(waited_ready)
+    # only the very first load comes before any hand-back; every later one waits for a hand-back, in order
+    handed = [e for e in refills if e is not None]
+    assert len(handed) == len(refills) - 1 and set(handed) <= set(released) and sorted(handed) == handed
