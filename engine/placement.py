@@ -156,27 +156,25 @@ class PlacedKV:
         if dev == home:
             cache.store(layer, k_new[rows], v_new[rows], start)
             return
-        if not (d.has_cuda and d.pin_host and dev == "gpu" and tier == "cpu"):
+        if not (d.async_kv_stores and dev == "gpu" and tier == "cpu"):
             cache.store(layer, k_new[rows], v_new[rows], start, copy=lambda dst, src: d.copy_into(dst, src, dev, home))
             return
         kv, pairs = d.streams["kv"], []
         kv.wait(d.compute_stream.record())
         k, v = k_new[rows], v_new[rows]
         with kv:
-            k.record_stream(torch.cuda.current_stream())  # the compute stream's allocator must not reuse them yet
-            v.record_stream(torch.cuda.current_stream())
+            d.keep_for_current_stream(k, v)  # the compute stream's allocator must not reuse them yet
             moved = cache.store(layer, k, v, start, copy=lambda dst, src: pairs.append((dst, self._staged(src))))
         d.links.add(dev, home, moved)
         self._queued.append((kv.record(), pairs))
         self._land(keep=STORES_IN_FLIGHT)
 
-    @staticmethod
-    def _staged(src: torch.Tensor) -> torch.Tensor:
+    def _staged(self, src: torch.Tensor) -> torch.Tensor:
         """A pinned, contiguous host buffer filled from GPU tensor `src` asynchronously (on the current stream):
         a cache slice is strided, and a strided destination would make the copy synchronous. PyTorch's pinned
         allocator reuses such buffers, and not before the copies recorded on them have finished."""
-        buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-        buf.copy_(src, non_blocking=True)
+        buf = self.devices.host_empty(src.shape, src.dtype)
+        buf.copy_(src, non_blocking=self.devices.has_cuda)
         return buf
 
     def _land(self, keep: int) -> None:

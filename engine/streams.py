@@ -42,7 +42,7 @@ class Stream:
 
     def wait(self, event: torch.cuda.Event | None) -> None:
         """Work queued on this stream from now on waits for `event` (the host does not wait)."""
-        if event is not None:
+        if self.cuda and event is not None:
             self._stream.wait_event(event)
 
 

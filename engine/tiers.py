@@ -87,12 +87,21 @@ class Devices:
         self.offload_dir = Path(offload_dir) if offload_dir else None
         self.links = Links()
         self.pin_host = False  # set by the engine when a policy computes on a CUDA GPU
+        self.async_kv_stores = False
         self.compute_stream = current(self.has_cuda)
         self.streams = {name: Stream(self.has_cuda) for name in ("weights", "kv")}
 
     def use_pinned_host(self, on: bool) -> None:
-        """Pin host buffers that cross PCIe from now on (only with CUDA)."""
+        """Pin host buffers that cross PCIe from now on (only with CUDA); prefill's K/V then reach a host cache
+        asynchronously, on the kv stream (`async_kv_stores`)."""
         self.pin_host = bool(on) and self.has_cuda
+        self.async_kv_stores = self.pin_host
+
+    def keep_for_current_stream(self, *tensors: torch.Tensor) -> None:
+        """Tell CUDA's allocator that the current (side) stream uses these compute-stream tensors (no-op on CPU)."""
+        if self.has_cuda:
+            for t in tensors:
+                t.record_stream(torch.cuda.current_stream())
 
     def host_empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialized CPU tensor, pinned when host buffers cross PCIe."""

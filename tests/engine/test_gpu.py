@@ -223,6 +223,15 @@ def test_cuda_host_buffers_that_cross_are_pinned(checkpoint, tmp_path):
         engine.weights.close()
 
 
+class _Event(tuple):
+    """(stream name, sequence number) of a recorded event; the host waiting for it is logged."""
+
+    log: list = []
+
+    def synchronize(self):
+        self.log.append(("host waits", self))
+
+
 class _RecordingStream:
     """Stands in for a CUDA stream: logs each event it records and each event it is made to wait for."""
 
@@ -237,7 +246,8 @@ class _RecordingStream:
 
     def record(self):
         self.count += 1
-        event = (self.name, self.count)
+        event = _Event((self.name, self.count))
+        event.log = self.log
         self.log.append(("record", event))
         return event
 
@@ -269,3 +279,29 @@ def test_streamed_weights_follow_the_event_protocol(checkpoint, tmp_path):
     # only the very first load comes before any hand-back; every later one waits for a hand-back, in order
     handed = [e for e in refills if e is not None]
     assert len(handed) == len(refills) - 1 and set(handed) <= set(released) and sorted(handed) == handed
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "4-bit"])
+def test_prefill_kv_stores_land_before_decode_reads_them(checkpoint, cpu_reference, tmp_path, compressed):
+    """The asynchronous K/V store path of a GPU prefill into a host cache, run with recording streams: each store
+    waits for the compute stream, is staged, and lands in the cache only after the host waited for its event;
+    the tokens equal the CPU run's, so every staged row reached the cache before decode read it."""
+    policy = COMPRESSED["prefill-gpu-decode-cpu-4bit"] if compressed else GPU_POLICIES["prefill-gpu-decode-cpu"]
+    want = (_tokens(checkpoint(VARIANT), "float32", Policy(gbs=4, num_gb=2, compress_weight=True,
+                                                              compress_cache=True))[0]
+            if compressed else cpu_reference["float32"])
+    engine = Engine.load(checkpoint(VARIANT), dtype="float32", policy=policy, simulate_gpu=True, offload_dir=tmp_path)
+    log: list = []
+    engine.devices.async_kv_stores = True
+    engine.devices.compute_stream = _RecordingStream("compute", log)
+    engine.devices.streams["kv"] = _RecordingStream("kv", log)
+    try:
+        got = [c.token_ids for c in engine.generate(_reqs())]
+    finally:
+        engine.weights.close()
+    assert got == want
+    stores = [e for kind, e in log if kind == "record" and e[0] == "kv"]
+    landed = [e for kind, e in log if kind == "host waits"]
+    assert len(stores) == LAYERS * 3  # 10 rows in blocks of 8 and 2, GPU batches of 4: 2 + 1 batches per layer
+    assert sorted(landed) == sorted(stores)  # every store was waited for once before its rows were used
+    assert all(e[0] == "compute" for kind, e in log if kind == "kv waits")
