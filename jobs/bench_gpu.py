@@ -20,7 +20,7 @@ import click
 from engine import bench_models as bm
 from engine.errors import FlexbatchError
 from engine.policy import parse_bytes
-from jobs.bench_gpu_models import GPU_PRESETS, bf16_weight_bytes, build_gpu_checkpoint
+from jobs.bench_gpu_models import GPU_PRESETS, build_gpu_checkpoint, weight_bytes
 from jobs.bench_gpu_policies import (
     BASELINE,
     KINDS,
@@ -35,7 +35,7 @@ from jobs.bench_gpu_report import format_table, headline, summary
 
 log = logging.getLogger(__name__)
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
-DEFAULT_BUDGET_SHARE = 0.25  # of the bf16 weights: a large GPU behaves like a small one
+DEFAULT_BUDGET_SHARE = 0.25  # of the weights in the run's dtype: a large GPU behaves like a small one
 
 
 class GpuMissingError(FlexbatchError):
@@ -49,7 +49,7 @@ class GpuBenchConfig:
     prompt_len: int = 512
     gen_len: int = 32
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    gpu_mem: float | None = None  # bytes; None: DEFAULT_BUDGET_SHARE of the bf16 weights
+    gpu_mem: float | None = None  # bytes; None: DEFAULT_BUDGET_SHARE of the weights
     dtype: str = "bfloat16"
     repeats: int = 3
     policies: tuple[str, ...] = KINDS
@@ -153,7 +153,7 @@ class GpuBench:
         if cfg.prompt_len + cfg.gen_len > self.spec.max_position_embeddings:
             raise FlexbatchError(f"--prompt-len {cfg.prompt_len} + --gen-len {cfg.gen_len} exceeds the model's context "
                                  f"of {self.spec.max_position_embeddings}; shorten them")
-        self.weight_bytes = bf16_weight_bytes(self.spec)
+        self.weight_bytes = weight_bytes(self.spec, DTYPE_BYTES[cfg.dtype])
         self.gpu_bytes = cfg.gpu_mem or DEFAULT_BUDGET_SHARE * self.weight_bytes
         self.hw = bench_hardware(cfg, self.gpu_bytes)
         self.eos, self.offload = _eos(self.model_dir, self.spec), Path(cfg.cache_dir) / "offload"
@@ -246,7 +246,7 @@ def run_gpu_bench(cfg: GpuBenchConfig, json_path: Path | None = None) -> dict:
     bench = GpuBench(cfg)
     report = {"config": asdict(cfg), "machine": {**bm.machine_info(), "gpu": bench.device},
               "hardware": bench.hw.name, "model": {"dir": str(bench.model_dir), "model_type": bench.spec.model_type,
-                                                   "layers": bench.spec.num_layers, "bf16_bytes": bench.weight_bytes},
+                                                   "layers": bench.spec.num_layers, "weight_bytes": bench.weight_bytes},
               "gpu_budget_bytes": bench.gpu_bytes, "baseline_gpu_layers": round(bench.policies[0].base.weight_gpu
                                                                               * bench.spec.num_layers),
               "batches": [], "summary": None}
@@ -296,7 +296,7 @@ _D = GpuBenchConfig()
                    "comparison runs; tiny-* are for tests).")
 @click.option("--gpu-mem", default=None, metavar="SIZE",
               help="GPU budget (e.g. 640MiB, 2GiB) that every policy must fit.  [default: a quarter of the model's "
-                   "bf16 weights, so that a large GPU behaves like a small one]")
+                   "weights in --dtype, so that a large GPU behaves like a small one]")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=_D.prompt_len, show_default=True)
 @click.option("--gen-len", type=click.IntRange(min=2), default=_D.gen_len, show_default=True)
 @click.option("--batch-sizes", default=",".join(map(str, _D.batch_sizes)), show_default=True,

@@ -78,8 +78,8 @@ def build_gpu_checkpoint(preset: str, cache_dir: str | Path | None = None) -> Pa
     return out
 
 
-def bf16_weight_bytes(spec: ModelSpec) -> float:
-    """Every weight of the model at 2 bytes: the layers, embeddings, head and norms."""
+def weight_bytes(spec: ModelSpec, dtype_bytes: int = BF16_BYTES) -> float:
+    """Every weight of the model at `dtype_bytes` each: the layers, embeddings, head and norms."""
     from planner.memory_model import global_bytes, layer_bytes
 
-    return spec.num_layers * layer_bytes(spec, BF16_BYTES, False) + global_bytes(spec, BF16_BYTES)
+    return spec.num_layers * layer_bytes(spec, dtype_bytes, False) + global_bytes(spec, dtype_bytes)

@@ -87,9 +87,9 @@ def batch_lines(b: dict) -> list[str]:
 
 def format_table(report: dict) -> str:
     c, m = report["config"], report["model"]
-    out = [f"bench gpu: {m['dir']} ({m['model_type']}, {m['layers']} layers, {human(m['bf16_bytes'])} in bf16) on "
+    out = [f"bench gpu: {m['dir']} ({m['model_type']}, {m['layers']} layers, {human(m['weight_bytes'])} in {report['config']['dtype']}) on "
            f"{report['machine']['gpu']}; GPU budget {human(report['gpu_budget_bytes'])} "
-           f"({report['gpu_budget_bytes'] / m['bf16_bytes']:.2f}x the weights; the baseline keeps "
+           f"({report['gpu_budget_bytes'] / m['weight_bytes']:.2f}x the weights; the baseline keeps "
            f"{report['baseline_gpu_layers']} of {m['layers']} layers there); prompt {c['prompt_len']}, "
            f"gen {c['gen_len']}, {c['dtype']}, median of {c['repeats']}; planner's view: {report['hardware']}",
            f"{'batch':>5}  {'policy (prefill/decode)':<28} {'latency s':>9} {'tokens/s':>9} {'prefill s':>9} "

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.policy import Policy, parse_bytes  # noqa: E402
-from jobs.bench_gpu_models import GPU_PRESETS, bf16_weight_bytes, build_gpu_checkpoint  # noqa: E402
+from jobs.bench_gpu_models import GPU_PRESETS, build_gpu_checkpoint, weight_bytes  # noqa: E402
 from jobs.bench_gpu_policies import act_bytes, kv_bytes, offload_gpu_layers  # noqa: E402
 
 FIGURES = ("prefill latency", "decode latency", "total latency", "prefill throughput", "decode throughput",
@@ -52,7 +52,7 @@ def placement(args) -> dict:
     """FlexGen's six percents and the matching flexbatch Policy for the budget and block (see the module doc)."""
     spec = spec_for(args.preset)
     rows = args.gpu_batch_size * args.num_gpu_batches
-    budget = parse_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem else 0.25 * bf16_weight_bytes(spec)
+    budget = parse_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem else 0.25 * weight_bytes(spec)
     layers = offload_gpu_layers(spec, budget, 2, rows, args.prompt_len)
     wg = 100 * layers // spec.num_layers
     free = budget - layers * spec.params_per_layer * 2 - 2 * spec.params_per_layer * 2

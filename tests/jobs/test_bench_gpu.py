@@ -41,7 +41,7 @@ def test_simulated_run_prints_every_policy_at_every_batch_size(tmp_path):
             assert r["prefill_s"] > 0 and r["decode_s"] > 0 and r["predicted_s"] > 0
         h = b["headline"]
         assert h["best"] in POLICIES and h["best_vs_offload"] <= 0 and h["planner_vs_best"] is not None
-    assert report["gpu_budget_bytes"] == 0.25 * report["model"]["bf16_bytes"]
+    assert report["gpu_budget_bytes"] == 0.25 * report["model"]["weight_bytes"]
     offload = report["batches"][0]["rows"][0]["policy"]
     assert offload["prefill_device"] == offload["decode_device"] == "gpu" and offload["weight_cpu"] > 0
     fitting = report["batches"][0]["rows"][POLICIES.index("split@6/split@6")]["policy"]
