@@ -61,6 +61,12 @@ def _reqs(n=10):
     return [Request(str(i), p, SamplingParams(max_new_tokens=n)) for i, p in enumerate(PROMPTS_X2)]
 
 
+def _on_cpu(policy: Policy) -> Policy:
+    """The same blocks and compression, everything on the CPU: the reference run of a GPU policy."""
+    return Policy(gbs=policy.gbs, num_gb=policy.num_gb, compress_weight=policy.compress_weight,
+                  compress_cache=policy.compress_cache)
+
+
 def _tokens(model, dtype, policy=None, simulate=False, tmp_path=None, n=10):
     engine = Engine.load(model, dtype=dtype, policy=policy, simulate_gpu=simulate, offload_dir=tmp_path)
     try:
@@ -95,8 +101,7 @@ def test_cuda_compressed_policies_agree_with_the_cpu_compressed_run(checkpoint, 
     """4-bit runs: the GPU quantizes the cache and dequantizes the weights itself; it must agree with the
     same compression on the CPU (all on the CPU: same formats, float32)."""
     policy = COMPRESSED[name]
-    cpu = Policy(gbs=policy.gbs, num_gb=policy.num_gb, compress_weight=True, compress_cache=True)
-    want, _ = _tokens(checkpoint(VARIANT), "float32", cpu)
+    want, _ = _tokens(checkpoint(VARIANT), "float32", _on_cpu(policy))
     got, _ = _tokens(checkpoint(VARIANT), "float32", policy, tmp_path=tmp_path)
     assert _agreement(got, want) >= 0.95
 
@@ -105,9 +110,7 @@ def test_cuda_compressed_policies_agree_with_the_cpu_compressed_run(checkpoint, 
 @pytest.mark.parametrize("variant, name", SHAPE_CASES)
 def test_cuda_other_shapes_agree_with_their_cpu_run(checkpoint, tmp_path, variant, name):
     policy = OTHER_SHAPES[variant][name]
-    cpu = Policy(gbs=policy.gbs, num_gb=policy.num_gb, compress_weight=policy.compress_weight,
-                 compress_cache=policy.compress_cache)
-    want, _ = _tokens(checkpoint(variant), "float32", cpu)
+    want, _ = _tokens(checkpoint(variant), "float32", _on_cpu(policy))
     got, _ = _tokens(checkpoint(variant), "float32", policy, tmp_path=tmp_path)
     if policy.compress_weight or policy.compress_cache:
         assert _agreement(got, want) >= 0.95
@@ -118,9 +121,7 @@ def test_cuda_other_shapes_agree_with_their_cpu_run(checkpoint, tmp_path, varian
 @pytest.mark.parametrize("variant, name", SHAPE_CASES)
 def test_simulated_other_shapes_equal_their_cpu_run(checkpoint, tmp_path, variant, name):
     policy = OTHER_SHAPES[variant][name]
-    cpu = Policy(gbs=policy.gbs, num_gb=policy.num_gb, compress_weight=policy.compress_weight,
-                 compress_cache=policy.compress_cache)
-    want, _ = _tokens(checkpoint(variant), "float32", cpu)
+    want, _ = _tokens(checkpoint(variant), "float32", _on_cpu(policy))
     got, engine = _tokens(checkpoint(variant), "float32", policy, simulate=True, tmp_path=tmp_path)
     assert got == want
     if name.startswith("split-resident"):
@@ -145,8 +146,7 @@ def _agreement(got: list[list[int]], want: list[list[int]]) -> float:
 @pytest.mark.parametrize("name", list(COMPRESSED))
 def test_simulated_compressed_policies_equal_the_cpu_compressed_run(checkpoint, tmp_path, name):
     policy = COMPRESSED[name]
-    cpu = Policy(gbs=policy.gbs, num_gb=policy.num_gb, compress_weight=True, compress_cache=True)
-    want, _ = _tokens(checkpoint(VARIANT), "float32", cpu)
+    want, _ = _tokens(checkpoint(VARIANT), "float32", _on_cpu(policy))
     got, _ = _tokens(checkpoint(VARIANT), "float32", policy, simulate=True, tmp_path=tmp_path)
     assert got == want
 
