@@ -142,10 +142,8 @@ class QuantKVCache:
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int):
         """Quantize k_new/v_new [B, KVH, S, D] into slots [start, start+S); return lazy K, V over [0, end)."""
+        self.store(layer, k_new, v_new, start)
         end = start + k_new.shape[2]
-        assert end <= self.max_len, (end, self.max_len)
-        self.k[layer].write_rows(start, quantize(k_new, self.config))
-        self.v[layer].write_rows(start, quantize(v_new, self.config))
         return self.k[layer].row_slice(0, end), self.v[layer].row_slice(0, end)
 
     def dequantized(self, layer: int, end: int, dtype=None):

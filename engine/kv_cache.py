@@ -28,10 +28,8 @@ class KVCache:
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int):
         """Write k_new/v_new [B, KVH, S, D] at slots [start, start+S); return K, V over slots [0, start+S)."""
+        self.store(layer, k_new, v_new, start)
         end = start + k_new.shape[2]
-        assert end <= self.max_len, (end, self.max_len)
-        self.k[layer][:, :, start:end] = k_new
-        self.v[layer][:, :, start:end] = v_new
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None):
