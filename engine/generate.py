@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from engine.chat import chat_prompt_ids, messages_problem
 from engine.codecs import KVCodec, WeightCodec
 from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
@@ -136,16 +137,28 @@ class Engine:
                         f"tier, which has {human(t.budget - t.used)} left of its {human(t.budget)} budget; lower "
                         f"--gbs/--num-gb, raise --{tier}-mem, or move cache or weights to another tier")
 
-    def _prepare(self, req: Request, truncate: str) -> RowState | Completion:
+    def _prompt_ids(self, req: Request) -> list[int] | str:
+        """The request's prompt token ids (given, rendered from its messages, or tokenized from its prompt),
+        or why it has none."""
         if req.prompt_ids is not None:
-            ids = list(req.prompt_ids)
-            if not ids:
-                return Completion.failed(req.id, "prompt_ids is empty; give at least one token")
-        elif not isinstance(req.prompt, str) or not req.prompt:
+            return list(req.prompt_ids) or "prompt_ids is empty; give at least one token"
+        if req.messages is not None:
+            problem = messages_problem(req.messages)
+            if problem:
+                return problem
+            try:
+                return chat_prompt_ids(self.tokenizer, req.messages)
+            except ValueError as e:
+                return str(e)
+        if not isinstance(req.prompt, str) or not req.prompt:
             what = "empty" if req.prompt == "" else f"not a string ({type(req.prompt).__name__})"
-            return Completion.failed(req.id, f"prompt is {what}; give a non-empty string")
-        else:
-            ids = list(self.tokenizer(req.prompt)["input_ids"])
+            return f"prompt is {what}; give a non-empty string"
+        return list(self.tokenizer(req.prompt)["input_ids"])
+
+    def _prepare(self, req: Request, truncate: str) -> RowState | Completion:
+        ids = self._prompt_ids(req)
+        if isinstance(ids, str):
+            return Completion.failed(req.id, ids)
         context = self.spec.max_position_embeddings
         room = context - req.params.max_new_tokens
         if room < 1:
@@ -162,15 +175,14 @@ class Engine:
 
 
 def _eos_ids(model_dir: str | Path, spec: ModelSpec) -> tuple[int, ...]:
-    """EOS ids from config.json and, when present, generation_config.json (which `generate` also honours)."""
-    ids = list(spec.eos_token_ids)
+    """The ids that end a row: generation_config.json's `eos_token_id` (one id or several, e.g. Llama 3's
+    <|end_of_text|> and <|eot_id|>), which is what transformers' `generate` stops on; config.json's when that
+    file is absent or names none."""
     gen = Path(model_dir) / "generation_config.json"
-    if gen.is_file():
-        value = json.loads(gen.read_text()).get("eos_token_id")
-        for t in value if isinstance(value, list) else [value]:
-            if t is not None and t not in ids:
-                ids.append(int(t))
-    return tuple(ids)
+    value = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
+    if value is None:
+        return tuple(spec.eos_token_ids)
+    return tuple(dict.fromkeys(int(t) for t in (value if isinstance(value, list) else [value])))
 
 
 def _check_gpu(policy: Policy, devices: Devices) -> None:

@@ -56,15 +56,18 @@ def _check_float(name: str, value, ok, hint: str) -> None:
 
 @dataclass(frozen=True)
 class Request:
-    """One prompt to complete. `id` is carried to the `Completion` unchanged. With `forced_ids`, the engine
-    emits those tokens instead of choosing (with `logprobs=True` this scores a continuation, e.g. for
-    perplexity, through the same decode path and KV cache as generation)."""
+    """One prompt to complete. `id` is carried to the `Completion` unchanged. With `messages` (a list of
+    `{role, content}`), the prompt is that conversation rendered by the checkpoint's chat template
+    (engine/chat.py) and `prompt` is not used. With `forced_ids`, the engine emits those tokens instead of
+    choosing (with `logprobs=True` this scores a continuation, e.g. for perplexity, through the same decode
+    path and KV cache as generation)."""
 
     id: str
     prompt: str
     params: SamplingParams = field(default_factory=SamplingParams)
     forced_ids: tuple[int, ...] | None = None  # teacher forcing: these tokens are emitted instead of sampled
     prompt_ids: tuple[int, ...] | None = None  # an already tokenized prompt (then `prompt` is not tokenized)
+    messages: tuple[dict, ...] | None = None  # a chat conversation (then `prompt` is not used)
 
 
 @dataclass
