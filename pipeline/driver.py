@@ -14,11 +14,11 @@ from collections import Counter, deque
 from pathlib import Path
 
 from pipeline.manifest import append_manifest, read_manifest, write_success
-from pipeline.output_dir import open_output
+from pipeline.output_dir import JOB_FILES, open_output
 from pipeline.progress import Progress
 from pipeline.runner import JobPlan, JobSummary, RunConfig, plan_job
 from pipeline.shards import Shard, make_shards
-from pipeline.storage import Folder, is_temp_name
+from pipeline.storage import Folder, temp_target
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +163,9 @@ def _finish(plan: JobPlan, shards, committed: dict, new: dict, failed: list, inf
     """Remove temporaries, write `_SUCCESS` and return the summary (of the whole job, earlier runs included)."""
     folder = plan.config.output
     where = Folder(folder)
-    for name, _ in where.entries():
-        if is_temp_name(name):
+    ours = {s.part_name for s in shards} | set(JOB_FILES)
+    for name, is_file in where.entries():
+        if is_file and temp_target(name) in ours:
             where.delete(name)
     done = {**committed, **new}
     predictions = [i["predicted"]["seconds"] for i in infos if i.get("predicted")]

@@ -39,6 +39,19 @@ def read_manifest(folder: Path | str, config_hash: str) -> dict[str, dict]:
     return committed
 
 
+def manifest_parts(folder: Path | str) -> set[str]:
+    """Every part name the folder's manifest records, of any job (what flexbatch wrote there)."""
+    names = set()
+    for line in (Folder(folder).read_text(MANIFEST_FILE) or "").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("part"), str):
+            names.add(record["part"])
+    return names
+
+
 def append_manifest(folder: Path | str, record: dict) -> None:
     """Append one commit record durably (see `Folder.append_line`)."""
     Folder(folder).append_line(MANIFEST_FILE, json.dumps(record, sort_keys=True) + "\n")

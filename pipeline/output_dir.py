@@ -2,7 +2,8 @@
 
 A folder is usable when it does not exist, is empty, or holds only what a job with the same config wrote
 (its `_job.json`, its parts, temporaries of an interrupted run). Anything else is refused unless `overwrite`,
-which removes the old job file, Parquet parts and temporaries, and leaves other files alone."""
+which removes only what the old job's records name (its job files, the parts of its `_job.json` shards and of
+its manifest lines, temporaries of those) and leaves every other file alone, listing it in the log."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import OutputFolderError
-from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE
-from pipeline.storage import Folder, is_temp_name
+from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE, manifest_parts
+from pipeline.storage import Folder, temp_target
 
 log = logging.getLogger(__name__)
 
 JOB_FILE = "_job.json"
-_JOB_FILES = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE)
+LOCK_FILE = "_lock"
+JOB_FILES = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, LOCK_FILE)
 
 
 def config_hash(config: dict) -> str:
@@ -57,12 +59,13 @@ def check_output(folder: Path | str, record: dict, overwrite: bool) -> OutputChe
     if not names:
         return OutputCheck(folder, "create", None)
     same_job = old is not None and old.get("config_hash") == record["config_hash"]
-    foreign = [n for n in names if not _written_by_job(n, old)]
+    owned = owned_names(folder, old)
+    foreign = [n for n in names if not _written_by_job(n, owned, old)]
     if same_job and not foreign:
         return OutputCheck(folder, "reuse", old, tuple(n for n in _kept(old) if n in names))
     if not overwrite:
         raise OutputFolderError(_refusal(folder, record, old, foreign))
-    kept = tuple(n for n in names if not _removable(n, entries[n], old))
+    kept = tuple(n for n in names if not (entries[n] and _owned(n, owned)))
     return OutputCheck(folder, "replace", old, kept)
 
 
@@ -77,19 +80,19 @@ def _refusal(folder: Path, record: dict, old: dict | None, foreign: list[str]) -
     return f"output folder {folder} holds files that flexbatch did not write ({shown}); {fix}"
 
 
-def _written_by_job(name: str, old: dict | None) -> bool:
-    if is_temp_name(name):
-        return True
-    return old is not None and (name in _JOB_FILES or name in _part_names(old) or name in _kept(old))
+def owned_names(folder: Path | str, old: dict | None) -> set[str]:
+    """The names flexbatch wrote in `folder` by its records: the job files, the parts of the old `_job.json`'s
+    shards and the parts its manifest lines name (of any job). A file is never taken as flexbatch's by its
+    name's pattern alone."""
+    return set(JOB_FILES) | (_part_names(old) if old else set()) | manifest_parts(folder)
 
 
-def _removable(name: str, is_file: bool, old: dict | None) -> bool:
-    """What --overwrite deletes: job files, Parquet parts and temporaries; never folders or other files."""
-    if not is_file:
-        return False
-    return name in _JOB_FILES or is_temp_name(name) or name.endswith(".parquet") or (
-        old is not None and name in _part_names(old)
-    )
+def _owned(name: str, owned: set[str]) -> bool:
+    return name in owned or temp_target(name) in owned
+
+
+def _written_by_job(name: str, owned: set[str], old: dict | None) -> bool:
+    return _owned(name, owned) or (old is not None and name in _kept(old))
 
 
 def _part_names(record: dict) -> set[str]:
@@ -119,10 +122,16 @@ def open_output(check: OutputCheck, record: dict) -> None:
     folder = Folder(check.folder)
     folder.make()
     entries = folder.entries()
+    owned = owned_names(check.folder, check.old_record)
+    clash = sorted(set(check.kept) & _part_names(record))
+    if clash:
+        raise OutputFolderError(f"output folder {check.folder} holds {', '.join(clash)}, which flexbatch did not "
+                                f"write and this job would write a part of that name; choose another --output")
     if check.action == "replace":
-        removable = [n for n, is_file in entries if _removable(n, is_file, check.old_record)]
+        removable = [n for n, is_file in entries if is_file and _owned(n, owned) and n != LOCK_FILE]
     else:
-        removable = [n for n, _ in entries if is_temp_name(n) or n == SUCCESS_FILE]
+        owned |= _part_names(record)
+        removable = [n for n, is_file in entries if is_file and (temp_target(n) in owned or n == SUCCESS_FILE)]
     for name in removable:
         log.info("removing %s", folder.child(name))
         folder.delete(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -169,8 +170,13 @@ def temp_name(name: str) -> str:
     return f".{name}.{os.getpid()}.tmp"
 
 
-def is_temp_name(name: str) -> bool:
-    return name.startswith(".") and name.endswith(".tmp")
+def temp_target(name: str) -> str | None:
+    """The file a temporary named by `temp_name` was to become, or None if `name` is not such a temporary."""
+    m = _TEMP.fullmatch(name)
+    return m.group(1) if m else None
+
+
+_TEMP = re.compile(r"\.(.+)\.\d+\.tmp")
 
 
 def _write_local_atomic(folder: Path, name: str, write) -> None:

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from pipeline.errors import OutputFolderError
+from pipeline.manifest import MANIFEST_FILE
 from pipeline.output_dir import JOB_FILE, check_output, job_record, open_output
 
 SHARDS = [{"index": 0, "path": "/in/a.parquet", "part_stem": "a", "row_start": 0, "row_stop": 3,
@@ -43,14 +44,36 @@ def test_another_jobs_folder_is_refused_naming_what_differs(tmp_path):
     assert (tmp_path / "a.parquet").exists()
 
 
-def test_overwrite_replaces_another_jobs_parts(tmp_path):
+def test_overwrite_replaces_another_jobs_parts_and_only_those(tmp_path):
     _open(tmp_path, _record(dtype="float32"))
     (tmp_path / "a.parquet").write_bytes(b"part")
-    (tmp_path / "old.parquet").write_bytes(b"part")
+    (tmp_path / "b.parquet").write_bytes(b"part")
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"part": "b.parquet"}) + "\n")
+    (tmp_path / ".a.parquet.77.tmp").write_bytes(b"half")
+    (tmp_path / "mine.parquet").write_bytes(b"the user's")
+    (tmp_path / ".mine.parquet.5.tmp").write_bytes(b"the user's")
     check = _open(tmp_path, _record(dtype="bfloat16"), overwrite=True)
     assert check.action == "replace"
-    assert [p.name for p in tmp_path.iterdir()] == [JOB_FILE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mine.parquet.5.tmp", JOB_FILE, "mine.parquet"]
+    assert (tmp_path / "mine.parquet").read_bytes() == b"the user's"
     assert json.loads((tmp_path / JOB_FILE).read_text())["config"]["dtype"] == "bfloat16"
+
+
+def test_overwrite_keeps_a_users_parquet_file_and_logs_it(tmp_path, caplog):
+    (tmp_path / "mine.parquet").write_bytes(b"the user's")
+    with pytest.raises(OutputFolderError, match=r"did not write \(mine.parquet\).*--overwrite"):
+        check_output(tmp_path, _record(), overwrite=False)
+    with caplog.at_level("WARNING"):
+        check = _open(tmp_path, _record(), overwrite=True)
+    assert check.kept == ("mine.parquet",) and "mine.parquet" in caplog.text
+    assert (tmp_path / "mine.parquet").read_bytes() == b"the user's"
+
+
+def test_a_users_file_named_like_a_part_of_the_job_is_refused_not_replaced(tmp_path):
+    (tmp_path / "a.parquet").write_bytes(b"the user's")
+    with pytest.raises(OutputFolderError, match="holds a.parquet, which flexbatch did not write"):
+        _open(tmp_path, _record(), overwrite=True)
+    assert (tmp_path / "a.parquet").read_bytes() == b"the user's"
 
 
 def test_files_flexbatch_did_not_write_are_refused(tmp_path):
@@ -66,13 +89,13 @@ def test_an_unknown_file_next_to_our_own_job_is_refused(tmp_path):
         check_output(tmp_path, _record(), overwrite=False)
 
 
-def test_overwrite_removes_parquet_but_keeps_other_files_and_folders(tmp_path):
+def test_overwrite_keeps_files_and_folders_it_did_not_write(tmp_path):
     (tmp_path / "results.csv").write_text("a,b\n")
     (tmp_path / "sub").mkdir()
     (tmp_path / "x.parquet").write_bytes(b"x")
     check = _open(tmp_path, _record(), overwrite=True)
-    assert check.kept == ("results.csv", "sub")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [JOB_FILE, "results.csv", "sub"]
+    assert check.kept == ("results.csv", "sub", "x.parquet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [JOB_FILE, "results.csv", "sub", "x.parquet"]
     assert _open(tmp_path, _record()).action == "reuse"  # what --overwrite kept is no longer foreign
 
 
