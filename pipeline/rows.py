@@ -24,7 +24,8 @@ _SEED_BITS = 63
 
 def row_ids(table: pa.Table, stem: str, offset: int = 0) -> list[str]:
     """One id per row: the `id` column cast to string where present and not null, else `<stem>:<row index>`,
-    the index counted from the file's first row (`table` starts at row `offset` of its file)."""
+    the index counted from the file's first row (`table` starts at row `offset` of its file). A binary id
+    becomes text one to one (see `_id_text`), so distinct ids stay distinct."""
     made = [f"{stem}:{offset + i}" for i in range(table.num_rows)]
     if ID_COLUMN not in table.column_names:
         return made
@@ -33,8 +34,10 @@ def row_ids(table: pa.Table, stem: str, offset: int = 0) -> list[str]:
 
 
 def _id_text(value) -> str:
+    """Binary ids: valid UTF-8 reads as itself; each byte that is not is written `\\xNN`, and a backslash is
+    doubled, so that two distinct byte strings never give the same text (a lossy decode would merge them)."""
     if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
+        return value.replace(b"\\", b"\\\\").decode("utf-8", errors="backslashreplace")
     return str(value)
 
 

@@ -23,6 +23,14 @@ def test_id_column_is_cast_to_string_and_nulls_get_made_ids():
     assert row_ids(table, "f") == ["42", "f:1", "7"]
 
 
+def test_distinct_binary_ids_stay_distinct_and_utf8_ids_read_as_text():
+    given = [b"\xff", b"\xfe", b"\\xff", b"a\\", b"a\\\\", "é".encode(), b"plain"]
+    ids = row_ids(pa.table({"prompt": ["p"] * len(given), "id": pa.array(given, pa.binary())}), "f")
+    assert len(set(ids)) == len(given)
+    assert ids[5:] == ["é", "plain"] and ids[0] == "\\xff" and ids[2] == "\\\\xff"
+    pa.array(ids, pa.string())  # every id is valid text for the output's string column
+
+
 @pytest.mark.parametrize(
     ("prompt", "problem"),
     [(None, "is null"), ("", "is empty")],
