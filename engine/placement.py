@@ -8,21 +8,17 @@ on the host STORES_IN_FLIGHT stores later, or before decode first reads the cach
 
 from __future__ import annotations
 
-import itertools
-import os
-import tempfile
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
 from engine.attention import attend
 from engine.cpu_attention import attention
+from engine.offload import scratch_tensor
 from engine.quant import QTensor
 from engine.streams import synchronize
 from engine.tiers import Devices
 
-_file_ids = itertools.count()
 STORES_IN_FLIGHT = 2  # prefill K/V stores of a GPU batch (one per layer) left copying while the GPU computes
 
 
@@ -40,7 +36,7 @@ def row_segments(rows: int, fractions: dict[str, float]) -> list[tuple[str, slic
 
 def alloc(devices: Devices, tier: str, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
     """An uninitialized tensor on `tier` (every slot is written before it is read); a disk tensor is a
-    memory-mapped file in the offload folder."""
+    memory-mapped scratch file in the offload folder (engine/offload.py)."""
     numel = 1
     for n in shape:
         numel *= n
@@ -49,12 +45,7 @@ def alloc(devices: Devices, tier: str, shape: tuple[int, ...], dtype: torch.dtyp
         return devices.host_empty(shape, dtype)
     if tier != "disk":
         return torch.empty(shape, dtype=dtype, device=devices.torch_device(tier))
-    folder = Path(devices.offload_dir or tempfile.gettempdir()) / "flexbatch-scratch"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{os.getpid()}-{next(_file_ids)}.bin"
-    t = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
-    path.unlink()  # the mapping stays valid; nothing is left behind
-    return t
+    return scratch_tensor(devices.offload_dir, shape, dtype)
 
 
 @dataclass

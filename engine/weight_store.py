@@ -19,12 +19,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from engine.kernels import NativeKernels
+from engine.offload import DEFAULT_OFFLOAD_DIR
 from engine.policy import Policy
 from engine.tiers import Devices, tensor_bytes
 from engine.weights import CheckpointReader, LayerWeights
 
 log = logging.getLogger(__name__)
-DEFAULT_OFFLOAD_DIR = Path.home() / ".cache" / "flexbatch" / "offload"
 
 
 def layer_tiers(num_layers: int, fractions: dict[str, float]) -> list[str]:
