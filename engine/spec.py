@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,6 +116,8 @@ def check_safetensors(model_dir: str | Path) -> list[Path]:
     path = Path(model_dir)
     files = sorted(path.glob("*.safetensors"))
     if files:
+        for f in files:
+            _check_header(f)
         return files
     pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
     if pickles:
@@ -124,6 +127,28 @@ def check_safetensors(model_dir: str | Path) -> list[Path]:
             "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)"
         )
     raise WeightFormatError(f"{str(path)!r} has no *.safetensors weight files")
+
+
+def _check_header(path: Path) -> None:
+    """A safetensors file starts with the 8-byte little-endian length of a JSON header: checked here, before
+    any weight is read, so that another format under that name is refused in one line."""
+    header = None
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            n = int.from_bytes(f.read(8), "little")
+            if size >= 8 and 2 <= n <= min(size - 8, _MAX_HEADER):
+                header = json.loads(f.read(n))
+    except OSError as e:
+        raise WeightFormatError(f"{str(path)!r} cannot be read ({e.strerror}); check the file's permissions") from e
+    except ValueError:  # not UTF-8 or not JSON
+        pass
+    if not isinstance(header, dict):
+        raise WeightFormatError(f"{str(path)!r} is not a safetensors file (no safetensors header); replace it with "
+                                "the checkpoint's safetensors weights")
+
+
+_MAX_HEADER = 100_000_000  # the safetensors format's own limit on the header
 
 
 def load_model_spec(model_dir: str | Path) -> ModelSpec:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from engine.policy import Policy
 from engine.request import BACKEND_CHOICES, DEFAULT_BACKEND, DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
+from engine.tokenizer import load_tokenizer
 from pipeline.errors import ConfigError, InputError
 from pipeline.output_dir import OutputCheck, check_output, job_record
 from pipeline.parquet_io import (
@@ -133,6 +134,7 @@ def plan_job(config: RunConfig) -> JobPlan:
         if isinstance(f.path, Path) and f.path.parent == config.output:
             raise InputError(f"input file {f.path} lies in the output folder {config.output}; choose another --output")
     spec = load_model_spec(config.model)
+    load_tokenizer(config.model)  # a tokenizer that is missing or needs the folder's code: refused before Ray
     record = job_record(_job_config(config, files))
     record["run"] = {"input": config.input, "policy": config.policy.to_dict()}  # recorded, not hashed
     check = check_output(config.output, record, config.overwrite)
@@ -163,7 +165,6 @@ def choose(config: RunConfig, plan: JobPlan, num_prompts: int | None = None) -> 
     if not config.plan:
         return config.policy, None
     from engine.dtypes import resolve_dtype
-    from engine.tokenizer import load_tokenizer
 
     dtype = str(resolve_dtype(config.dtype)).removeprefix("torch.")
     work = workload_from_input(plan.files, config.prompt_column, load_tokenizer(config.model), plan.spec,

@@ -81,3 +81,33 @@ def test_missing_layer_weights_are_named(checkpoint, tmp_path):
     save_file({k: v for k, v in weights.items() if ".layers.1." not in k}, d / "model.safetensors")
     with pytest.raises(WeightFormatError, match=r"lack layers \[1\]"):
         Engine.load(d)
+
+
+def test_a_tokenizer_that_needs_the_folders_code_is_refused_and_the_code_never_runs(checkpoint, tmp_path,
+                                                                                    monkeypatch):
+    import io
+
+    from engine.tokenizer import load_tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(checkpoint("llama_tied"), model)
+    marker = tmp_path / "ran"
+    (model / "custom_tok.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                         "from transformers import PreTrainedTokenizerFast\n"
+                                         "class CustomTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    cfg_path = model / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(tokenizer_class="CustomTokenizer", auto_map={"AutoTokenizer": [None, "custom_tok.CustomTokenizer"]})
+    cfg_path.write_text(json.dumps(cfg))
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 4))  # a yes to any prompt
+    with pytest.raises(UnsupportedModelError, match="never runs a checkpoint's code"):
+        load_tokenizer(model)
+    assert not marker.exists()
+
+
+def test_a_file_named_safetensors_that_is_not_one_is_refused_in_one_line(checkpoint, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(checkpoint("llama_tied"), model)
+    (model / "model.safetensors").write_bytes(b"PK\x03\x04 this is a zip archive, not safetensors" * 10)
+    with pytest.raises(WeightFormatError, match=r"model.safetensors.* is not a safetensors file"):
+        load_model_spec(model)
