@@ -19,6 +19,8 @@ from pipeline.storage import Folder, is_uri, list_parquet, open_parquet, stem
 log = logging.getLogger(__name__)
 
 ID_COLUMN = "id"
+MESSAGES_COLUMN = "messages"  # a chat row's conversation: a list of {role, content} (Ray Data LLM's name)
+CHAT_CHOICES = ("auto", "on", "off")
 # Columns the job appends; an input that already has one of them would be silently clobbered.
 OUTPUT_COLUMNS = ("completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs")
 _GLOB_CHARS = ("*", "?", "[")
@@ -79,21 +81,33 @@ def part_names(paths: Sequence[Path]) -> list[str]:
 
 
 def inspect_inputs(paths: Sequence[Path], prompt_column: str) -> list[InputFile]:
-    """Read each file's footer (not its data) and check it has the prompt column and no output column."""
+    """Read each file's footer (not its data) and check it has the prompt column (`messages` for chat rows) and
+    no output column."""
     files = []
     for path, name in zip(paths, part_names(paths)):
         schema, num_rows = read_footer(path)
         columns = tuple(schema.names)
         if prompt_column not in columns:
-            raise InputError(
-                f"{path}: no prompt column {prompt_column!r}; its columns are {list(columns)}; "
-                f"pass --prompt-column with one of them"
-            )
+            fix = ("give it a messages column of {role, content} lists, or pass --chat off"
+                   if prompt_column == MESSAGES_COLUMN else "pass --prompt-column with one of them")
+            raise InputError(f"{path}: no prompt column {prompt_column!r}; its columns are {list(columns)}; {fix}")
         clash = [c for c in OUTPUT_COLUMNS if c in columns]
         if clash:
             raise InputError(f"{path}: input columns {clash} would be overwritten by the output; rename or drop them")
         files.append(InputFile(path=path, part_name=name, num_rows=num_rows, columns=columns))
     return files
+
+
+def uses_chat(paths: Sequence[Path], chat: str) -> bool:
+    """Whether rows are conversations: `chat="on"`, or "auto" and every file has a `messages` column."""
+    if chat != "auto":
+        return chat == "on"
+    has = [MESSAGES_COLUMN in read_footer(p)[0].names for p in paths]
+    if any(has) and not all(has):
+        some = [str(p) for p, h in zip(paths, has) if not h][:2]
+        raise InputError(f"some input files have a {MESSAGES_COLUMN!r} column and others ({', '.join(some)}) do not; "
+                         "pass --chat on or --chat off to say how every row is read")
+    return bool(has) and all(has)
 
 
 def read_footer(path: Path) -> tuple[pa.Schema, int]:

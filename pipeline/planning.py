@@ -24,14 +24,15 @@ CPU_BUDGET_SHARE = 0.8  # of MemAvailable, when --cpu-mem is not given
 TYPICAL_QUANTILE = 0.75  # blocks are length-bucketed; a block pads to about this quantile of its lengths
 
 
-def sample_prompts(files: tuple[InputFile, ...], column: str, limit: int = SAMPLE_PROMPTS) -> list[str]:
-    """Up to `limit` prompts, read row group by row group (one column) from the first files."""
-    out: list[str] = []
+def sample_prompts(files: tuple[InputFile, ...], column: str, limit: int = SAMPLE_PROMPTS) -> list:
+    """Up to `limit` prompts (strings, or conversations from a messages column), read row group by row group
+    (one column) from the first files."""
+    out: list = []
     for f in files:
         with open_parquet(f.path) as pf:
             for g in range(pf.num_row_groups):
                 values = pf.read_row_group(g, columns=[column]).column(0).to_pylist()
-                out += [v for v in values if isinstance(v, str) and v]
+                out += [v for v in values if (isinstance(v, str) and v) or isinstance(v, list)]
                 if len(out) >= limit:
                     return out[:limit]
     return out
@@ -46,10 +47,24 @@ def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len:
 
     prompts = sample_prompts(files, column)
     room = max(1, spec.max_position_embeddings - gen_len)
-    lengths = sorted(min(room, len(tokenizer(p)["input_ids"])) for p in prompts) or [1]
+    lengths = sorted(min(room, n) for n in (prompt_length(tokenizer, p) for p in prompts) if n) or [1]
     typical = max(1, lengths[min(len(lengths) - 1, int(TYPICAL_QUANTILE * len(lengths)))])
     rows = max(1, num_prompts or sum(f.num_rows for f in files))
     return Workload(typical, gen_len, rows, max_prompt_len=max(typical, lengths[-1]), dtype=dtype)
+
+
+def prompt_length(tokenizer, prompt) -> int:
+    """Tokens of a prompt string, or of a conversation rendered by the chat template (0 if it cannot be)."""
+    if isinstance(prompt, str):
+        return len(tokenizer(prompt)["input_ids"])
+    from engine.chat import chat_prompt_ids, messages_problem
+
+    if messages_problem(prompt):
+        return 0
+    try:
+        return len(chat_prompt_ids(tokenizer, prompt))
+    except ValueError:
+        return 0
 
 
 def mem_available_bytes() -> float | None:

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from engine.chat import messages_problem
 from engine.errors import InvalidParamsError
 from engine.request import Completion, Request, SamplingParams
-from pipeline.parquet_io import ID_COLUMN
+from pipeline.parquet_io import ID_COLUMN, MESSAGES_COLUMN
 
 # Optional input columns that override the job's options row by row; a null means "use the option".
 ROW_PARAM_COLUMNS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "seed")
@@ -48,14 +49,15 @@ def derive_seed(base_seed: int, row_id: str) -> int:
 
 
 def build_requests(
-    table: pa.Table, ids: Sequence[str], prompt_column: str, defaults: SamplingParams
+    table: pa.Table, ids: Sequence[str], prompt_column: str, defaults: SamplingParams, chat: bool = False
 ) -> list[Request | Completion]:
-    """One item per row, in row order: a `Request` to run, or a failed `Completion` for a bad row."""
-    prompts = table.column(prompt_column).to_pylist()
+    """One item per row, in row order: a `Request` to run, or a failed `Completion` for a bad row. Chat rows
+    take their conversation from the `messages` column instead of the prompt column."""
+    prompts = table.column(MESSAGES_COLUMN if chat else prompt_column).to_pylist()
     overrides = {c: table.column(c).to_pylist() for c in ROW_PARAM_COLUMNS if c in table.column_names}
     items: list[Request | Completion] = []
     for i, (row_id, prompt) in enumerate(zip(ids, prompts)):
-        problem = prompt_problem(prompt, prompt_column)
+        problem = messages_problem(prompt) if chat else prompt_problem(prompt, prompt_column)
         if problem:
             items.append(Completion.failed(row_id, problem))
             continue
@@ -64,7 +66,10 @@ def build_requests(
         except InvalidParamsError as e:
             items.append(Completion.failed(row_id, f"per-row parameter: {e}"))
             continue
-        items.append(Request(id=row_id, prompt=prompt, params=params))
+        if chat:
+            items.append(Request(id=row_id, prompt="", params=params, messages=tuple(prompt)))
+        else:
+            items.append(Request(id=row_id, prompt=prompt, params=params))
     return items
 
 

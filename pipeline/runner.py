@@ -17,9 +17,12 @@ from engine.tokenizer import load_tokenizer
 from pipeline.errors import ConfigError, InputError
 from pipeline.output_dir import OutputCheck, check_output, job_record
 from pipeline.parquet_io import (
+    CHAT_CHOICES,
+    MESSAGES_COLUMN,
     InputFile,
     inspect_inputs,
     resolve_inputs,
+    uses_chat,
 )
 from pipeline.planning import choose_policy, hardware, workload_from_input
 from pipeline.storage import file_identity, is_uri
@@ -38,6 +41,7 @@ class RunConfig:
     output: Path | str  # a local folder, or a URI of a pyarrow filesystem (s3://bucket/prefix)
     model: Path
     prompt_column: str = "prompt"
+    chat: str = "auto"  # rows are conversations (`messages`): on, off, or auto (when there is a messages column)
     params: SamplingParams = field(default_factory=SamplingParams)
     dtype: str = "auto"
     backend: str = DEFAULT_BACKEND  # CPU kernels (engine/kernels.py): native, ipex or auto
@@ -65,6 +69,8 @@ class RunConfig:
             raise ConfigError("--input is empty: expected a Parquet file, a folder or a glob")
         if not isinstance(self.prompt_column, str) or not self.prompt_column:
             raise ConfigError(f"--prompt-column {self.prompt_column!r} is invalid: expected a column name")
+        if self.chat not in CHAT_CHOICES:
+            raise ConfigError(f"--chat {self.chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(f"--dtype {self.dtype!r} is invalid: expected one of {', '.join(DTYPE_CHOICES)}")
         if self.backend not in BACKEND_CHOICES:
@@ -125,23 +131,44 @@ class JobPlan:
     spec: ModelSpec
     record: dict
     output: OutputCheck
+    chat: bool = False  # rows are conversations, rendered by the checkpoint's chat template
+
+    @property
+    def column(self) -> str:
+        """The input column a row's prompt comes from."""
+        return MESSAGES_COLUMN if self.chat else self.config.prompt_column
 
 
 def plan_job(config: RunConfig) -> JobPlan:
-    """All checks that need no model weights: Parquet footers, config.json, the output folder."""
-    files = tuple(inspect_inputs(resolve_inputs(config.input), config.prompt_column))
+    """All checks that need no model weights: Parquet footers, config.json, the chat template when rows are
+    conversations, the output folder."""
+    paths = resolve_inputs(config.input)
+    chat = uses_chat(paths, config.chat)
+    files = tuple(inspect_inputs(paths, MESSAGES_COLUMN if chat else config.prompt_column))
     for f in files:
         if isinstance(f.path, Path) and f.path.parent == config.output:
             raise InputError(f"input file {f.path} lies in the output folder {config.output}; choose another --output")
     spec = load_model_spec(config.model)
-    load_tokenizer(config.model)  # a tokenizer that is missing or needs the folder's code: refused before Ray
-    record = job_record(_job_config(config, files))
+    tokenizer = load_tokenizer(config.model)  # a tokenizer that is missing or needs the folder's code: refused before Ray
+    if chat:
+        check_chat_template(tokenizer, config.model)
+    record = job_record(_job_config(config, files, chat))
     record["run"] = {"input": config.input, "policy": config.policy.to_dict()}  # recorded, not hashed
     check = check_output(config.output, record, config.overwrite)
-    return JobPlan(config=config, files=files, spec=spec, record=record, output=check)
+    return JobPlan(config=config, files=files, spec=spec, record=record, output=check, chat=chat)
 
 
-def _job_config(config: RunConfig, files: tuple[InputFile, ...]) -> dict:
+def check_chat_template(tokenizer, model: Path) -> None:
+    """Chat rows need the checkpoint's chat template; checked from its tokenizer files, before any weights."""
+    from engine.chat import has_chat_template
+
+    if not has_chat_template(tokenizer):
+        raise ConfigError(f"{model} has no chat template (chat_template in tokenizer_config.json, or "
+                          "chat_template.jinja) but the rows are conversations; use a chat checkpoint, or pass "
+                          "--chat off to read the prompt column as plain text")
+
+
+def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> dict:
     """What the output depends on; its hash decides whether a folder holds this job's output. The input is
     named by its resolved files (not how it was spelled); of the policy only compression counts, as placement
     and block sizes do not change the completions."""
@@ -156,6 +183,7 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...]) -> dict:
         "compress_cache": config.policy.compress_cache,
         # kernels other than native may change bf16 outputs; native adds nothing, so older hashes still match
         **({"backend": config.backend} if config.backend != DEFAULT_BACKEND else {}),
+        **({"chat": True} if chat else {}),  # likewise: plain-prompt jobs keep their hashes
     }
 
 
@@ -167,7 +195,7 @@ def choose(config: RunConfig, plan: JobPlan, num_prompts: int | None = None) -> 
     from engine.dtypes import resolve_dtype
 
     dtype = str(resolve_dtype(config.dtype)).removeprefix("torch.")
-    work = workload_from_input(plan.files, config.prompt_column, load_tokenizer(config.model), plan.spec,
+    work = workload_from_input(plan.files, plan.column, load_tokenizer(config.model), plan.spec,
                                config.params.max_new_tokens, dtype, num_prompts)
     pins = {"compress_weight": config.policy.compress_weight, "compress_cache": config.policy.compress_cache,
             **config.pins}

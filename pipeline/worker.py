@@ -86,7 +86,7 @@ class ShardWorker:
             raise InputError(f"{shard.path}: expected {shard.num_rows} rows at {shard.row_start}, read "
                              f"{table.num_rows}; was the file modified during the job?")
         ids = row_ids(table, shard.part_stem, offset=shard.row_start)
-        items = build_requests(table, ids, config.prompt_column, config.params)
+        items = build_requests(table, ids, config.prompt_column, config.params, chat=self.plan.chat)
         completions, seconds = self._complete(items, shard)
         check_one_per_row(completions, ids)
         out = output_table(table, completions, ids, config.params.logprobs)

@@ -19,6 +19,22 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def chat_checkpoint(tmp_path_factory):
+    """`chat_checkpoint(style)` builds (once per session) a tiny random checkpoint with a real chat template:
+    "llama3", "qwen2" or "mistral" (tests/chat_checkpoints.py)."""
+    from tests.chat_checkpoints import make_chat_checkpoint
+
+    made = {}
+
+    def get(style: str):
+        if style not in made:
+            made[style] = make_chat_checkpoint(tmp_path_factory.mktemp(f"chat-{style}"), style)
+        return made[style]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(checkpoint):
     return checkpoint("llama_gqa_llama3")
 

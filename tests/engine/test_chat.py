@@ -6,7 +6,7 @@ import torch
 
 from engine.generate import Engine
 from engine.request import Request, SamplingParams
-from tests.chat_checkpoints import CHAT_STYLES, STYLES, make_chat_checkpoint, set_generation_eos
+from tests.chat_checkpoints import CHAT_STYLES, STYLES, set_generation_eos
 from tests.engine.reference import hf_model
 
 CONVERSATIONS = [
@@ -21,18 +21,6 @@ CONVERSATIONS = [
 def _turns(style: str) -> list[list[dict]]:
     """Mistral's template takes no system message (it raises on one)."""
     return [c for c in CONVERSATIONS if style != "mistral" or c[0]["role"] != "system"]
-
-
-@pytest.fixture(scope="module")
-def chat_dir(tmp_path_factory):
-    made = {}
-
-    def get(style: str):
-        if style not in made:
-            made[style] = make_chat_checkpoint(tmp_path_factory.mktemp(f"chat-{style}"), style)
-        return made[style]
-
-    return get
 
 
 def _hf_ids(tokenizer, messages) -> list[int]:
@@ -50,8 +38,8 @@ def _hf_greedy(model, ids: list[int], max_new_tokens: int) -> list[int]:
 
 
 @pytest.mark.parametrize("style", CHAT_STYLES)
-def test_chat_prompt_ids_equal_transformers_with_one_bos(chat_dir, style, one_thread):
-    engine = Engine.load(chat_dir(style), dtype="float32")
+def test_chat_prompt_ids_equal_transformers_with_one_bos(chat_checkpoint, style, one_thread):
+    engine = Engine.load(chat_checkpoint(style), dtype="float32")
     tok = engine.tokenizer
     reqs = [Request(str(i), "", SamplingParams(max_new_tokens=1), messages=tuple(m))
             for i, m in enumerate(_turns(style))]
@@ -66,8 +54,8 @@ def test_chat_prompt_ids_equal_transformers_with_one_bos(chat_dir, style, one_th
 
 
 @pytest.mark.parametrize("style", CHAT_STYLES)
-def test_greedy_chat_completions_equal_transformers_generate(chat_dir, style, one_thread):
-    model_dir = chat_dir(style)
+def test_greedy_chat_completions_equal_transformers_generate(chat_checkpoint, style, one_thread):
+    model_dir = chat_checkpoint(style)
     engine = Engine.load(model_dir, dtype="float32")
     ref = hf_model(model_dir)
     assert engine.eos_ids == tuple(ref.generation_config.eos_token_id)
@@ -79,12 +67,12 @@ def test_greedy_chat_completions_equal_transformers_generate(chat_dir, style, on
         assert c.token_ids == expected, f"{style} {req.id}"
 
 
-def test_several_eos_ids_from_generation_config_stop_like_transformers(chat_dir, one_thread, tmp_path):
+def test_several_eos_ids_from_generation_config_stop_like_transformers(chat_checkpoint, one_thread, tmp_path):
     """generation_config.json names two EOS ids; the second is a token the model greedily emits mid-answer, so
     both engines must stop right there (and config.json's own eos id, not listed there, must not stop a row)."""
     import shutil
 
-    model_dir = shutil.copytree(chat_dir("llama3"), tmp_path / "llama3")
+    model_dir = shutil.copytree(chat_checkpoint("llama3"), tmp_path / "llama3")
     engine = Engine.load(model_dir, dtype="float32")
     messages = CONVERSATIONS[1]
     ids = _hf_ids(engine.tokenizer, messages)
@@ -102,8 +90,8 @@ def test_several_eos_ids_from_generation_config_stop_like_transformers(chat_dir,
     assert c.text == engine.tokenizer.decode(free.token_ids[:stop_at], skip_special_tokens=True)
 
 
-def test_bad_conversations_fail_their_row_only(chat_dir, tiny_llama_dir, one_thread):
-    engine = Engine.load(chat_dir("mistral"), dtype="float32")
+def test_bad_conversations_fail_their_row_only(chat_checkpoint, tiny_llama_dir, one_thread):
+    engine = Engine.load(chat_checkpoint("mistral"), dtype="float32")
     p = SamplingParams(max_new_tokens=2)
     bad = {
         "not-a-list": "hello",
