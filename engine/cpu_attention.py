@@ -159,5 +159,11 @@ class QuantKVCache:
             return attend(q, k_new, v_new, mask, scale)
         return attention(q, k_all, v_all, mask, scale)
 
+    def shift_slots(self, first: int, count: int) -> None:
+        """Move slots [first, first+count) to [0, count) in every layer (slots are the last dim of each part)."""
+        for qt in self.k + self.v:
+            for t in (qt.data, qt.mins, qt.scales):
+                t[..., :count].copy_(t[..., first : first + count].clone())
+
     def nbytes(self) -> int:
         return sum(qt.nbytes for qt in self.k + self.v)

@@ -45,6 +45,7 @@ class Engine:
         self.kernels = kernels or NativeKernels()
         self.model = family_for(spec, dtype, self.kernels)
         self.phase_seconds: dict[str, float] = {}  # the last `generate`'s prefill and decode seconds
+        self.schedule_counts: dict[str, int] = {}  # the last `generate`'s layer passes, refilled rows, shifts
 
     @property
     def backend(self) -> str:
@@ -101,17 +102,32 @@ class Engine:
                 results[n] = row
             else:
                 ready.append((n, row))
-        ready.sort(key=lambda item: len(item[1].prompt_ids))  # similar lengths pad less
-        blocks = [ready[i : i + policy.block_size] for i in range(0, len(ready), policy.block_size)]
         executor = self._executor(policy)
+        blocks = self._blocks(ready, policy)
         self._check_budgets(executor, blocks)
-        for block in blocks:
-            with torch.inference_mode():
-                executor.run([row for _, row in block])
-            for n, row in block:
-                results[n] = row.completion(self.tokenizer)
+        for block, waiting in blocks:
+            rows, left = [row for _, row in block], [row for _, row in waiting]
+            while rows:
+                with torch.inference_mode():
+                    executor.run(rows, left if policy.refill else None)  # refill pops the rows it takes
+                rows, left = left[: policy.block_size], left[policy.block_size :]  # none fitted: a block of its own
+        for n, row in ready:
+            assert row.done, row.req.id
+            results[n] = row.completion(self.tokenizer)
         self.phase_seconds = dict(executor.seconds)
+        self.schedule_counts = dict(executor.counts)
         return results
+
+    @staticmethod
+    def _blocks(ready: list, policy: Policy) -> list[tuple[list, list]]:
+        """(block, waiting rows) pairs. Without refill, blocks of similar prompt lengths (less padding) and no
+        waiting rows. With refill, one block of the longest prompts, every other row waiting (longest first, so
+        that each fits before the shared cursor of the slot it takes)."""
+        if not policy.refill:
+            ready = sorted(ready, key=lambda item: len(item[1].prompt_ids))
+            return [(ready[i : i + policy.block_size], []) for i in range(0, len(ready), policy.block_size)]
+        ready = sorted(ready, key=lambda item: -len(item[1].prompt_ids))
+        return [(ready[: policy.block_size], ready[policy.block_size :])] if ready else []
 
     def _executor(self, policy: Policy) -> BlockExecutor:
         pad = self.eos_ids[0] if self.eos_ids else 0
@@ -120,10 +136,10 @@ class Engine:
 
     def _check_budgets(self, executor: BlockExecutor, blocks) -> None:
         """Refuse, before any work, a workload whose largest block does not fit a tier's budget."""
-        for block in blocks:
+        for block, waiting in blocks:
             rows = [row for _, row in block]
             S = max(len(r.prompt_ids) for r in rows)
-            T = S + max(r.req.params.max_new_tokens for r in rows)
+            T = executor.total_slots(rows + [row for _, row in waiting])
             need = executor.block_bytes(len(rows), S, T)
             staging = self.weights.staging_bytes()  # two layers staged on the GPU away from their tier
             need["gpu"] += staging

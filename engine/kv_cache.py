@@ -38,5 +38,11 @@ class KVCache:
         k_all, v_all = self.update(layer, k_new, v_new, start)
         return attention(q, k_all, v_all, mask, scale)
 
+    def shift_slots(self, first: int, count: int) -> None:
+        """Move slots [first, first+count) to [0, count) in every layer (refill reclaims the slots before the
+        oldest live row; rotary positions are applied before K is stored, so moved keys keep their meaning)."""
+        for t in self.k + self.v:
+            t[:, :, :count].copy_(t[:, :, first : first + count].clone())
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -160,6 +160,26 @@ class PlacedKV:
         self._queued.append((kv.record(), pairs))
         self._land(keep=STORES_IN_FLIGHT)
 
+    def store_rows(self, layer: int, k_new, v_new, start: int, rows: list[int]) -> None:
+        """Store the new K/V [R, KVH, S, D] of a refill prefill (computed on `compute`) at slots [start, start+S)
+        of batch rows `rows` (row i of k_new goes to batch row rows[i]), synchronously."""
+        self._land(keep=0)
+        d, dev = self.devices, self.compute
+        for i, b in enumerate(rows):
+            tier, seg_rows, cache = next(s for s in self.segments if s[1].start <= b < s[1].stop)
+            home, r = ("cpu" if tier == "disk" else tier), b - seg_rows.start
+
+            def copy(dst, src, r=r, home=home):
+                return d.copy_into(dst[r : r + 1], src, dev, home)
+
+            cache.store(layer, k_new[i : i + 1], v_new[i : i + 1], start, copy=copy)
+
+    def shift_slots(self, first: int, count: int) -> None:
+        """Move slots [first, first+count) of every segment's cache to [0, count)."""
+        self._land(keep=0)
+        for _, _, cache in self.segments:
+            cache.shift_slots(first, count)
+
     def _staged(self, src: torch.Tensor) -> torch.Tensor:
         """A pinned, contiguous host buffer filled from GPU tensor `src` asynchronously (on the current stream):
         a cache slice is strided, and a strided destination would make the copy synchronous. PyTorch's pinned

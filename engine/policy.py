@@ -19,7 +19,8 @@ _FRACTION_NAMES = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gp
 @dataclass(frozen=True)
 class Policy:
     """Fractions on `gpu` and `cpu`; the rest of each kind lives on `disk`. For a phase on `split`, layers
-    below `*_split_layer` run on the CPU and the others on the GPU."""
+    below `*_split_layer` run on the CPU and the others on the GPU. With `refill`, a finished row's slot takes
+    the next waiting row (engine/refill.py) instead of idling until its block ends."""
 
     gbs: int = DEFAULT_GBS
     num_gb: int = DEFAULT_NUM_GB
@@ -36,6 +37,7 @@ class Policy:
     decode_device: str = "cpu"
     prefill_split_layer: int = 0
     decode_split_layer: int = 0
+    refill: bool = False
     weight_disk: float = field(init=False)
     cache_disk: float = field(init=False)
     act_disk: float = field(init=False)

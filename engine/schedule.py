@@ -14,6 +14,7 @@ from engine.kv_cache import KVCache
 from engine.models import StepContext
 from engine.placement import PlacedActivations, PlacedKV, alloc, row_segments
 from engine.policy import Policy
+from engine.refill import Refill, choose_refill
 from engine.rows import RowState
 from engine.sampling import chosen_logprobs, next_tokens
 
@@ -22,7 +23,7 @@ ACT_DTYPE = torch.float32  # the residual stream between layers (see engine/mode
 
 class GpuBatch:
     """One GPU batch of a block: its rows (left-padded to the block's prompt length S), KV cache and
-    activations, and the step context of the current step."""
+    activations, the last cache slot written (-1 before prefill) and each row's next position."""
 
     def __init__(self, rows: list[RowState], S: int, T: int, pad: int):
         self.rows, self.S, self.T = rows, S, T
@@ -33,34 +34,76 @@ class GpuBatch:
             L = len(r.prompt_ids)
             self.ids[b, S - L :] = torch.tensor(r.prompt_ids)
             self.valid[b, S - L : S] = True
-        self.lengths = self.valid[:, :S].sum(-1, keepdim=True)
-        self.want_logprobs = any(r.req.params.logprobs for r in rows)
+        self.next_pos = self.valid[:, :S].sum(-1, keepdim=True)  # after prefill: each row's prompt length
+        self.slot = -1
         self.last: torch.Tensor | None = None  # tokens chosen at the previous step [B]
+        self.refill: Refill | None = None  # rows entering this step
+        self.shifts = 0
 
     @property
     def done(self) -> bool:
         return all(r.done for r in self.rows)
 
-    def context(self, step: int, window: int | None, cache) -> tuple[torch.Tensor, StepContext]:
-        """Input ids and context of generation step `step` (0 = prefill)."""
-        if step == 0:
+    def context(self, window: int | None, cache) -> tuple[torch.Tensor, StepContext]:
+        """Input ids and context of the next step (prefill while no slot is written)."""
+        if self.slot < 0:
             positions = (self.valid[:, : self.S].cumsum(-1) - 1).clamp(min=0)
             return self.ids, StepContext(positions, prefill_mask(self.valid[:, : self.S], window), 0, cache)
-        slot = self.S + step - 1
+        slot = self.slot + 1
         self.valid[:, slot] = True
         mask = decode_mask(self.valid, slot + 1, window)
-        return self.last.view(-1, 1), StepContext(self.lengths + step - 1, mask, slot, cache)
+        return self.last.view(-1, 1), StepContext(self.next_pos, mask, slot, cache)
+
+    def take_refill(self, waiting: list[RowState]) -> None:
+        """Give finished rows' slots to waiting rows that fit (shifting the cache when that makes room)."""
+        free = [b for b, r in enumerate(self.rows) if r.done]
+        if self.slot < 0 or not free or not waiting:
+            return
+        live = [b for b, r in enumerate(self.rows) if not r.done]
+        next_slot = self.slot + 1
+        oldest = min((int(self.valid[b].nonzero()[0]) for b in live), default=next_slot)
+        rows, shift = choose_refill(free, waiting, next_slot, oldest, self.T)
+        if not rows:
+            return
+        if shift:
+            self.shift(shift)
+        end = self.slot + 1
+        self.refill = Refill(free[: len(rows)], rows, end)
+        for b, r in zip(self.refill.slots, rows):
+            self.rows[b] = r
+            self.valid[b] = False
+            self.valid[b, end - len(r.prompt_ids) + 1 : end + 1] = True
+
+    def shift(self, first: int) -> None:
+        """Drop cache slots [0, first): every later slot moves `first` places left."""
+        count = self.slot + 1 - first
+        self.kv.shift_slots(first, count)
+        self.valid[:, :count] = self.valid[:, first : self.slot + 1].clone()
+        self.valid[:, count:] = False
+        self.slot -= first
+        self.shifts += 1
 
     def choose(self, logits: torch.Tensor, tokenizer) -> None:
-        tokens = next_tokens(logits, [r.req.params for r in self.rows], [r.generator for r in self.rows])
-        for b, r in enumerate(self.rows):
+        rows = self.rows
+        tokens = next_tokens(logits, [r.req.params for r in rows], [r.generator for r in rows])
+        for b, r in enumerate(rows):
             forced = r.req.forced_ids
             if forced is not None and len(r.tokens) < len(forced):
                 tokens[b] = forced[len(r.tokens)]
-        lps = chosen_logprobs(logits, tokens).tolist() if self.want_logprobs else [None] * len(self.rows)
-        for r, t, lp in zip(self.rows, tokens.tolist(), lps):
+        want = any(r.req.params.logprobs for r in rows)
+        lps = chosen_logprobs(logits, tokens).tolist() if want else [None] * len(rows)
+        for r, t, lp in zip(rows, tokens.tolist(), lps):
             r.push(t, lp, tokenizer)
         self.last = tokens
+        if self.slot < 0:
+            self.slot = self.S - 1
+        else:
+            self.slot += 1
+            self.next_pos = self.next_pos + 1
+        if self.refill is not None:
+            for b, n in zip(self.refill.slots, self.refill.lengths):
+                self.next_pos[b] = n
+            self.refill = None
 
 
 class BlockExecutor:
@@ -73,15 +116,18 @@ class BlockExecutor:
         self.kv_codec = kv_codec  # makes compressed caches; None keeps K/V in the compute dtype
         self.prefill_attention = kernels.prefill_attention if kernels is not None else None
         self.seconds = {"prefill": 0.0, "decode": 0.0}  # wall time of each phase's steps, over every block run
+        self.counts = {"steps": 0, "refilled_rows": 0, "shifts": 0}  # layer passes and refill work, likewise
         self._held: list[tuple[str, int]] = []
 
     def device(self, phase: str, layer: int) -> str:
         return "gpu" if self.policy.layer_on_gpu(phase, layer) else "cpu"
 
-    def run(self, rows: list[RowState]) -> None:
-        p = self.policy
+    def run(self, rows: list[RowState], waiting: list[RowState] | None = None) -> None:
+        """Complete `rows` (one block); with `waiting`, finished rows' slots take rows from it (refill), which
+        are popped as they enter."""
+        p, waiting = self.policy, waiting if waiting is not None else []
         S = max(len(r.prompt_ids) for r in rows)
-        T = S + max(r.req.params.max_new_tokens for r in rows)
+        T = self.total_slots(rows + waiting)
         batches = [GpuBatch(rows[i : i + p.gbs], S, T, self.pad) for i in range(0, len(rows), p.gbs)]
         try:
             for b in batches:
@@ -89,17 +135,32 @@ class BlockExecutor:
                 acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
                 b.acts = PlacedActivations.create(self.devices, acts, (len(b.rows), S, self.spec.hidden_size),
                                                   ACT_DTYPE)
-            for step in range(T - S):
+            while True:
+                for b in batches:
+                    self._refill(b, waiting)
                 live = [b for b in batches if not b.done]
                 if not live:
                     break
+                phase = "prefill" if live[0].slot < 0 else "decode"
                 t0 = time.perf_counter()
-                self._step(live, step)
-                self.seconds["decode" if step else "prefill"] += time.perf_counter() - t0
+                self._step(live, phase)
+                self.counts["steps"] += 1
+                self.seconds[phase] += time.perf_counter() - t0
         finally:
             for tier, nbytes in self._held:
                 self.devices.tiers[tier].release(nbytes)
             self._held.clear()
+
+    def _refill(self, b: GpuBatch, waiting: list[RowState]) -> None:
+        shifts = b.shifts
+        b.take_refill(waiting)
+        self.counts["refilled_rows"] += len(b.refill.rows) if b.refill else 0
+        self.counts["shifts"] += b.shifts - shifts
+
+    @staticmethod
+    def total_slots(rows: list[RowState]) -> int:
+        """Cache slots of a block: its longest prompt plus its largest max_new_tokens (refilled rows fit too)."""
+        return max(len(r.prompt_ids) for r in rows) + max(r.req.params.max_new_tokens for r in rows)
 
     def _alloc(self, tier: str):
         def make(shape, dtype):
@@ -120,14 +181,19 @@ class BlockExecutor:
             segments.append((tier, rows, cache))
         return PlacedKV(self.devices, segments, p.cpu_attention, self.prefill_attention)
 
-    def _step(self, live: list[GpuBatch], step: int) -> None:
-        phase = "prefill" if step == 0 else "decode"
-        ctxs = []
+    def _step(self, live: list[GpuBatch], phase: str) -> None:
+        """One generation step of every live GPU batch, layer by layer; rows refilled in a batch prefill in the
+        same layer pass, after the batch's decode (with the weights loaded once for both)."""
+        window, ctxs, refills = self.spec.sliding_window, [], {}
         for b in live:
-            ids, ctx = b.context(step, self.spec.sliding_window, b.kv)
+            ids, ctx = b.context(window, b.kv)
             self.model.begin_step(ctx)
             b.acts.store(self.model.embed(self.gw, ids, ctx), "cpu")
             ctxs.append(ctx)
+            if b.refill is not None:
+                ids, rctx = b.refill.inputs(self.pad, window, b.kv, self.prefill_attention)
+                self.model.begin_step(rctx)
+                refills[id(b)] = [rctx, self.model.embed(self.gw, ids, rctx), "cpu"]
         L = self.spec.num_layers
         for j in range(L):
             dev = self.device(phase, j)
@@ -139,9 +205,17 @@ class BlockExecutor:
             for b, ctx in zip(live, ctxs):
                 b.kv.compute, b.kv.decode = dev, phase == "decode"
                 b.acts.store(self.model.layer(w, b.acts.load(dev), self._on(ctx, dev), j), dev)
+                if id(b) in refills:
+                    rctx, h, where = refills[id(b)]
+                    h = self.model.layer(w, self.devices.move(h, where, dev), self._on(rctx, dev), j)
+                    refills[id(b)] = [rctx, h, dev]
             del w
         for b in live:
-            b.choose(self.model.head(self.gw, b.acts.load("cpu", last=True)), self.tokenizer)
+            logits = self.model.head(self.gw, b.acts.load("cpu", last=True))
+            if id(b) in refills:
+                _, h, where = refills[id(b)]
+                logits[b.refill.slots] = self.model.head(self.gw, self.devices.move(h[:, -1], where, "cpu"))
+            b.choose(logits, self.tokenizer)
 
     def _on(self, ctx: StepContext, dev: str) -> StepContext:
         """The step context with its tensors on compute device `dev` (a no-op unless that is CUDA)."""
