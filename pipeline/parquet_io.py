@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 ID_COLUMN = "id"
 MESSAGES_COLUMN = "messages"  # a chat row's conversation: a list of {role, content} (Ray Data LLM's name)
 CHAT_CHOICES = ("auto", "on", "off")
+FORMAT_CHOICES = ("auto", "parquet", "openai")  # openai: OpenAI Batch JSONL (pipeline/openai_batch.py)
+SUFFIXES = {"parquet": ".parquet", "openai": ".jsonl"}
 # Columns the job appends; an input that already has one of them would be silently clobbered.
 OUTPUT_COLUMNS = ("completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs")
 _GLOB_CHARS = ("*", "?", "[")
@@ -28,31 +30,41 @@ _GLOB_CHARS = ("*", "?", "[")
 
 @dataclass(frozen=True)
 class InputFile:
-    """One input Parquet file, checked, and the name of the output part it becomes."""
+    """One input file, checked, and the name of the output part it becomes."""
 
     path: Path | str  # a local path, or a URI of a pyarrow filesystem
     part_name: str
     num_rows: int
     columns: tuple[str, ...]
+    format: str = "parquet"  # or "openai": an OpenAI Batch JSONL file, one request per non-blank line
+    duplicate_rows: tuple[int, ...] = ()  # openai: lines whose custom_id an earlier line already used
+    chat_rows: int = 0  # openai: lines that are chat requests
 
     @property
     def part_stem(self) -> str:
-        return self.part_name.removesuffix(".parquet")
+        return self.part_name.removesuffix(SUFFIXES[self.format])
 
 
-def resolve_inputs(spec: str | os.PathLike) -> list[Path | str]:
-    """The Parquet files named by `spec`: one file, every `*.parquet` in a folder, or a glob (local paths only);
+def input_format(spec: str | os.PathLike, format: str) -> str:
+    """"parquet" or "openai": as given, or for "auto" from the input's extension (`.jsonl` is a batch file)."""
+    if format != "auto":
+        return format
+    return "openai" if str(spec).rstrip("/").endswith(SUFFIXES["openai"]) else "parquet"
+
+
+def resolve_inputs(spec: str | os.PathLike, suffix: str = ".parquet") -> list[Path | str]:
+    """The input files named by `spec`: one file, every `*<suffix>` in a folder, or a glob (local paths only);
     sorted, absolute; URIs of pyarrow filesystems (s3://...) stay URIs."""
     if is_uri(spec):
-        return list_parquet(str(spec))
+        return list_parquet(str(spec), suffix)
     text = os.path.expanduser(str(spec))
     path = Path(text)
     if path.is_file():
         return [path.resolve()]
     if path.is_dir():
-        found = [p for p in path.iterdir() if p.suffix == ".parquet" and p.is_file() and _visible(p.name)]
+        found = [p for p in path.iterdir() if p.suffix == suffix and p.is_file() and _visible(p.name)]
         if not found:
-            raise InputError(f"no input files matched: folder {path} holds no *.parquet files")
+            raise InputError(f"no input files matched: folder {path} holds no *{suffix} files")
         return sorted(p.resolve() for p in found)
     if not any(c in text for c in _GLOB_CHARS):
         raise InputError(f"no input files matched: {text} does not exist; expected a Parquet file, a folder or a glob")
@@ -67,13 +79,13 @@ def _visible(name: str) -> bool:
     return not name.startswith((".", "_"))
 
 
-def part_names(paths: Sequence[Path]) -> list[str]:
-    """`<stem>.parquet` per input, with `-1`, `-2`, ... appended when stems collide (e.g. a/x and b/x)."""
+def part_names(paths: Sequence[Path], suffix: str = ".parquet") -> list[str]:
+    """`<stem><suffix>` per input, with `-1`, `-2`, ... appended when stems collide (e.g. a/x and b/x)."""
     names: list[str] = []
     taken: set[str] = set()
     for path in paths:
         base, n = stem(path), 0
-        while (name := f"{base}.parquet" if n == 0 else f"{base}-{n}.parquet") in taken:
+        while (name := f"{base}{suffix}" if n == 0 else f"{base}-{n}{suffix}") in taken:
             n += 1
         taken.add(name)
         names.append(name)

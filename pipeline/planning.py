@@ -29,6 +29,13 @@ def sample_prompts(files: tuple[InputFile, ...], column: str, limit: int = SAMPL
     (one column) from the first files."""
     out: list = []
     for f in files:
+        if f.format == "openai":
+            from pipeline.openai_batch import sample_batch_prompts
+
+            out += sample_batch_prompts(f.path, limit - len(out))
+            if len(out) >= limit:
+                return out[:limit]
+            continue
         with open_parquet(f.path) as pf:
             for g in range(pf.num_row_groups):
                 values = pf.read_row_group(g, columns=[column]).column(0).to_pylist()
@@ -57,6 +64,8 @@ def prompt_length(tokenizer, prompt) -> int:
     """Tokens of a prompt string, or of a conversation rendered by the chat template (0 if it cannot be)."""
     if isinstance(prompt, str):
         return len(tokenizer(prompt)["input_ids"])
+    if all(isinstance(t, int) for t in prompt):  # a batch file's prompt given as token ids
+        return len(prompt)
     from engine.chat import chat_prompt_ids, messages_problem
 
     if messages_problem(prompt):

@@ -18,8 +18,11 @@ from pipeline.errors import ConfigError, InputError
 from pipeline.output_dir import OutputCheck, check_output, job_record
 from pipeline.parquet_io import (
     CHAT_CHOICES,
+    FORMAT_CHOICES,
     MESSAGES_COLUMN,
+    SUFFIXES,
     InputFile,
+    input_format,
     inspect_inputs,
     resolve_inputs,
     uses_chat,
@@ -42,6 +45,7 @@ class RunConfig:
     model: Path
     prompt_column: str = "prompt"
     chat: str = "auto"  # rows are conversations (`messages`): on, off, or auto (when there is a messages column)
+    format: str = "auto"  # parquet, openai (Batch JSONL), or auto (by the input's extension)
     params: SamplingParams = field(default_factory=SamplingParams)
     dtype: str = "auto"
     backend: str = DEFAULT_BACKEND  # CPU kernels (engine/kernels.py): native, ipex or auto
@@ -69,6 +73,8 @@ class RunConfig:
             raise ConfigError("--input is empty: expected a Parquet file, a folder or a glob")
         if not isinstance(self.prompt_column, str) or not self.prompt_column:
             raise ConfigError(f"--prompt-column {self.prompt_column!r} is invalid: expected a column name")
+        if self.format not in FORMAT_CHOICES:
+            raise ConfigError(f"--format {self.format!r} is invalid: expected one of {', '.join(FORMAT_CHOICES)}")
         if self.chat not in CHAT_CHOICES:
             raise ConfigError(f"--chat {self.chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
         if self.dtype not in DTYPE_CHOICES:
@@ -134,6 +140,11 @@ class JobPlan:
     chat: bool = False  # rows are conversations, rendered by the checkpoint's chat template
 
     @property
+    def format(self) -> str:
+        """"parquet", or "openai" for OpenAI Batch JSONL files."""
+        return self.files[0].format if self.files else "parquet"
+
+    @property
     def column(self) -> str:
         """The input column a row's prompt comes from."""
         return MESSAGES_COLUMN if self.chat else self.config.prompt_column
@@ -142,9 +153,7 @@ class JobPlan:
 def plan_job(config: RunConfig) -> JobPlan:
     """All checks that need no model weights: Parquet footers, config.json, the chat template when rows are
     conversations, the output folder."""
-    paths = resolve_inputs(config.input)
-    chat = uses_chat(paths, config.chat)
-    files = tuple(inspect_inputs(paths, MESSAGES_COLUMN if chat else config.prompt_column))
+    files, chat = _inspect(config)
     for f in files:
         if isinstance(f.path, Path) and f.path.parent == config.output:
             raise InputError(f"input file {f.path} lies in the output folder {config.output}; choose another --output")
@@ -156,6 +165,20 @@ def plan_job(config: RunConfig) -> JobPlan:
     record["run"] = {"input": config.input, "policy": config.policy.to_dict()}  # recorded, not hashed
     check = check_output(config.output, record, config.overwrite)
     return JobPlan(config=config, files=files, spec=spec, record=record, output=check, chat=chat)
+
+
+def _inspect(config: RunConfig) -> tuple[tuple[InputFile, ...], bool]:
+    """The input files, checked, and whether their rows are conversations. A batch file's lines say so by their
+    url; --chat off turns its chat lines into line errors."""
+    fmt = input_format(config.input, config.format)
+    paths = resolve_inputs(config.input, SUFFIXES[fmt])
+    if fmt == "openai":
+        from pipeline.openai_batch import inspect_batch_files
+
+        files = tuple(inspect_batch_files(paths))
+        return files, config.chat != "off" and any(f.chat_rows for f in files)
+    chat = uses_chat(paths, config.chat)
+    return tuple(inspect_inputs(paths, MESSAGES_COLUMN if chat else config.prompt_column)), chat
 
 
 def check_chat_template(tokenizer, model: Path) -> None:
@@ -184,6 +207,7 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
         # kernels other than native may change bf16 outputs; native adds nothing, so older hashes still match
         **({"backend": config.backend} if config.backend != DEFAULT_BACKEND else {}),
         **({"chat": True} if chat else {}),  # likewise: plain-prompt jobs keep their hashes
+        **({"format": files[0].format} if files and files[0].format != "parquet" else {}),
     }
 
 

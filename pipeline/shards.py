@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 
 from pipeline.errors import InputError
-from pipeline.parquet_io import InputFile
+from pipeline.parquet_io import SUFFIXES, InputFile
 from pipeline.storage import open_parquet
 
 
@@ -71,10 +71,11 @@ def make_shards(files: Sequence[InputFile], shard_rows: int) -> list[Shard]:
         raise InputError(f"--shard-rows {shard_rows} is invalid: expected a positive number of rows")
     shards: list[Shard] = []
     for f in files:
-        cuts = cut_points(row_group_bounds(f.path), shard_rows) if f.num_rows else [0, 0]
+        bounds = row_group_bounds(f.path) if f.format == "parquet" else [0, f.num_rows]  # a JSONL file: lines
+        cuts = cut_points(bounds, shard_rows) if f.num_rows else [0, 0]
         for start, stop in zip(cuts, cuts[1:]):
             whole = start == 0 and stop == f.num_rows
-            name = f.part_name if whole else f"{f.part_stem}.rows-{start:09d}-{stop:09d}.parquet"
+            name = f.part_name if whole else f"{f.part_stem}.rows-{start:09d}-{stop:09d}{SUFFIXES[f.format]}"
             shards.append(Shard(len(shards), str(f.path), f.part_stem, start, stop, name))
     names = [s.part_name for s in shards]
     if len(set(names)) != len(names):

@@ -52,8 +52,8 @@ def file_identity(location: str | os.PathLike) -> dict:
     return {"path": str(location), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def list_parquet(uri: str) -> list[str]:
-    """The Parquet files a URI names: the file itself, or the visible `*.parquet` in a folder, sorted."""
+def list_parquet(uri: str, suffix: str = ".parquet") -> list[str]:
+    """The input files a URI names: the file itself, or the visible `*<suffix>` in a folder, sorted."""
     if any(c in uri for c in "*?["):
         raise InputError(f"--input {uri}: globs work on local paths only; name the folder that holds the files")
     fs, path = filesystem(uri)
@@ -64,10 +64,10 @@ def list_parquet(uri: str) -> list[str]:
         raise InputError(f"no input files matched: {uri} does not exist; expected a Parquet file or a folder")
     base = uri.rstrip("/")
     found = sorted(f"{base}/{i.base_name}" for i in fs.get_file_info(pafs.FileSelector(path))
-                   if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                   if i.type == pafs.FileType.File and i.base_name.endswith(suffix)
                    and not i.base_name.startswith((".", "_")))
     if not found:
-        raise InputError(f"no input files matched: folder {uri} holds no *.parquet files")
+        raise InputError(f"no input files matched: folder {uri} holds no *{suffix} files")
     return found
 
 

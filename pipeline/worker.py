@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from engine.errors import FlexbatchError
 from engine.request import Completion, Request
 from pipeline.errors import InputError
+from pipeline.openai_batch import line_completions, read_batch_shard
+from pipeline.openai_output import choices_by_line, jsonl_bytes, output_lines
 from pipeline.parquet_io import output_table, write_part_atomic
 from pipeline.planning import prediction_record
 from pipeline.rows import build_requests, row_ids
 from pipeline.runner import JobPlan, choose, load_engine
 from pipeline.shards import Shard, read_shard
+from pipeline.storage import Folder
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +81,21 @@ class ShardWorker:
         if self._setup_error is not None:
             raise self._setup_error
         started = time.perf_counter()
-        config = self.plan.config
         log.info("worker %d (pid %d) starts shard %d: %s rows %d-%d", self.worker_id, os.getpid(), shard.index,
                  os.path.basename(shard.path), shard.row_start, shard.row_stop)
+        run = self._batch_part if self.plan.format == "openai" else self._parquet_part
+        size, rows, seconds = run(shard)
+        return ShardResult(
+            shard=shard.index, part=shard.part_name, bytes=size, rows=len(rows),
+            error_rows=sum(any(c.finish_reason == "error" for c in row) for row in rows),
+            prompt_tokens=sum(row[0].prompt_tokens for row in rows),
+            completion_tokens=sum(c.completion_tokens for row in rows for c in row),
+            seconds=seconds, wall_seconds=time.perf_counter() - started, worker=self.worker_id,
+        )
+
+    def _parquet_part(self, shard: Shard) -> tuple[int, list[list[Completion]], float]:
+        """Complete a Parquet shard and write its part: bytes written, each row's completion, seconds."""
+        config = self.plan.config
         table = read_shard(shard)
         if table.num_rows != shard.num_rows:
             raise InputError(f"{shard.path}: expected {shard.num_rows} rows at {shard.row_start}, read "
@@ -90,14 +105,22 @@ class ShardWorker:
         completions, seconds = self._complete(items, shard)
         check_one_per_row(completions, ids)
         out = output_table(table, completions, ids, config.params.logprobs)
-        size = write_part_atomic(out, config.output, shard.part_name)
-        return ShardResult(
-            shard=shard.index, part=shard.part_name, bytes=size, rows=len(completions),
-            error_rows=sum(c.finish_reason == "error" for c in completions),
-            prompt_tokens=sum(c.prompt_tokens for c in completions),
-            completion_tokens=sum(c.completion_tokens for c in completions),
-            seconds=seconds, wall_seconds=time.perf_counter() - started, worker=self.worker_id,
-        )
+        return write_part_atomic(out, config.output, shard.part_name), [[c] for c in completions], seconds
+
+    def _batch_part(self, shard: Shard) -> tuple[int, list[list[Completion]], float]:
+        """Complete a shard of an OpenAI Batch file and write its JSONL part: bytes, each line's choices, seconds."""
+        config = self.plan.config
+        file = next(f for f in self.plan.files if str(f.path) == shard.path)
+        lines = read_batch_shard(shard, file, config.params, self.plan.chat)
+        items = line_completions(lines)
+        completions, seconds = self._complete(items, shard)
+        check_one_per_row(completions, [item.id for item in items])
+        rows = choices_by_line(lines, completions)
+        objects = output_lines(lines, rows, self.engine.tokenizer, config.model.name, self.plan.record["config_hash"])
+        folder = Folder(config.output)
+        folder.write_bytes(shard.part_name, jsonl_bytes(objects))
+        log.info("wrote %s (%d lines)", folder.child(shard.part_name), len(objects))
+        return folder.size(shard.part_name), rows, seconds
 
     def _complete(self, items: list[Request | Completion], shard: Shard) -> tuple[list[Completion], float]:
         """Run the requests among `items` through the engine; one completion per item, in order, and the
