@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from engine.fuse import LAYOUT, fuse_projections
 from engine.kernels import NativeKernels
 from engine.offload import DEFAULT_OFFLOAD_DIR
 from engine.policy import Policy
@@ -112,7 +113,7 @@ class WeightStore:
             self.layer_bytes.append(path.stat().st_size)
             self.devices.tiers["disk"].reserve(self.layer_bytes[-1], f"layer {i}")
             return
-        lw = reader.layer(i, self.dtype)
+        lw = fuse_projections(reader.layer(i, self.dtype))
         stored, self.meta[i] = self.codec.encode(lw) if self.codec else (lw, None)
         nbytes = tensor_bytes(stored.values())
         self.layer_bytes.append(nbytes)
@@ -137,7 +138,7 @@ class WeightStore:
         for f in sorted(reader.dir.glob("*.safetensors")):
             st = f.stat()
             h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-        h.update(f"{self.dtype}:{self.codec.metadata() if self.codec else 'plain'}".encode())
+        h.update(f"{self.dtype}:{self.codec.metadata() if self.codec else 'plain'}:{LAYOUT}".encode())
         folder = Path(offload_dir or DEFAULT_OFFLOAD_DIR) / h.hexdigest()[:16]
         folder.mkdir(parents=True, exist_ok=True)
         return folder

@@ -48,9 +48,10 @@ class LlamaModel:
         B, S, _ = x.shape
         NH, KVH, D = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
         p, linear = "self_attn.", self.kernels.linear
-        q = linear(x, lw[p + "q_proj.weight"], lw.get(p + "q_proj.bias")).view(B, S, NH, D).transpose(1, 2)
-        k = linear(x, lw[p + "k_proj.weight"], lw.get(p + "k_proj.bias")).view(B, S, KVH, D).transpose(1, 2)
-        v = linear(x, lw[p + "v_proj.weight"], lw.get(p + "v_proj.bias")).view(B, S, KVH, D).transpose(1, 2)
+        qkv = linear(x, lw[p + "qkv_proj.weight"], lw.get(p + "qkv_proj.bias"))  # [B, S, (NH + 2 KVH) D]
+        q, k, v = qkv.split((NH * D, KVH * D, KVH * D), dim=-1)
+        q = q.view(B, S, NH, D).transpose(1, 2)
+        k, v = (t.view(B, S, KVH, D).transpose(1, 2) for t in (k, v))
         q, k = self.kernels.rope(q, k, ctx.rope)
         o = ctx.cache.attend(i, q, k, v, ctx.start, ctx.mask)  # [B, NH, S, D]
         o = o.transpose(1, 2).reshape(B, S, NH * D)
@@ -58,8 +59,7 @@ class LlamaModel:
 
     def _mlp(self, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         p, linear = "mlp.", self.kernels.linear
-        gate = linear(x, lw[p + "gate_proj.weight"], lw.get(p + "gate_proj.bias"))
-        up = linear(x, lw[p + "up_proj.weight"], lw.get(p + "up_proj.bias"))
+        gate, up = linear(x, lw[p + "gate_up_proj.weight"], lw.get(p + "gate_up_proj.bias")).chunk(2, dim=-1)
         return linear(self.act(gate).mul_(up), lw[p + "down_proj.weight"], lw.get(p + "down_proj.bias"))
 
     def head(self, gw: LayerWeights, h: torch.Tensor) -> torch.Tensor:

@@ -53,10 +53,9 @@ class OPTModel:
         B, S, _ = x.shape
         NH, D = self.spec.num_heads, self.spec.head_dim
         p, linear = "self_attn.", self.kernels.linear
-        q = linear(x, lw[p + "q_proj.weight"], lw[p + "q_proj.bias"]) * self.scaling
-        q = q.view(B, S, NH, D).transpose(1, 2)
-        k = linear(x, lw[p + "k_proj.weight"], lw[p + "k_proj.bias"]).view(B, S, NH, D).transpose(1, 2)
-        v = linear(x, lw[p + "v_proj.weight"], lw[p + "v_proj.bias"]).view(B, S, NH, D).transpose(1, 2)
+        q, k, v = linear(x, lw[p + "qkv_proj.weight"], lw[p + "qkv_proj.bias"]).split(NH * D, dim=-1)
+        q = (q * self.scaling).view(B, S, NH, D).transpose(1, 2)
+        k, v = (t.view(B, S, NH, D).transpose(1, 2) for t in (k, v))
         o = ctx.cache.attend(i, q, k, v, ctx.start, ctx.mask, scale=1.0)  # [B, NH, S, D]
         o = o.transpose(1, 2).reshape(B, S, NH * D)
         return linear(o, lw[p + "out_proj.weight"], lw[p + "out_proj.bias"])

@@ -31,7 +31,7 @@ def test_bf16_is_as_close_to_fp32_as_transformers_bf16(checkpoint, variant):
     float32 residual stream and norms) must stay at least as close to fp32 as transformers' bf16 does."""
     model_dir = checkpoint(variant)
     engine = Engine.load(model_dir, dtype="bfloat16")
-    assert engine.layers[0]["self_attn.q_proj.weight"].dtype == torch.bfloat16
+    assert engine.layers[0]["self_attn.qkv_proj.weight"].dtype == torch.bfloat16
     reqs = _reqs(SamplingParams(max_new_tokens=16))
     fp32 = [c.token_ids for c in Engine.load(model_dir, dtype="float32").generate(reqs, batch_size=1)]
     ours = [c.token_ids for c in engine.generate(reqs, batch_size=1)]
