@@ -50,14 +50,19 @@ def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len:
     """prompt_len: the TYPICAL_QUANTILE of the sampled token lengths; max_prompt_len: the longest sampled, both
     capped at what the context leaves after gen_len tokens; num_prompts: every row of `files` unless given
     (a worker plans for its share)."""
+    rows = num_prompts or sum(f.num_rows for f in files)
+    return workload_from_prompts(sample_prompts(files, column), tokenizer, spec, gen_len, dtype, rows)
+
+
+def workload_from_prompts(prompts: list, tokenizer, spec: ModelSpec, gen_len: int, dtype: str,
+                          num_prompts: int) -> Workload:
+    """The workload of `num_prompts` prompts shaped like `prompts` (strings, token-id lists or conversations)."""
     from planner.workload import Workload
 
-    prompts = sample_prompts(files, column)
     room = max(1, spec.max_position_embeddings - gen_len)
     lengths = sorted(min(room, n) for n in (prompt_length(tokenizer, p) for p in prompts) if n) or [1]
     typical = max(1, lengths[min(len(lengths) - 1, int(TYPICAL_QUANTILE * len(lengths)))])
-    rows = max(1, num_prompts or sum(f.num_rows for f in files))
-    return Workload(typical, gen_len, rows, max_prompt_len=max(typical, lengths[-1]), dtype=dtype)
+    return Workload(typical, gen_len, max(1, num_prompts), max_prompt_len=max(typical, lengths[-1]), dtype=dtype)
 
 
 def prompt_length(tokenizer, prompt) -> int:

@@ -1,0 +1,37 @@
+"""`flexbatch.run(model=..., input=..., output=..., **options)`: one job, the same code path as `flexbatch run`
+(the command builds its `RunConfig` with `run_config` and runs it with `run_job`)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from engine.request import SamplingParams
+from pipeline.driver import run_job
+from pipeline.errors import ConfigError
+from pipeline.runner import JobSummary, RunConfig
+
+SAMPLING_OPTIONS = tuple(f.name for f in fields(SamplingParams))
+JOB_OPTIONS = tuple(f.name for f in fields(RunConfig) if f.name not in ("model", "input", "output"))
+
+
+def run_config(model, input, output, **options) -> RunConfig:
+    """A job's configuration from keyword options: any `RunConfig` field (chat, format, prompt_column, dtype,
+    truncate, policy, budgets, use_ray, workers, shard_rows, ...) and the decoding options max_new_tokens,
+    temperature, top_p, top_k, stop, seed and logprobs (or `params=SamplingParams(...)`)."""
+    unknown = sorted(set(options) - set(JOB_OPTIONS) - set(SAMPLING_OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown options {unknown}: use the job options {', '.join(JOB_OPTIONS)} or the "
+                          f"decoding options {', '.join(SAMPLING_OPTIONS)}")
+    decoding = {name: options.pop(name) for name in SAMPLING_OPTIONS if name in options}
+    if decoding:
+        if "params" in options:
+            raise ConfigError(f"options {sorted(decoding)} and params= both set decoding options; give one of them")
+        options["params"] = SamplingParams(**decoding)  # a bad value raises InvalidParamsError
+    return RunConfig(model=model, input=input, output=output, **options)
+
+
+def run(model, input, output, **options) -> JobSummary:
+    """Complete every row of `input` (Parquet files, or an OpenAI Batch .jsonl) into `output`, resuming a job
+    that an earlier call left unfinished; returns the job summary. Errors in the options, input, model or
+    output folder raise a `FlexbatchError` subclass before any model loads."""
+    return run_job(run_config(model, input, output, **options))

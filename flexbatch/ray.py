@@ -1,0 +1,144 @@
+"""A Ray Data stage: `ds.map_batches(flexbatch.ray.Processor, fn_constructor_kwargs={"model": DIR, ...},
+concurrency=N, batch_size=B)` runs one engine per actor over the batches of an existing Ray Data pipeline.
+
+Columns follow Ray Data LLM's processors. In: `prompt` (a string) or `messages` (a list of {role, content},
+rendered by the checkpoint's chat template), and optionally `sampling_params`, a dict per row with vLLM's names
+(max_tokens, temperature, top_p, top_k, stop, seed). Out: every input column plus `generated_text`,
+`generated_tokens`, `num_generated_tokens`, `num_input_tokens`, `finish_reason` and `error` (a bad row fails
+alone, with its reason there). The policy (and so the block size) is planned from the first batch, for batches
+of that size, unless `policy` is given. Rows without an `id` column get seeds from their place in the batch,
+so sampled (not greedy) outputs then depend on the batching."""
+
+from __future__ import annotations
+
+from engine.errors import InvalidParamsError
+from engine.request import DEFAULT_BACKEND, Completion, Request, SamplingParams
+from pipeline.errors import ConfigError
+from pipeline.parquet_io import CHAT_CHOICES, ID_COLUMN, MESSAGES_COLUMN
+from pipeline.rows import prompt_problem, row_params
+
+VLLM_NAMES = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+              "stop": "stop", "seed": "seed"}
+OUTPUT_COLUMNS = ("generated_text", "generated_tokens", "num_generated_tokens", "num_input_tokens", "finish_reason",
+                  "error")
+
+
+class Processor:
+    """One engine, loaded on the first batch; the constructor's options are the defaults of every row."""
+
+    def __init__(self, model, max_new_tokens: int = SamplingParams.max_new_tokens, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, stop: tuple[str, ...] = (), seed: int = 0, dtype: str = "auto",
+                 chat: str = "auto", truncate: str = "error", policy=None, hardware=None, budgets=None,
+                 backend: str = DEFAULT_BACKEND):
+        if chat not in CHAT_CHOICES:
+            raise ConfigError(f"chat={chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
+        self.model, self.dtype, self.chat, self.truncate, self.backend = model, dtype, chat, truncate, backend
+        self.policy, self.hardware, self.budgets = policy, hardware, dict(budgets or {})
+        self.defaults = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                       top_k=top_k, stop=tuple(stop), seed=seed)
+        self.engine = None
+
+    def __call__(self, batch) -> dict:
+        columns = _columns(batch)
+        n = len(next(iter(columns.values()))) if columns else 0
+        chat = self.chat == "on" or (self.chat == "auto" and MESSAGES_COLUMN in columns)
+        source = MESSAGES_COLUMN if chat else "prompt"
+        if source not in columns:
+            raise ConfigError(f"the batch has no {source!r} column (its columns: {sorted(columns)}); "
+                              f"{'give messages or pass chat=off' if chat else 'give a prompt or messages column'}")
+        ids = [str(v) for v in columns[ID_COLUMN]] if ID_COLUMN in columns else [f"row:{i}" for i in range(n)]
+        items = [self._item(row_id, columns[source][i], (columns.get("sampling_params") or [None] * n)[i], chat)
+                 for i, row_id in enumerate(ids)]
+        runnable = [item for item in items if isinstance(item, Request)]
+        if self.engine is None:
+            self.engine = self._load(runnable)
+        done = iter(self.engine.generate(runnable, truncate=self.truncate)) if runnable else iter(())
+        results = [next(done) if isinstance(item, Request) else item for item in items]
+        return {**columns, **_output_columns(results)}
+
+    def _item(self, row_id: str, prompt, sampling: dict | None, chat: bool) -> Request | Completion:
+        from engine.chat import messages_problem
+
+        problem = messages_problem(prompt) if chat else prompt_problem(prompt, "prompt")
+        if problem:
+            return Completion.failed(row_id, problem)
+        try:
+            params = row_params(self.defaults, _vllm_params(sampling or {}), row_id)
+        except InvalidParamsError as e:
+            return Completion.failed(row_id, f"sampling_params: {e}")
+        if chat:
+            return Request(id=row_id, prompt="", params=params, messages=tuple(prompt))
+        return Request(id=row_id, prompt=prompt, params=params)
+
+    def _load(self, first: list[Request]):
+        """The engine, under the given policy or the one planned for batches shaped like the first one."""
+        from engine.dtypes import resolve_dtype
+        from engine.generate import Engine
+        from engine.spec import load_model_spec
+        from engine.tokenizer import load_tokenizer
+        from pipeline.planning import choose_policy, hardware, workload_from_prompts
+
+        policy = self.policy
+        if policy is None:
+            spec = load_model_spec(self.model)
+            dtype = str(resolve_dtype(self.dtype)).removeprefix("torch.")
+            prompts = [list(r.messages) if r.messages is not None else r.prompt for r in first]
+            gen = max([r.params.max_new_tokens for r in first] or [self.defaults.max_new_tokens])
+            work = workload_from_prompts(prompts, load_tokenizer(self.model), spec, gen, dtype, max(1, len(first)))
+            pins = {"compress_weight": False, "compress_cache": False}
+            policy = choose_policy(spec, work, hardware(self.hardware), pins, self.budgets).policy
+        return Engine.load(self.model, dtype=self.dtype, policy=policy, budgets=self.budgets, backend=self.backend)
+
+
+def build_processor(model, **options):
+    """`ds.map_batches(**build_processor(model, concurrency=2, batch_size=64, max_new_tokens=32))`: the
+    keyword arguments of a map_batches call that runs `Processor`; `concurrency` and `batch_size` go to Ray Data,
+    every other option to the `Processor`."""
+    stage = {k: options.pop(k) for k in ("concurrency", "batch_size", "num_cpus", "num_gpus") if k in options}
+    return {"fn": Processor, "fn_constructor_kwargs": {"model": model, **options}, **stage}
+
+
+def _vllm_params(sampling) -> dict:
+    """A row's sampling_params as flexbatch's names; an unknown key is an error rather than silently dropped."""
+    sampling = _plain(sampling)
+    if not isinstance(sampling, dict):
+        raise InvalidParamsError(f"{sampling!r} is not a dict of sampling parameters")
+    unknown = sorted(k for k, v in sampling.items() if k not in VLLM_NAMES and v is not None)
+    if unknown:
+        raise InvalidParamsError(f"keys {unknown} are not supported; use {', '.join(VLLM_NAMES)}")
+    out = {VLLM_NAMES[k]: v for k, v in sampling.items() if k in VLLM_NAMES and v is not None}
+    if out.get("top_k") == -1:  # vLLM's "disabled"
+        out["top_k"] = 0
+    return out
+
+
+def _output_columns(results: list[Completion]) -> dict:
+    return {
+        "generated_text": [c.text for c in results],
+        "generated_tokens": [list(c.token_ids) for c in results],
+        "num_generated_tokens": [c.completion_tokens for c in results],
+        "num_input_tokens": [c.prompt_tokens for c in results],
+        "finish_reason": [c.finish_reason for c in results],
+        "error": [c.error for c in results],
+    }
+
+
+def _columns(batch) -> dict[str, list]:
+    """A batch in any of Ray Data's formats (dict of numpy arrays, pyarrow Table, pandas DataFrame) as plain
+    Python columns."""
+    if hasattr(batch, "to_pydict"):
+        return {k: [_plain(v) for v in vs] for k, vs in batch.to_pydict().items()}
+    if hasattr(batch, "to_dict") and hasattr(batch, "columns"):
+        return {k: [_plain(v) for v in batch[k].tolist()] for k in batch.columns}
+    return {k: [_plain(v) for v in vs] for k, vs in batch.items()}
+
+
+def _plain(value):
+    """Numpy arrays and scalars (Ray's numpy batches hold nested lists as object arrays) as Python values."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,59 @@
+"""`flexbatch.run` and the Ray Data stage: the same completions as a `flexbatch run` job."""
+
+import pyarrow.parquet as pq
+import pytest
+
+import flexbatch
+from engine.errors import InvalidParamsError
+from engine.policy import Policy
+from flexbatch.ray import Processor, build_processor
+from pipeline.errors import ConfigError
+from tests.pipeline.parquet_files import write_parquet
+
+
+def test_run_takes_job_and_decoding_options_and_names_unknown_ones(tmp_path, demo_model_dir, no_model_load):
+    config = flexbatch.run_config(demo_model_dir, "in.parquet", tmp_path / "out", max_new_tokens=5, stop=["\n"],
+                                  chat="off", use_ray=False)
+    assert config.params.max_new_tokens == 5 and config.params.stop == ("\n",) and config.chat == "off"
+    with pytest.raises(ConfigError, match=r"unknown options \['max_tokens'\]"):
+        flexbatch.run(demo_model_dir, "in.parquet", tmp_path / "out", max_tokens=5)
+    with pytest.raises(InvalidParamsError, match="temperature"):
+        flexbatch.run(demo_model_dir, "in.parquet", tmp_path / "out", temperature=-1)
+
+
+def test_processor_rows_follow_ray_data_llm_columns(tmp_path, chat_checkpoint, demo_model_dir):
+    stage = Processor(demo_model_dir, max_new_tokens=4, dtype="float32", policy=Policy(gbs=4, num_gb=1))
+    out = stage({"prompt": ["Q: What is 2 plus 3? A:", None, "copy: abc ->"],
+                 "sampling_params": [{"max_tokens": 2}, None, {"max_tokens": 3, "frequency_penalty": 0.5}]})
+    assert out["prompt"][0] == "Q: What is 2 plus 3? A:" and out["num_generated_tokens"][0] == 2
+    assert out["error"][0] is None and out["generated_tokens"][0] and out["num_input_tokens"][0] > 0
+    assert "null" in out["error"][1] and "frequency_penalty" in out["error"][2]
+    chat = Processor(chat_checkpoint("qwen2"), max_new_tokens=3, dtype="float32", policy=Policy())
+    out = chat({"messages": [[{"role": "user", "content": "hi"}], []], "id": [7, 8]})
+    assert out["error"][0] is None and out["num_generated_tokens"][0] == 3 and "empty list" in out["error"][1]
+    kwargs = build_processor(demo_model_dir, concurrency=2, batch_size=8, max_new_tokens=3)
+    assert kwargs == {"fn": Processor, "fn_constructor_kwargs": {"model": demo_model_dir, "max_new_tokens": 3},
+                      "concurrency": 2, "batch_size": 8}
+
+
+@pytest.mark.slow
+def test_ray_data_pipeline_equals_flexbatch_run(tmp_path, demo_model_dir, demo_prompts):
+    """read_parquet -> map_batches(Processor) -> take_all gives what `flexbatch.run` writes (fp32, greedy)."""
+    import ray
+
+    from pipeline.ray_runtime import connect
+
+    prompts = demo_prompts[:12]
+    write_parquet(tmp_path / "in" / "p.parquet", prompt=prompts, id=list(range(len(prompts))))
+    summary = flexbatch.run(demo_model_dir, str(tmp_path / "in"), tmp_path / "out", max_new_tokens=8,
+                            dtype="float32", use_ray=False)
+    expected = {r["id"]: r["completion"] for r in pq.read_table(summary.parts[0]).to_pylist()}
+    connect(None)
+    try:
+        ds = ray.data.read_parquet(str(tmp_path / "in"))
+        rows = ds.map_batches(**build_processor(demo_model_dir, concurrency=1, batch_size=6, max_new_tokens=8,
+                                                dtype="float32")).take_all()
+    finally:
+        ray.shutdown()
+    assert len(rows) == len(prompts) and all(r["error"] is None for r in rows)
+    assert {str(r["id"]): r["generated_text"] for r in rows} == expected
