@@ -128,3 +128,33 @@ def test_chat_lines_need_a_chat_template_before_any_load(tmp_path, tiny_llama_di
         plan_job(_config(tmp_path, tiny_llama_dir))
     plan = plan_job(_config(tmp_path, tiny_llama_dir, chat="off"))  # chat lines then fail one by one
     assert plan.format == "openai" and not plan.chat and plan.files[0].part_name == "requests.jsonl"
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    ({"prompt": "x", "stream": True}, "'stream' is not supported"),
+    ({"prompt": "x", "logprobs": 2}, "logprobs=2 is not supported"),
+    ({"prompt": "x", "max_tokens": 0}, "max_new_tokens=0"),
+    ({"prompt": "x", "n": True}, "n=True"),
+    ({"prompt": ["a", "b"]}, "one non-empty string"),
+    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "up to 4"),
+    ({"prompt": "x", "seed": -3}, "seed=-3"),
+    ({"prompt": "x", "frequency_penalty": 0.5}, "'frequency_penalty' is not supported"),
+])
+def test_bad_completion_bodies_name_the_field(body, problem):
+    from pipeline.openai_batch import parse_line
+
+    line = parse_line(_line("c", COMPLETIONS, body), 0, "f", SamplingParams(), duplicate=False, chat=True)
+    assert line.error is not None and problem in line.error["message"] and not line.requests
+
+
+def test_neutral_fields_are_accepted_and_choices_get_their_own_seeds():
+    from pipeline.openai_batch import parse_line
+
+    body = {"messages": ASK, "n": 3, "seed": 11, "logit_bias": {}, "stream": False, "presence_penalty": 0,
+            "max_completion_tokens": 5, "max_tokens": 5, "logprobs": False, "top_logprobs": 0, "user": "u"}
+    line = parse_line(_line("c", CHAT, body), 4, "f", SamplingParams(), duplicate=False, chat=True)
+    assert line.error is None and [r.id for r in line.requests] == ["f:4"] * 3
+    seeds = [r.params.seed for r in line.requests]
+    assert seeds[0] == 11 and len(set(seeds)) == 3 and all(r.params.max_new_tokens == 5 for r in line.requests)
+    off = parse_line(_line("c", CHAT, {"messages": ASK}), 0, "f", SamplingParams(), duplicate=False, chat=False)
+    assert "--chat off" in off.error["message"]
