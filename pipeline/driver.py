@@ -151,6 +151,7 @@ def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int):
 def _commit(folder: Path, config_hash: str, shard: Shard, result) -> dict:
     """Record a written part: from this line on, the shard is done."""
     record = {"config_hash": config_hash, "shard": shard.index, "part": result.part, "bytes": result.bytes,
+              "sha256": result.sha256,
               "rows": result.rows, "error_rows": result.error_rows, "prompt_tokens": result.prompt_tokens,
               "completion_tokens": result.completion_tokens, "seconds": round(result.seconds, 4),
               "wall_seconds": round(result.wall_seconds, 4), "worker": result.worker,

@@ -19,24 +19,45 @@ SUCCESS_FILE = "_SUCCESS"
 
 def read_manifest(folder: Path | str, config_hash: str) -> dict[str, dict]:
     """Committed shards of the job with `config_hash`, by part name, whose part file still exists with the
-    recorded size. Lines of other jobs and unreadable lines are skipped."""
+    recorded size and SHA-256 (lines written before hashes were recorded are checked by size). Lines of other
+    jobs and unreadable lines are skipped; a part that does not match is redone."""
     where = Folder(folder)
-    lines = (where.read_text(MANIFEST_FILE) or "").splitlines()
     committed: dict[str, dict] = {}
-    for n, line in enumerate(lines, 1):
+    for part, record in manifest_records(folder, config_hash).items():
+        problem = part_problem(where, record)
+        if problem:
+            log.warning("%s is recorded as committed but %s; it will be redone", where.child(part), problem)
+            continue
+        committed[part] = record
+    return committed
+
+
+def manifest_records(folder: Path | str, config_hash: str) -> dict[str, dict]:
+    """The job's manifest lines by part name (the last line of a part wins), unchecked."""
+    where = Folder(folder)
+    records: dict[str, dict] = {}
+    for n, line in enumerate((where.read_text(MANIFEST_FILE) or "").splitlines(), 1):
         try:
             record = json.loads(line)
         except ValueError:
             log.warning("%s line %d is not JSON (an interrupted write); ignored", where.child(MANIFEST_FILE), n)
             continue
-        if not isinstance(record, dict) or record.get("config_hash") != config_hash:
-            continue
-        part = str(record.get("part"))
-        if where.size(part) != record.get("bytes"):
-            log.warning("%s is recorded as committed but is missing or changed; it will be redone", where.child(part))
-            continue
-        committed[part] = record
-    return committed
+        if isinstance(record, dict) and record.get("config_hash") == config_hash:
+            records[str(record.get("part"))] = record
+    return records
+
+
+def part_problem(where: Folder, record: dict) -> str | None:
+    """Why the part a manifest line records no longer matches it, or None if it does."""
+    part = str(record.get("part"))
+    size = where.size(part)
+    if size is None:
+        return "is missing"
+    if size != record.get("bytes"):
+        return f"has {size} bytes, not the {record.get('bytes')} recorded"
+    if "sha256" in record and where.sha256(part) != record["sha256"]:
+        return "its content changed (SHA-256 differs from the manifest)"
+    return None
 
 
 def manifest_parts(folder: Path | str) -> set[str]:

@@ -8,6 +8,7 @@ local disk, which is how that path is tested."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import re
@@ -139,14 +140,25 @@ class Folder:
             return
         _write_local_atomic(Path(self.path), name, lambda f: f.write(data))
 
-    def write_table(self, name: str, table: pa.Table) -> int:
-        """A Parquet part, written as `write_bytes` does; returns its size in bytes."""
-        if self.remote:
-            with self.fs.open_output_stream(self._p(name)) as f:
-                pq.write_table(table, f)
-        else:
-            _write_local_atomic(Path(self.path), name, lambda f: pq.write_table(table, f))
-        return self.size(name)
+    def write_table(self, name: str, table: pa.Table) -> tuple[int, str]:
+        """A Parquet part, written as `write_bytes` does; returns its size in bytes and SHA-256 (of the bytes
+        written, so that a later change to the stored file is seen)."""
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        data = sink.getvalue().to_pybytes()
+        self.write_bytes(name, data)
+        return len(data), hashlib.sha256(data).hexdigest()
+
+    def sha256(self, name: str) -> str | None:
+        """The SHA-256 of a file's content, or None if it cannot be read."""
+        h = hashlib.sha256()
+        try:
+            with self.fs.open_input_stream(self._p(name)) as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        except (FileNotFoundError, pa.ArrowException, OSError):
+            return None
+        return h.hexdigest()
 
     def append_line(self, name: str, line: str) -> None:
         """Append one line durably. Locally: append + fsync (a torn previous line is terminated first); on an

@@ -5,6 +5,7 @@ only counts once the driver records it in the manifest."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -37,6 +38,7 @@ class ShardResult:
     shard: int
     part: str
     bytes: int
+    sha256: str  # of the part's content: resume and `flexbatch verify` check it
     rows: int
     error_rows: int
     prompt_tokens: int
@@ -84,17 +86,17 @@ class ShardWorker:
         log.info("worker %d (pid %d) starts shard %d: %s rows %d-%d", self.worker_id, os.getpid(), shard.index,
                  os.path.basename(shard.path), shard.row_start, shard.row_stop)
         run = self._batch_part if self.plan.format == "openai" else self._parquet_part
-        size, rows, seconds = run(shard)
+        (size, sha256), rows, seconds = run(shard)
         return ShardResult(
-            shard=shard.index, part=shard.part_name, bytes=size, rows=len(rows),
+            shard=shard.index, part=shard.part_name, bytes=size, sha256=sha256, rows=len(rows),
             error_rows=sum(any(c.finish_reason == "error" for c in row) for row in rows),
             prompt_tokens=sum(row[0].prompt_tokens for row in rows),
             completion_tokens=sum(c.completion_tokens for row in rows for c in row),
             seconds=seconds, wall_seconds=time.perf_counter() - started, worker=self.worker_id,
         )
 
-    def _parquet_part(self, shard: Shard) -> tuple[int, list[list[Completion]], float]:
-        """Complete a Parquet shard and write its part: bytes written, each row's completion, seconds."""
+    def _parquet_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:
+        """Complete a Parquet shard and write its part: (bytes, SHA-256), each row's completion, seconds."""
         config = self.plan.config
         table = read_shard(shard)
         if table.num_rows != shard.num_rows:
@@ -107,8 +109,9 @@ class ShardWorker:
         out = output_table(table, completions, ids, config.params.logprobs)
         return write_part_atomic(out, config.output, shard.part_name), [[c] for c in completions], seconds
 
-    def _batch_part(self, shard: Shard) -> tuple[int, list[list[Completion]], float]:
-        """Complete a shard of an OpenAI Batch file and write its JSONL part: bytes, each line's choices, seconds."""
+    def _batch_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:
+        """Complete a shard of an OpenAI Batch file and write its JSONL part: (bytes, SHA-256), each line's
+        choices, seconds."""
         config = self.plan.config
         file = next(f for f in self.plan.files if str(f.path) == shard.path)
         lines = read_batch_shard(shard, file, config.params, self.plan.chat)
@@ -117,10 +120,10 @@ class ShardWorker:
         check_one_per_row(completions, [item.id for item in items])
         rows = choices_by_line(lines, completions)
         objects = output_lines(lines, rows, self.engine.tokenizer, config.model.name, self.plan.record["config_hash"])
-        folder = Folder(config.output)
-        folder.write_bytes(shard.part_name, jsonl_bytes(objects))
+        folder, data = Folder(config.output), jsonl_bytes(objects)
+        folder.write_bytes(shard.part_name, data)
         log.info("wrote %s (%d lines)", folder.child(shard.part_name), len(objects))
-        return folder.size(shard.part_name), rows, seconds
+        return (len(data), hashlib.sha256(data).hexdigest()), rows, seconds
 
     def _complete(self, items: list[Request | Completion], shard: Shard) -> tuple[list[Completion], float]:
         """Run the requests among `items` through the engine; one completion per item, in order, and the
