@@ -7,6 +7,7 @@ and every other shard still completes."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -14,7 +15,8 @@ from collections import Counter, deque
 from pathlib import Path
 
 from pipeline.manifest import append_manifest, read_manifest, write_success
-from pipeline.output_dir import JOB_FILES, open_output
+from pipeline.output_dir import JOB_FILES, check_output, open_output
+from pipeline.output_lock import lock_output
 from pipeline.progress import Progress
 from pipeline.runner import JobPlan, JobSummary, RunConfig, plan_job
 from pipeline.shards import Shard, make_shards
@@ -27,8 +29,19 @@ _WAIT_SECONDS = 1.0
 
 
 def run_job(config: RunConfig) -> JobSummary:
-    """Check, start the engines, complete every shard not yet committed, write `_SUCCESS`."""
+    """Check, lock the output folder, start the engines, complete every shard not yet committed, write
+    `_SUCCESS`."""
     plan = plan_job(config)
+    lock = lock_output(config.output)
+    try:  # the folder as it is now that no other run can change it
+        plan = dataclasses.replace(plan, output=check_output(config.output, plan.record, config.overwrite))
+        return _run_locked(plan, lock)
+    finally:
+        lock.release()
+
+
+def _run_locked(plan: JobPlan, lock) -> JobSummary:
+    config = plan.config
     total = sum(f.num_rows for f in plan.files)
     log.info("%d rows in %d files; model %s (%s)", total, len(plan.files), config.model, plan.spec.model_type)
     shards = _recorded_shards(plan) or (make_shards(plan.files, config.shard_rows) if config.shard_rows else None)
@@ -47,10 +60,12 @@ def run_job(config: RunConfig) -> JobSummary:
         log.info("%d shards: %d committed by an earlier run, %d to do", len(shards), len(shards) - len(pending),
                  len(pending))
         started = time.perf_counter()
-        new, failed = _dispatch(dispatcher, plan, pending, total - sum(r["rows"] for r in committed.values()))
+        new, failed = _dispatch(dispatcher, plan, pending, total - sum(r["rows"] for r in committed.values()),
+                                lock)
         seconds = time.perf_counter() - started
     finally:
         dispatcher.close()
+    lock.check()
     return _finish(plan, shards, committed, new, failed, infos, seconds)
 
 
@@ -111,7 +126,7 @@ def _start_workers(config: RunConfig, plan: JobPlan, total: int):
     return dispatcher, infos
 
 
-def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int):
+def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int, lock):
     """Keep every idle worker busy until each pending shard is committed or has failed every try."""
     config = plan.config
     queue, attempts = deque(pending), Counter()
@@ -126,6 +141,7 @@ def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int):
                     dispatcher.submit(worker, queue.popleft())
             for o in dispatcher.wait(_WAIT_SECONDS):
                 if o.result is not None:
+                    lock.check()
                     new[o.shard.part_name] = _commit(config.output, plan.record["config_hash"], o.shard, o.result)
                     progress.add(o.result.rows, o.result.completion_tokens)
                     continue

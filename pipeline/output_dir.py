@@ -15,13 +15,13 @@ from pathlib import Path
 
 from pipeline.errors import OutputFolderError
 from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE, manifest_parts
+from pipeline.output_lock import LEASE_FILE, LOCK_FILE
 from pipeline.storage import Folder, temp_target
 
 log = logging.getLogger(__name__)
 
 JOB_FILE = "_job.json"
-LOCK_FILE = "_lock"
-JOB_FILES = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, LOCK_FILE)
+JOB_FILES = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, LOCK_FILE, LEASE_FILE)
 
 
 def config_hash(config: dict) -> str:
@@ -54,7 +54,7 @@ def check_output(folder: Path | str, record: dict, overwrite: bool) -> OutputChe
     if kind == "file":
         raise OutputFolderError(f"--output {folder} is a file; expected a folder (it is created if missing)")
     old = read_job_file(folder)
-    entries = dict(where.entries())
+    entries = {n: f for n, f in where.entries() if n not in (LOCK_FILE, LEASE_FILE)}  # the run's own lock
     names = sorted(entries)
     if not names:
         return OutputCheck(folder, "create", None)
@@ -128,7 +128,7 @@ def open_output(check: OutputCheck, record: dict) -> None:
         raise OutputFolderError(f"output folder {check.folder} holds {', '.join(clash)}, which flexbatch did not "
                                 f"write and this job would write a part of that name; choose another --output")
     if check.action == "replace":
-        removable = [n for n, is_file in entries if is_file and _owned(n, owned) and n != LOCK_FILE]
+        removable = [n for n, is_file in entries if is_file and _owned(n, owned) and n not in (LOCK_FILE, LEASE_FILE)]
     else:
         owned |= _part_names(record)
         removable = [n for n, is_file in entries if is_file and (temp_target(n) in owned or n == SUCCESS_FILE)]

@@ -98,6 +98,10 @@ class Folder:
         """The location of `name` in this folder (a path or a URI, as the folder is)."""
         return f"{self.location.rstrip('/')}/{name}" if self.remote else str(Path(self.location) / name)
 
+    def fs_path(self, name: str) -> str:
+        """`name`'s path within the folder's pyarrow filesystem."""
+        return self._p(name)
+
     def _p(self, name: str) -> str:
         return posixpath.join(self.path, name) if self.remote else str(Path(self.path) / name)
 
