@@ -1,10 +1,12 @@
 """`flexbatch verify`: a finished job's output folder checked against its own records. Every shard of
 `_job.json` is committed in the manifest, every part has the size and SHA-256 recorded there and one row per
 input row, and every id appears exactly once: the ids equal the input's (when the input files are still
-those the job read), else they are at least unique."""
+those the job read), else they are at least unique. An OpenAI Batch job's JSONL parts are checked by their
+line count and the uniqueness of their line ids."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,13 +40,14 @@ def verify_output(folder: Path | str) -> Verification:
     where = Folder(folder)
     shards = [Shard.from_dict(d) for d in record.get("shards") or []]
     committed = manifest_records(folder, record.get("config_hash"))
-    unchanged = _unchanged_inputs(record)
+    jsonl = (record.get("config") or {}).get("format") == "openai"
+    unchanged = set() if jsonl else _unchanged_inputs(record)
     problems, notes, seen, rows = [], [], Counter(), 0
     for s in shards:
         entry = committed.get(s.part_name)
         problem = "not committed in the manifest" if entry is None else part_problem(where, entry)
         if problem is None:
-            ids = _part_ids(where.child(s.part_name))
+            ids = _jsonl_ids(where, s.part_name) if jsonl else _part_ids(where.child(s.part_name))
             problem = _ids_problem(s, ids, unchanged)
             seen.update(ids)
             rows += len(ids)
@@ -55,7 +58,7 @@ def verify_output(folder: Path | str) -> Verification:
         problems.append(f"{len(repeated)} ids appear more than once, e.g. {repeated[:3]}")
     if where.size(SUCCESS_FILE) is None:
         problems.append(f"no {SUCCESS_FILE}: the job has not finished; rerun the same command to complete it")
-    if len(unchanged) < len({s.path for s in shards}):
+    if not jsonl and len(unchanged) < len({s.path for s in shards}):
         notes.append("some input files changed or are gone since the run: their ids were checked for uniqueness "
                      "and count only")
     return Verification(str(folder), len(shards), rows, tuple(problems), tuple(notes))
@@ -76,6 +79,11 @@ def _unchanged_inputs(record: dict) -> set[str]:
 def _part_ids(location: str) -> list[str]:
     with open_parquet(location) as pf:
         return pf.read(columns=[ID_COLUMN]).column(0).to_pylist()
+
+
+def _jsonl_ids(where: Folder, name: str) -> list[str]:
+    lines = [line for line in (where.read_text(name) or "").splitlines() if line.strip()]
+    return [str(json.loads(line).get("id")) for line in lines]
 
 
 def _ids_problem(shard: Shard, ids: list[str], unchanged: set[str]) -> str | None:
