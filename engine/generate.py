@@ -10,11 +10,12 @@ from pathlib import Path
 
 import torch
 
+from engine.backend import load_kernels
 from engine.chat import chat_prompt_ids, messages_problem
 from engine.codecs import KVCodec, WeightCodec
 from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
-from engine.kernels import NativeKernels, load_kernels
+from engine.kernels import NativeKernels
 from engine.models import family_for
 from engine.policy import Policy
 from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, Completion, Request

@@ -11,17 +11,11 @@ block schedule, placement and the KV caches are the same for every backend.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 
-from engine.errors import InvalidParamsError
-from engine.request import BACKEND_CHOICES, DEFAULT_BACKEND
 from engine.rope import apply_rope, cos_sin
 from engine.weights import LayerWeights
-
-log = logging.getLogger(__name__)
 
 
 class NativeKernels:
@@ -55,22 +49,3 @@ class NativeKernels:
             return stored, None
         buffers = codec.acquire()
         return codec.decode(stored, meta, buffers), buffers
-
-
-def load_kernels(backend: str = DEFAULT_BACKEND) -> NativeKernels:
-    """The kernels of `backend` ("native", "ipex" or "auto")."""
-    if backend not in BACKEND_CHOICES:
-        raise InvalidParamsError(f"backend={backend!r} is invalid: use one of {', '.join(BACKEND_CHOICES)}")
-    if backend == "native":
-        return NativeKernels()
-    from engine.kernels_ipex import IpexUnavailable, ipex_kernels
-
-    try:
-        return ipex_kernels()
-    except IpexUnavailable as e:
-        if backend == "ipex":
-            raise InvalidParamsError(
-                f"backend='ipex' cannot be used: {e}; install it in a separate environment "
-                "(scripts/setup_ipex_venv.sh) or use --backend native") from None
-        log.info("backend auto: %s; using the native kernels", e)
-        return NativeKernels()

@@ -5,7 +5,6 @@ on the command line, which the search keeps while it fills in the rest."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -13,6 +12,7 @@ from click.core import ParameterSource
 
 from engine.errors import FlexbatchError
 from engine.request import DTYPE_CHOICES
+from jobs.common import demo_model_dir, fail
 from jobs.policy_options import budgets_from_options, policy_options
 
 _GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
@@ -30,11 +30,6 @@ def pins_from_context(ctx: click.Context, options: dict) -> dict:
     if "percent" in given and options["percent"]:
         pins.update({n: p / 100 for n, p in zip(_PERCENT_FIELDS, options["percent"])})
     return pins
-
-
-def _fail(e: FlexbatchError) -> None:
-    click.echo(f"flexbatch: error: {' '.join(str(e).splitlines())}", err=True)
-    sys.exit(2)
 
 
 def _workload(model_dir: Path, spec, prompt_len, gen_len, num_prompts, input_, prompt_column, dtype):
@@ -89,14 +84,14 @@ def plan_command(ctx, model, prompt_len, gen_len, num_prompts, input_, prompt_co
 
     try:
         pins = pins_from_context(ctx, opts)
-        model_dir = model or Path(__file__).resolve().parent.parent / "examples" / "demo-model"
+        model_dir = model or demo_model_dir()
         spec = load_model_spec(model_dir)
         work = _workload(model_dir, spec, prompt_len, gen_len, num_prompts, input_, prompt_column, dtype)
         hw = hardware_spec(hardware)
         plan = search(spec, hw, work, pins=pins, budgets=budgets_from_options(opts),
                       allow_compression=allow_compression)
     except FlexbatchError as e:
-        _fail(e)
+        fail(e)
     if as_json:
         click.echo(plan.policy.to_json())
         return
@@ -118,6 +113,6 @@ def profile_command(output) -> None:
         spec = profile_this_machine()
         path = save_hardware(spec, output or DEFAULT_CACHE)
     except FlexbatchError as e:
-        _fail(e)
+        fail(e)
     click.echo(json.dumps(spec.to_dict(), indent=1))
     click.echo(f"saved: {path}")

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import click
 
-import jobs
+from jobs.common import PROJECT_ROOT, fail
 
-USER_ERROR_EXIT = 2
 JOB_FAILED_EXIT = 1
 INTERRUPTED_EXIT = 130
-PROJECT_ROOT = Path(jobs.__file__).resolve().parent.parent
 DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "infra" / "runtime_env.yaml"
 # gitignore-style patterns, relative to the project root; Ray also honours the project's .gitignore.
 UPLOAD_EXCLUDES = ["/.venv", "/.git", "/out", "/build", "__pycache__", "*.egg-info", ".pytest_cache",
@@ -83,7 +81,7 @@ def submit_command(address: str, runtime_env_file: Path | None, wait: bool, run_
             client, entrypoint, runtime_env = _prepare(address, runtime_env_file, run_args)
             job_id = _submit(client, address, entrypoint, runtime_env)
     except SubmitError as e:
-        _fail(e)
+        fail(_one_line(e))
     _print_job_commands(job_id, address)
     if not wait:
         return
@@ -125,7 +123,7 @@ def _check_run_args(run_args: tuple[str, ...]) -> None:
     if not run_args:
         raise SubmitError("no `flexbatch run` options given; put them after --, e.g. flexbatch submit --address "
                           "http://HEAD:8265 -- --input prompts.parquet --output /shared/out")
-    from jobs.cli import run  # here, not at the top: jobs.cli registers this command
+    from jobs.run_cmd import run  # here, not at the top: it imports the pipeline
 
     try:
         run.make_context("flexbatch run", list(run_args))
@@ -292,11 +290,6 @@ def _without_env(*names: str):
 
 def _one_line(e: Exception) -> str:
     return " ".join(str(e).split()) or type(e).__name__
-
-
-def _fail(e: SubmitError) -> None:
-    click.echo(f"flexbatch: error: {_one_line(e)}", err=True)
-    sys.exit(USER_ERROR_EXIT)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.storage import Folder
+from pipeline.storage import Folder, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,4 @@ def append_manifest(folder: Path | str, record: dict) -> None:
 
 def write_success(folder: Path | str, summary: dict) -> None:
     """`_SUCCESS`: the job summary, written atomically once every shard has committed or failed for good."""
-    from pipeline.output_dir import write_json_atomic
-
     write_json_atomic(folder, SUCCESS_FILE, summary)

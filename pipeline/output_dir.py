@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline.errors import OutputFolderError
 from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE, manifest_parts
 from pipeline.output_lock import LEASE_FILE, LOCK_FILE
-from pipeline.storage import Folder, temp_target
+from pipeline.storage import Folder, temp_target, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,3 @@ def open_output(check: OutputCheck, record: dict) -> None:
 
 def write_job_file(folder: Path | str, record: dict) -> None:
     write_json_atomic(folder, JOB_FILE, record)
-
-
-def write_json_atomic(folder: Path | str, name: str, record: dict) -> None:
-    Folder(folder).write_bytes(name, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())

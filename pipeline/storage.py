@@ -9,6 +9,7 @@ local disk, which is how that path is tested."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import posixpath
 import re
@@ -217,3 +218,7 @@ def fsync_dir(folder: Path) -> None:
     finally:
         os.close(fd)
 
+
+def write_json_atomic(folder: Path | str, name: str, record: dict) -> None:
+    """`record` as indented JSON in `folder`/`name`, replaced atomically (see `Folder.write_bytes`)."""
+    Folder(folder).write_bytes(name, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())

@@ -1,6 +1,6 @@
 """Measure this machine into a `HardwareSpec` (`flexbatch profile`), cached as JSON.
 
-Each figure reuses the engine's own code paths where it has one (`engine.microbench`: the chunked decode attention
+Each figure reuses the engine's own code paths where it has one (`planner.microbench`: the chunked decode attention
 over bf16 and 4-bit caches, the 4-bit dequantization; `planner.overhead_probe`: the block executor), and records
 how it was measured in `sources`. The machine may be shared, so each figure is the best of a few timed calls
 after a warm-up (what the hardware can do; interference is what the benchmark then measures). The whole profile
@@ -25,9 +25,9 @@ from safetensors.torch import load_file, save_file
 
 from engine.attention import attend, prefill_mask
 from engine.dtypes import resolve_dtype
-from engine.microbench import attention_report, dequant_timings, median_seconds
 from engine.quant import dequantize, quantize
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
+from planner.microbench import attention_report, dequant_timings, median_seconds
 from planner.overhead_probe import call_seconds, elementwise_bytes_per_s
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def cpu_device_spec(dtype: torch.dtype) -> tuple[DeviceSpec, dict]:
                       attention_4bit_bytes_per_s=max(a["chunked_4bit_gb_s"] for a in attn) * 1e9,
                       dequant_bytes_per_s=w.numel() * w.element_size() / (deq_ms / 1e3), **call_seconds(dtype))
     return spec, {"cpu": f"measured: {dtype} GEMMs of widths {MATMUL_WIDTHS}, weights streamed from memory "
-                         "(cycling through 4x the last-level cache) and cache-hot; engine.microbench decode attention "
+                         "(cycling through 4x the last-level cache) and cache-hot; planner.microbench decode attention "
                          "(16 x 16 heads x 256 slots x 64) and dequant; masked prefill attention; the layer's "
                          "elementwise ops at 1024 tokens x 1024; the engine's block executor at tiny sizes "
                          f"(planner.overhead_probe); {torch.get_num_threads()} threads"}

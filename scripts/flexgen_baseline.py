@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.policy import Policy, parse_bytes  # noqa: E402
-from jobs.bench_gpu_models import GPU_PRESETS, build_gpu_checkpoint, weight_bytes  # noqa: E402
-from jobs.bench_gpu_policies import act_bytes, kv_bytes, offload_gpu_layers  # noqa: E402
+from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, weight_bytes  # noqa: E402
+from jobs.bench.gpu_policies import act_bytes, kv_bytes, offload_gpu_layers  # noqa: E402
 
 FIGURES = ("prefill latency", "decode latency", "total latency", "prefill throughput", "decode throughput",
            "total throughput")
@@ -43,7 +43,7 @@ FIGURES = ("prefill latency", "decode latency", "total latency", "prefill throug
 def spec_for(preset: str):
     """The engine's ModelSpec of an OPT preset, from its config alone (no weights needed)."""
     from engine.spec import spec_from_config
-    from jobs.bench_gpu_models import hf_config
+    from jobs.bench.gpu_models import hf_config
 
     return spec_from_config(hf_config(GPU_PRESETS[preset]).to_dict() | {"model_type": "opt"})
 
@@ -70,7 +70,7 @@ def run_flexgen(args, place: dict) -> dict:
     """FlexGen's flex_opt in this process, its hub tokenizer replaced by a local one; its log file parsed."""
     import transformers
 
-    from engine import bench_models as bm
+    from jobs.bench import models as bm
 
     folder = Path(tempfile.mkdtemp(prefix="flexgen-baseline-"))
     tok = bm.make_word_tokenizer(folder / "tokenizer", 16)
@@ -102,7 +102,7 @@ def run_ours(args, place: dict) -> dict:
     from engine.generate import Engine
     from engine.request import Request, SamplingParams
     from engine.spec import load_model_spec
-    from jobs.bench_planner import _eos, requests_for
+    from jobs.bench.planner import _eos, requests_for
     from planner.workload import Workload
 
     model_dir = build_gpu_checkpoint(args.preset, args.cache_dir)

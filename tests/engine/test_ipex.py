@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from engine.attention import attend, prefill_mask
+from engine.backend import load_kernels
 from engine.errors import InvalidParamsError
 from engine.generate import Engine
-from engine.kernels import NativeKernels, load_kernels
+from engine.kernels import NativeKernels
 from engine.policy import Policy
 from engine.quant import QuantConfig, dequantize, quantize
 from engine.request import Request, SamplingParams

@@ -6,7 +6,6 @@ from safetensors.torch import load_file, save_file
 
 import engine.quant as quant
 from engine.errors import InvalidParamsError
-from engine.microbench import layer_report
 from engine.quant import QTensor, QuantConfig, dequantize, int4_linear, pack_int4, quantize
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -154,11 +153,3 @@ def test_int4_pack_refuses_unsupported_layouts():
         pack_int4(quantize(torch.randn(16, 64), QuantConfig(group_size=16)), torch.float32)
     with pytest.raises(InvalidParamsError, match="dim 1"):
         pack_int4(quantize(torch.randn(16, 64), QuantConfig(dim=0)), torch.float32)
-
-
-def test_microbench_reports_every_path():
-    report = layer_report(n=64, k=128, rows=(1, 16), repeats=1, dtype=torch.float32)
-    assert report["packed_bytes"] < report["weight_bytes"] / 4
-    assert [r["rows"] for r in report["by_rows"]] == [1, 16]
-    for r in report["by_rows"]:
-        assert all(r[key] > 0 for key in ("gemm_gflops", "dequant_gemm_gflops", "int4pack_gflops"))

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from engine.request import DEFAULT_MAX_NEW_TOKENS
-from jobs import cli
+from jobs import cli, common
 from tests.pipeline.parquet_files import read_rows, write_corrupt, write_parquet, write_unsupported_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def test_missing_model_folder(tmp_path, no_model_load):
 
 
 def test_missing_demo_model_when_no_model_is_given(tmp_path, monkeypatch, no_model_load):
-    monkeypatch.setattr(cli, "demo_model_dir", lambda: tmp_path / "gone")
+    monkeypatch.setattr(common, "demo_model_dir", lambda: tmp_path / "gone")
     f = write_parquet(tmp_path / "a.parquet", prompt=["hi"])
     result = invoke("--input", f, "--output", tmp_path / "out")
     assert_user_error(result, "demo model is missing", "--model")

@@ -1,0 +1,1 @@
+"""`flexbatch bench ...`: every benchmark and its helpers (models, timing, the report table)."""

@@ -1,0 +1,266 @@
+"""`flexbatch bench engine`: the engine against the hardware and against `transformers`, side by side.
+
+This machine is shared and noisy, so every figure is a ratio of two things measured in the same process,
+interleaved repeat by repeat, with the median of the repeats quoted:
+  1. model FLOP/s of the engine's best block vs a bf16 GEMM microbenchmark of the model's own layer shapes at
+     the same row counts (the prefill rows gbs * P and the decode rows gbs);
+  2. tokens/s of the engine's best block vs `transformers` `generate` at its best batch size;
+  3. with all layer weights on disk and a CPU budget of weights / ratio: the engine vs HF Accelerate
+     (`device_map="auto"`, the same `max_memory`, an `offload_folder`) at its best batch size;
+  4. compressed (4-bit weights and KV cache) vs uncompressed: tokens/s and peak memory;
+  5. with --backends: kernel backends' prefill and decode tokens/s and peak memory (`jobs/bench/backends.py`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import torch
+import torch.nn.functional as F
+
+from engine.generate import Engine
+from engine.policy import Policy
+from engine.spec import load_model_spec
+from jobs.bench import models as bm
+from jobs.bench.backends import backend_lines, parse_backends
+from jobs.bench.report import Line, run_and_save
+from jobs.bench.runs import DTYPE, best, block_name, engine_runner, hf_runner, memory_probe, side_by_side
+from jobs.common import setup_logging
+from planner.microbench import median_seconds
+
+log = logging.getLogger(__name__)
+SKIPPABLE = ("gemm", "transformers", "accelerate", "offload", "compress")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    preset: str = "300m"
+    prompt_len: int = 128
+    gen_len: int = 32
+    repeats: int = 3
+    blocks: tuple[tuple[int, int], ...] = ((8, 1), (32, 1), (16, 4), (64, 1))
+    hf_batches: tuple[int, ...] = (1, 8, 32, 64)
+    offload_blocks: tuple[tuple[int, int], ...] = ((32, 1), (64, 1))
+    accelerate_batches: tuple[int, ...] = (1, 8, 32)
+    offload_ratio: float = 4.0
+    skip: tuple[str, ...] = ()
+    backends: tuple[str, ...] = ()  # kernel backends to compare (line 5); empty: no comparison
+    cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
+
+
+# ---- the four lines --------------------------------------------------------------------------------------
+
+def throughput_lines(cfg: BenchConfig, model_dir: Path, prompts) -> tuple[list[Line], tuple[int, int], dict]:
+    """Lines 1 and 2: the engine's block sweep interleaved with transformers' batch sweep."""
+    from transformers import AutoModelForCausalLM
+
+    spec = load_model_spec(model_dir)
+    eng = Engine.load(model_dir, dtype=DTYPE, policy=Policy())
+    runners = {block_name(g, n): engine_runner(eng, prompts, g, n) for g, n in cfg.blocks}
+    hf = None
+    if "transformers" not in cfg.skip:
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+        runners |= {f"transformers bs {b}": hf_runner(hf, prompts, b) for b in cfg.hf_batches}
+    res = side_by_side(runners, cfg.gen_len, cfg.repeats)
+    del eng, hf
+    ours = {k: v for k, v in res.items() if k.startswith("ours")}
+    top = best(ours)
+    block = cfg.blocks[list(ours).index(top)]
+    gemm = None if "gemm" in cfg.skip else gemm_reference(spec, block, cfg)
+    flops = bm.model_flops(spec, cfg.prompt_len, cfg.gen_len, block[0] * block[1])
+    ours_gflops = flops["total"] / ours[top]["seconds"] / 1e9
+    line1 = Line("flops", f"best block {block[0]}x{block[1]} vs bf16 GEMMs of its shapes and rows", "GFLOP/s",
+                 ours_gflops, gemm and gemm["gflops"], 0.60, {"model_flops": flops, "gemm": gemm})
+    theirs = {k: v for k, v in res.items() if k.startswith("transformers")}
+    hf_top = best(theirs) if theirs else None
+    line2 = Line("transformers", f"{top} vs {hf_top or 'transformers (skipped)'}", "tokens/s",
+                 ours[top]["tokens_per_s"], hf_top and theirs[hf_top]["tokens_per_s"], 3.0)
+    return [line1, line2], block, res
+
+
+def gemm_reference(spec, block: tuple[int, int], cfg: BenchConfig) -> dict:
+    """Seconds the block's Linear work takes as bare bf16 GEMMs of the model's shapes at the block's row counts:
+    num_gb * (L * (t_layer(gbs * P) + (G - 1) * t_layer(gbs)) + G * t_head(gbs))."""
+    gbs, num_gb = block
+    P, G, L = cfg.prompt_len, cfg.gen_len, spec.num_layers
+    reps = max(3, cfg.repeats)
+    t_prefill = sum(gemm_seconds(gbs * P, n, k, reps) for n, k in bm.layer_gemm_shapes(spec))
+    t_decode = sum(gemm_seconds(gbs, n, k, reps) for n, k in bm.layer_gemm_shapes(spec))
+    t_head = gemm_seconds(gbs, spec.vocab_size, spec.hidden_size, reps)
+    seconds = num_gb * (L * (t_prefill + (G - 1) * t_decode) + G * t_head)
+    flops = bm.model_flops(spec, P, G, gbs * num_gb)
+    gemm_flops = flops["linear"] + flops["head"]
+    return {"seconds": seconds, "flops": gemm_flops, "gflops": gemm_flops / seconds / 1e9,
+            "prefill_rows": gbs * P, "decode_rows": gbs,
+            "prefill_gflops": 2 * bm.linear_params(spec) / L * gbs * P / t_prefill / 1e9,
+            "decode_gflops": 2 * bm.linear_params(spec) / L * gbs / t_decode / 1e9,
+            "formula": gemm_reference.__doc__.split(":", 1)[1].strip()}
+
+
+def gemm_seconds(rows: int, n: int, k: int, repeats: int) -> float:
+    torch.manual_seed(0)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    w = (torch.randn(n, k) * 0.02).to(torch.bfloat16)
+    return median_seconds(lambda: F.linear(x, w), repeats)
+
+
+def offload_line(cfg: BenchConfig, model_dir: Path, prompts) -> Line:
+    """Line 3: every layer on disk, a CPU budget of weights / ratio, vs HF Accelerate under the same budget.
+    Accelerate's max_memory bounds weights only, so the engine gets weights / ratio plus the KV cache and
+    activations of its largest block, which it accounts on the same tier."""
+    spec = load_model_spec(model_dir)
+    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    weight_budget = weights / cfg.offload_ratio
+    P, T = cfg.prompt_len, cfg.prompt_len + cfg.gen_len
+    rows = max(g * n for g, n in cfg.offload_blocks)
+    kv_act = rows * (spec.kv_bytes_per_token(2) * T + P * spec.hidden_size * 2)
+    budgets = {"cpu": weight_budget + kv_act}
+    eng = Engine.load(model_dir, dtype=DTYPE, policy=Policy(weight_cpu=0.0), budgets=budgets,
+                      offload_dir=Path(cfg.cache_dir) / "offload")
+    runners = {block_name(g, n): engine_runner(eng, prompts, g, n) for g, n in cfg.offload_blocks}
+    with tempfile.TemporaryDirectory(prefix="flexbatch-accelerate-") as folder:
+        acc, device_map = None, None
+        if "accelerate" not in cfg.skip:
+            acc, device_map = accelerate_model(model_dir, int(weight_budget), folder)
+            runners |= {f"accelerate bs {b}": hf_runner(acc, prompts, b) for b in cfg.accelerate_batches}
+        res = side_by_side(runners, cfg.gen_len, cfg.repeats)
+        del acc
+    ours = {k: v for k, v in res.items() if k.startswith("ours")}
+    theirs = {k: v for k, v in res.items() if k.startswith("accelerate")}
+    top, acc_top = best(ours), (best(theirs) if theirs else None)
+    detail = {"weight_bytes": weights, "weight_budget_bytes": weight_budget, "engine_cpu_budget_bytes":
+              budgets["cpu"], "engine_cpu_peak_bytes": eng.devices.tiers["cpu"].peak,
+              "engine_layer_tiers": dict(Counter(eng.weights.placement)), "accelerate_device_map": device_map,
+              "accelerate_call": "AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map='auto', "
+                                 "max_memory={'cpu': weight_budget_bytes}, offload_folder=tmp)", "runs": res,
+              "page_cache": "both read disk layers through the OS page cache, which no budget bounds"}
+    return Line("accelerate", f"weights {cfg.offload_ratio:g}x the CPU budget (on disk), {top} vs "
+                f"{acc_top or 'accelerate (skipped)'}", "tokens/s", ours[top]["tokens_per_s"],
+                acc_top and theirs[acc_top]["tokens_per_s"], 20.0, detail)
+
+
+def accelerate_model(model_dir: Path, max_cpu_bytes: int, folder: str):
+    """HF Accelerate's big-model inference on a CPU-only machine: what does not fit max_memory["cpu"] goes to
+    "disk" (read from the checkpoint's own safetensors file when it can, else from `folder`)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, device_map="auto",
+                                                 max_memory={"cpu": max_cpu_bytes}, offload_folder=folder)
+    device_map = {k: str(v) for k, v in getattr(model, "hf_device_map", {}).items()}
+    log.info("accelerate placed %s", dict(Counter(device_map.values())))
+    return model.eval(), device_map
+
+
+def compress_lines(cfg: BenchConfig, model_dir: Path, prompts, block: tuple[int, int]) -> list[Line]:
+    """Line 4: compress_weight + compress_cache vs uncompressed at the best block, all on the CPU. Memory is
+    the engine's accounted CPU peak, and the process RSS each engine adds (`memory_probe`)."""
+    engines, runners, rss = {}, {}, {}
+    for name, compress in (("uncompressed", False), ("compressed", True)):
+        policy = Policy(compress_weight=compress, compress_cache=compress)
+        engines[name], rss[name] = memory_probe(model_dir, policy, prompts, block, cfg.gen_len)
+        runners[name] = engine_runner(engines[name], prompts, *block)
+    res = side_by_side(runners, cfg.gen_len, cfg.repeats, warmup=False)
+    acct = {name: eng.devices.tiers["cpu"].peak for name, eng in engines.items()}
+    detail = {"block": block, "engine_cpu_peak_bytes": acct, "rss_added_bytes": rss, "runs": res}
+    where = f"block {block[0]}x{block[1]}"
+    return [Line("compress_speed", f"4-bit weights+KV vs uncompressed, {where}", "tokens/s",
+                 res["compressed"]["tokens_per_s"], res["uncompressed"]["tokens_per_s"], None, detail),
+            Line("compress_memory", "peak CPU memory accounted by the engine, 4-bit vs uncompressed", "MiB",
+                 acct["compressed"] / 2**20, acct["uncompressed"] / 2**20),
+            Line("compress_rss", "peak process RSS added (load + one run), 4-bit vs uncompressed", "MiB",
+                 rss["compressed"] / 2**20, rss["uncompressed"] / 2**20)]
+
+
+def run_engine_bench(cfg: BenchConfig) -> dict:
+    """All lines, plus the machine and the config, as a JSON-ready dict."""
+    t0 = time.perf_counter()
+    model_dir = bm.build_checkpoint(cfg.preset, cfg.cache_dir)
+    spec = load_model_spec(model_dir)
+    rows = max([g * n for g, n in (*cfg.blocks, *cfg.offload_blocks)] + [*cfg.hf_batches, *cfg.accelerate_batches])
+    prompts = bm.prompt_ids(rows, cfg.prompt_len, spec.vocab_size)
+    lines, block, sweep = throughput_lines(cfg, model_dir, prompts)
+    if "offload" not in cfg.skip:
+        lines.append(offload_line(cfg, model_dir, prompts))
+    if "compress" not in cfg.skip:
+        lines += compress_lines(cfg, model_dir, prompts, block)
+    if cfg.backends:
+        lines += backend_lines(cfg, model_dir, prompts, block)
+    return {"config": dataclasses.asdict(cfg), "machine": bm.machine_info(),
+            "model": {"dir": str(model_dir), "preset": dataclasses.asdict(bm.PRESETS[cfg.preset]),
+                      "linear_params": bm.linear_params(spec), "flops_formula": bm.FLOPS_FORMULA},
+            "lines": [line.to_dict() for line in lines], "sweep": sweep,
+            "wall_seconds": time.perf_counter() - t0}
+
+
+# ---- command line ----------------------------------------------------------------------------------------
+
+def _blocks(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        return tuple((int(g), int(n)) for g, n in (b.lower().split("x") for b in text.split(",")))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: write blocks as GBSxNUM_GB, comma-separated, e.g. 8x1,16x4") from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(b) for b in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: write batch sizes comma-separated, e.g. 1,8,32") from None
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def format_table(report: dict) -> str:
+    out = [f"{'line':<16} {'ours':>9} {'baseline':>9} {'ratio':>7} {'target':>7} {'met':>4}  unit, what"]
+    for d in report["lines"]:
+        met = {True: "yes", False: "NO", None: "-"}[d["met"]]
+        target = "-" if d["target"] is None else f">={d['target']:g}"
+        out.append(f"{d['id']:<16} {_fmt(d['ours']):>9} {_fmt(d['baseline']):>9} {_fmt(d['ratio']):>7} "
+                   f"{target:>7} {met:>4}  {d['unit']}, {d['what']}")
+    return "\n".join(out)
+
+
+_D = BenchConfig()
+
+
+@click.command("engine")
+@click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=_D.preset, show_default=True,
+              help="Random-weight Llama to build (once, under --cache-dir) and run.")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=_D.prompt_len, show_default=True)
+@click.option("--gen-len", type=click.IntRange(min=2), default=_D.gen_len, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=_D.repeats, show_default=True,
+              help="Interleaved rounds; the median is quoted.")
+@click.option("--blocks", default="8x1,32x1,16x4,64x1", show_default=True, help="Engine blocks GBSxNUM_GB to sweep.")
+@click.option("--hf-batches", default="1,8,32,64", show_default=True, help="transformers batch sizes to sweep.")
+@click.option("--offload-blocks", default="32x1,64x1", show_default=True, help="Engine blocks, weights on disk.")
+@click.option("--accelerate-batches", default="1,8,32", show_default=True, help="Accelerate batch sizes.")
+@click.option("--offload-ratio", type=click.FloatRange(min=1), default=_D.offload_ratio, show_default=True,
+              help="Weights / CPU budget in the disk-offload line.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]")
+@click.option("--skip", type=click.Choice(SKIPPABLE), multiple=True, help="Leave out a baseline or line.")
+@click.option("--backends", metavar="native,ipex", help="Compare kernel backends (ipex: in its torch 2.8 venv).")
+@click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
+@click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)
+def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, **kw):
+    """The engine vs a bf16 GEMM, transformers generate, and HF Accelerate disk offload; 4-bit vs bf16."""
+    setup_logging()
+    if threads:
+        torch.set_num_threads(threads)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    cfg = BenchConfig(blocks=_blocks(blocks), hf_batches=_ints(hf_batches), offload_blocks=_blocks(offload_blocks),
+                      accelerate_batches=_ints(accelerate_batches), skip=tuple(skip),
+                      backends=parse_backends(kw.pop("backends")), **kw)
+    report = run_and_save(run_engine_bench, cfg, output)
+    click.echo(format_table(report))
+    click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads, "
+               f"torch {report['machine']['torch']}; {report['wall_seconds']:.0f} s; json: {output}")

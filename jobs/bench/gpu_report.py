@@ -1,0 +1,105 @@
+"""The figures `flexbatch bench gpu` reports: per batch size, the best measured policy and the planner's choice
+against the FlexGen-like offloading baseline (latency change, FlexInfer's headline), and the planner's choice
+against the best other policy; their means over the batch sizes; and the text table."""
+
+from __future__ import annotations
+
+import statistics
+
+from engine.tiers import human
+from jobs.bench.gpu_policies import BASELINE
+
+PLANNER_TARGET = 0.10  # the planner's choice within +10 % of the best other measured policy
+FLEXINFER_CHANGE = -0.75  # FlexInfer's average latency change vs FlexGen-like offloading
+
+
+def headline(rows: list[dict], work) -> dict:
+    """At one batch size: the best measured policy's and the planner's latency change against the baseline
+    (seconds / baseline seconds - 1; -0.75 is FlexInfer's average), the planner's against the best other policy,
+    and the fixed policies that run exactly as the planner's choice does."""
+    from engine.policy import Policy
+    from jobs.bench.planner import runs_alike
+
+    ok = [r for r in rows if not r.get("error") and "seconds" in r]
+    base = next((r for r in ok if r["kind"] == BASELINE), None)
+    plan = next((r for r in ok if r["kind"] == "planner"), None)
+    others = [r for r in ok if r["kind"] != "planner"]
+
+    def vs_base(r):
+        return r["seconds"] / base["seconds"] - 1 if base else None
+
+    h = {"best": None, "best_s": None, "best_vs_offload": None, "planner_s": None, "planner_vs_offload": None,
+         "best_other": None, "planner_vs_best": None, "planner_same_as": []}
+    if ok:
+        best = min(ok, key=lambda r: r["seconds"])
+        h.update(best=best["name"], best_s=best["seconds"], best_vs_offload=vs_base(best))
+    if plan:
+        h.update(planner_s=plan["seconds"], planner_vs_offload=vs_base(plan))
+        if others:
+            top = min(others, key=lambda r: r["seconds"])
+            h.update(best_other=top["name"], planner_vs_best=plan["seconds"] / top["seconds"] - 1)
+        mine = Policy.from_dict(plan["policy"])
+        h["planner_same_as"] = [r["name"] for r in others if runs_alike(Policy.from_dict(r["policy"]), mine, work)]
+    return h
+
+
+def summary(batches: list[dict]) -> dict:
+    def mean(key):
+        values = [b["headline"][key] for b in batches if b["headline"][key] is not None]
+        return statistics.mean(values) if values else None
+
+    gaps = [b["headline"]["planner_vs_best"] for b in batches if b["headline"]["planner_vs_best"] is not None]
+    return {"mean_best_vs_offload": mean("best_vs_offload"), "mean_planner_vs_offload": mean("planner_vs_offload"),
+            "flexinfer_vs_offload": FLEXINFER_CHANGE, "worst_planner_vs_best": max(gaps) if gaps else None,
+            "planner_within_target": sum(g <= PLANNER_TARGET for g in gaps), "planner_compared": len(gaps),
+            "target_planner_vs_best": PLANNER_TARGET}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def _num(x, fmt: str = ".3f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def batch_lines(b: dict) -> list[str]:
+    base = next((r for r in b["rows"] if r["kind"] == BASELINE and "seconds" in r), None)
+    out = []
+    for r in b["rows"]:
+        name = r["name"] + (" (baseline)" if r["kind"] == BASELINE else "")
+        if "seconds" not in r:
+            out.append(f"{b['batch']:>5}  {name:<28}  error: {r.get('error') or 'not run'}")
+            continue
+        vs = _pct(r["seconds"] / base["seconds"] - 1) if base and r is not base else "-"
+        out.append(f"{b['batch']:>5}  {name:<28} {r['seconds']:>9.3f} {r['tokens_per_s']:>9.1f} {r['prefill_s']:>9.3f} "
+                   f"{r['decode_s']:>9.3f} {_num(r.get('predicted_s')):>8} {vs:>8}")
+    h = b["headline"]
+    plan = next((r for r in b["rows"] if r["kind"] == "planner" and r.get("description")), None)
+    if plan:
+        same = f", runs as {h['planner_same_as'][0]}" if h["planner_same_as"] else ""
+        out.append(f"       planner chose {plan['description']}{same}")
+    out.append(f"       best {h['best']}: {_pct(h['best_vs_offload'])} vs offload; planner {_pct(h['planner_vs_offload'])}"
+               f" vs offload, {_pct(h['planner_vs_best'])} vs best other ({h['best_other']}; target "
+               f"<= +{100 * PLANNER_TARGET:.0f}%)")
+    return out
+
+
+def format_table(report: dict) -> str:
+    c, m = report["config"], report["model"]
+    out = [f"bench gpu: {m['dir']} ({m['model_type']}, {m['layers']} layers, {human(m['weight_bytes'])} in {report['config']['dtype']}) on "
+           f"{report['machine']['gpu']}; GPU budget {human(report['gpu_budget_bytes'])} "
+           f"({report['gpu_budget_bytes'] / m['weight_bytes']:.2f}x the weights; the baseline keeps "
+           f"{report['baseline_gpu_layers']} of {m['layers']} layers there); prompt {c['prompt_len']}, "
+           f"gen {c['gen_len']}, {c['dtype']}, median of {c['repeats']}; planner's view: {report['hardware']}",
+           f"{'batch':>5}  {'policy (prefill/decode)':<28} {'latency s':>9} {'tokens/s':>9} {'prefill s':>9} "
+           f"{'decode s':>9} {'pred s':>8} {'vs base':>8}"]
+    for b in report["batches"]:
+        out += batch_lines(b)
+    s = report["summary"] or {}
+    out.append(f"headline: latency vs FlexGen-like offloading, mean over {len(report['batches'])} batch sizes: best "
+               f"per-phase choice {_pct(s.get('mean_best_vs_offload'))}, planner "
+               f"{_pct(s.get('mean_planner_vs_offload'))} (FlexInfer: {_pct(FLEXINFER_CHANGE)}); planner vs best other "
+               f"policy: worst {_pct(s.get('worst_planner_vs_best'))}, {s.get('planner_within_target', 0)}/"
+               f"{s.get('planner_compared', 0)} batch sizes within +{100 * PLANNER_TARGET:.0f}%")
+    return "\n".join(out)

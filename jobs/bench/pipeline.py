@@ -1,0 +1,196 @@
+"""`flexbatch bench pipeline`: the job pipeline (local Ray, Parquet in and out, manifest commits) against the bare
+engine on the same rows and the same policy, and 1 engine x 2 threads against 2 engines x 1 thread.
+
+Each round runs, in turn: the bare engine (`Engine.generate` over every row, in this process), the pipeline with
+one engine, and the pipeline with two; the median over rounds is quoted. Two times are compared:
+  - steady state: generation in the bare engine vs the pipeline's run from the first shard handed out to the
+    last one committed (reading shards, tokenizing, Ray calls, writing parts, manifest lines);
+  - end to end: model load + generation vs the whole job (starting Ray, the actors' setup, the run, _SUCCESS).
+In float32 the completions of every pipeline run must equal the bare engine's, row by row (greedy); in bfloat16
+the rows of a block depend on how rows are grouped (a shard is grouped on its own), and GEMM rounding depends on
+the batch, so the share of identical rows is reported instead."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.policy import Policy
+from engine.request import SamplingParams
+from jobs.bench import models as bm
+from jobs.bench.report import run_and_save
+from jobs.common import setup_logging
+
+log = logging.getLogger(__name__)
+TARGET_OVERHEAD = 0.05
+DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "examples" / "prompts.parquet"
+
+
+@dataclass(frozen=True)
+class PipelineBenchConfig:
+    model: str = "demo"
+    dtype: str = "bfloat16"
+    rows: int = 4096
+    gen_len: int = 32
+    shard_rows: int | None = None
+    repeats: int = 2
+    cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
+
+
+def write_rows(folder: Path, rows: int) -> Path:
+    """`rows` prompts (the demo prompts, cycled, each made distinct by a numbered prefix) in one Parquet file."""
+    base = pq.read_table(DEMO_PROMPTS, columns=["prompt"]).column("prompt").to_pylist()
+    prompts = [f"{i}. {base[i % len(base)]}" for i in range(rows)]
+    path = folder / "rows.parquet"
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(rows)], "prompt": prompts}), path, row_group_size=256)
+    return path
+
+
+def plan_once(model_dir: Path, data: Path, cfg: PipelineBenchConfig) -> Policy:
+    """The policy the planner picks for one engine on this machine; every run below uses it."""
+    from pipeline.runner import RunConfig, choose, plan_job
+
+    config = RunConfig(input=str(data), output=data.parent / "plan-only", model=model_dir, dtype=cfg.dtype,
+                       params=SamplingParams(max_new_tokens=cfg.gen_len))
+    policy, predicted = choose(config, plan_job(config))
+    log.info("policy for the benchmark: %s (predicted %.1f s)", policy.to_json(), predicted.total_s)
+    return policy
+
+
+def bare_engine(model_dir: Path, data: Path, policy: Policy, cfg: PipelineBenchConfig) -> tuple[dict, dict[str, str]]:
+    """Model load and `generate` over every row, timed apart; completions by id."""
+    from engine.generate import Engine
+    from pipeline.rows import build_requests, row_ids
+    from pipeline.worker import warm_up
+
+    table = pq.read_table(data)
+    items = build_requests(table, row_ids(table, "rows"), "prompt", SamplingParams(max_new_tokens=cfg.gen_len))
+    t0 = time.perf_counter()
+    eng = Engine.load(model_dir, dtype=cfg.dtype, policy=policy)
+    warm_up(eng)  # as each pipeline worker does in its setup
+    t1 = time.perf_counter()
+    try:
+        out = eng.generate(items)
+    finally:
+        eng.weights.close()
+    t2 = time.perf_counter()
+    tokens = sum(c.completion_tokens for c in out)
+    return {"steady_s": t2 - t1, "end_to_end_s": t2 - t0, "tokens": tokens}, {c.id: c.text for c in out}
+
+
+def pipeline_run(model_dir: Path, data: Path, out: Path, policy: Policy, cfg: PipelineBenchConfig,
+                 workers: int) -> tuple[dict, dict[str, str]]:
+    import ray
+
+    from pipeline.driver import run_job
+    from pipeline.runner import RunConfig
+
+    config = RunConfig(input=str(data), output=out, model=model_dir, dtype=cfg.dtype, policy=policy, plan=False,
+                       params=SamplingParams(max_new_tokens=cfg.gen_len), workers=workers,
+                       shard_rows=cfg.shard_rows)
+    t0 = time.perf_counter()
+    try:
+        summary = run_job(config)
+    finally:
+        ray.shutdown()
+    wall = time.perf_counter() - t0
+    if not summary.ok or summary.skipped_shards:
+        raise RuntimeError(f"the pipeline run was not a clean full run: {summary.failed_shards}")
+    rows = [r for p in summary.parts for r in pq.read_table(p, columns=["id", "completion"]).to_pylist()]
+    return ({"steady_s": summary.wall_seconds, "end_to_end_s": wall, "tokens": summary.run_completion_tokens,
+             "shards": summary.shards, "threads": [w["threads"] for w in summary.workers]},
+            {r["id"]: r["completion"] for r in rows})
+
+
+def run_pipeline_bench(cfg: PipelineBenchConfig) -> dict:
+    from jobs.bench.planner import model_dir_for
+
+    started = time.perf_counter()
+    model_dir = model_dir_for(cfg.model, cfg.cache_dir)
+    runs: dict[str, list[dict]] = {"engine": [], "pipeline 1x2": [], "pipeline 2x1": []}
+    with tempfile.TemporaryDirectory(prefix="flexbatch-bench-") as tmp:
+        data = write_rows(Path(tmp), cfg.rows)
+        policy = plan_once(model_dir, data, cfg)
+        for round_ in range(cfg.repeats):
+            timing, expected = bare_engine(model_dir, data, policy, cfg)
+            runs["engine"].append(timing)
+            for name, workers in (("pipeline 1x2", 1), ("pipeline 2x1", 2)):
+                timing, got = pipeline_run(model_dir, data, Path(tmp) / f"out-{workers}-{round_}", policy, cfg,
+                                           workers)
+                if sorted(got) != sorted(expected):
+                    raise AssertionError(f"{name}: the output ids differ from the input's")
+                timing["same_rows"] = sum(got[k] == expected[k] for k in expected) / len(expected)
+                if cfg.dtype == "float32" and timing["same_rows"] < 1:
+                    raise AssertionError(f"{name}: {timing['same_rows']:.1%} of the rows equal the bare engine's")
+                runs[name].append(timing)
+    return report(cfg, policy, runs, time.perf_counter() - started)
+
+
+def report(cfg: PipelineBenchConfig, policy: Policy, runs: dict[str, list[dict]], seconds: float) -> dict:
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("steady_s", "end_to_end_s", "tokens")}
+           for name, rs in runs.items()}
+    eng, one, two = med["engine"], med["pipeline 1x2"], med["pipeline 2x1"]
+    lines = [
+        _line("overhead-steady", "pipeline 1x2 vs bare engine, steady state (s)", one["steady_s"], eng["steady_s"],
+              TARGET_OVERHEAD),
+        _line("overhead-e2e", "pipeline 1x2 vs bare engine, end to end (s)", one["end_to_end_s"],
+              eng["end_to_end_s"], None),
+        _line("workers", "2 engines x 1 thread vs 1 engine x 2 threads, steady state (s)", two["steady_s"],
+              one["steady_s"], None),
+    ]
+    same = {name: min(r["same_rows"] for r in rs) for name, rs in runs.items() if name != "engine"}
+    return {"config": dataclasses.asdict(cfg), "policy": policy.to_dict(), "lines": lines, "runs": runs,
+            "same_rows_as_engine": same,
+            "medians": med, "machine": bm.machine_info(), "wall_seconds": seconds}
+
+
+def _line(id_: str, what: str, ours: float, baseline: float, target: float | None) -> dict:
+    overhead = ours / baseline - 1 if baseline > 0 else None
+    return {"id": id_, "what": what, "ours": ours, "baseline": baseline, "overhead": overhead,
+            "target": target, "met": None if target is None or overhead is None else overhead <= target}
+
+
+def format_table(rep: dict) -> str:
+    out = [f"{'line':<17} {'what':<66} {'ours':>8} {'base':>8} {'change':>8} {'target':>7}"]
+    for line in rep["lines"]:
+        target = "" if line["target"] is None else f"<={line['target']:.0%}" + (" ok" if line["met"] else " MISS")
+        out.append(f"{line['id']:<17} {line['what']:<66} {line['ours']:8.2f} {line['baseline']:8.2f} "
+                   f"{line['overhead']:+8.1%} {target:>7}")
+    return "\n".join(out)
+
+
+_D = PipelineBenchConfig()
+
+
+@click.command("pipeline")
+@click.option("--model", default=_D.model, show_default=True,
+              help="A preset of the engine benchmark (tiny, 300m), demo, or a checkpoint folder.")
+@click.option("--rows", type=click.IntRange(min=2), default=_D.rows, show_default=True)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default=_D.dtype, show_default=True,
+              help="float32 also checks that every completion equals the bare engine's.")
+@click.option("--gen-len", type=click.IntRange(min=1), default=_D.gen_len, show_default=True)
+@click.option("--shard-rows", type=click.IntRange(min=1), default=None,
+              help="Rows per shard.  [default: the pipeline's own choice]")
+@click.option("--repeats", type=click.IntRange(min=1), default=_D.repeats, show_default=True)
+@click.option("--cache-dir", default=_D.cache_dir, show_default=True)
+@click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/pipeline.json"), show_default=True)
+def pipeline_command(output: Path, **kw):
+    """The pipeline on a local Ray vs the bare engine (same rows, same policy); 1x2 vs 2x1 engines x threads."""
+    setup_logging()
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+    rep = run_and_save(run_pipeline_bench, PipelineBenchConfig(**kw), output)
+    click.echo(format_table(rep))
+    same = ", ".join(f"{k} {v:.1%}" for k, v in rep["same_rows_as_engine"].items())
+    click.echo(f"rows identical to the bare engine's ({rep['config']['dtype']}): {same}")
+    click.echo(f"{rep['wall_seconds']:.0f} s; json: {output}")

@@ -1,0 +1,198 @@
+"""Scenarios: the bundled ones and files of instances, read into HELM's instance form, and HELM's choice of
+evaluation instances and few-shot examples.
+
+A scenario file (JSONL, one object per line, or Parquet) has one instance per row with the columns
+
+- `id`: unique string;
+- `input`: the input text;
+- `references`: a list of correct answers (strings), or of `{text, tags}` / HELM's `{output: {text}, tags}`,
+  the right ones tagged `correct`;
+- `split`: `train` (few-shot examples), `valid` or `test` (evaluated);
+- `choices` (optional): the options of a multiple-choice question; the references then name the right ones.
+
+An instance becomes HELM's `{"input": {"text"}, "references": [{"output": {"text"}, "tags"}], "split", "id"}`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import jobs
+from jobs.helm.errors import SpecError
+
+SPLITS = ("train", "valid", "test")
+EVAL_SPLITS = ("valid", "test")
+CORRECT_TAG = "correct"
+REQUIRED_COLUMNS = ("id", "input", "references", "split")
+SCENARIO_DIR = Path(jobs.__file__).resolve().parent.parent / "examples" / "helm" / "scenarios"
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass(frozen=True)
+class BuiltinScenario:
+    """A scenario bundled with flexbatch (made by scripts/make_helm_scenarios.py from the demo model's tasks)."""
+
+    name: str
+    description: str
+    chance: float  # accuracy of a uniform guess among the possible answers
+
+    @property
+    def path(self) -> Path:
+        return SCENARIO_DIR / f"{self.name}.jsonl"
+
+
+BUILTIN = {s.name: s for s in (
+    BuiltinScenario("addition", "Two-digit addition ('What is 55 plus 56?'), pairs held out of the demo model's "
+                    "training", 1 / 179),
+    BuiltinScenario("facts", "Facts of an invented table ('Where is the city of Torwyn?'), asked in a phrasing "
+                    "held out of the demo model's training", 1 / 8),
+    BuiltinScenario("compare", "The larger or smaller of two two-digit numbers, pairs held out of the demo "
+                    "model's training; the two numbers are the choices", 1 / 2),
+)}
+
+
+def resolve_scenario(value, base: Path) -> str:
+    """A built-in scenario's name as is, or a scenario file's absolute path (relative to `base`)."""
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"scenario={value!r} is invalid: expected a built-in scenario name "
+                        f"({', '.join(sorted(BUILTIN))}) or a .jsonl / .parquet file of instances")
+    if value in BUILTIN:
+        return value
+    path = (base / value).expanduser()
+    if path.suffix in FILE_SUFFIXES and path.is_file():
+        return str(path.resolve())
+    if path.suffix in FILE_SUFFIXES:
+        raise SpecError(f"scenario file {path} does not exist; give a path relative to the spec file's folder")
+    raise SpecError(f"unknown scenario {value!r}; built-in scenarios: {', '.join(sorted(BUILTIN))}; "
+                    f"or give a file of instances ({', '.join(FILE_SUFFIXES)})")
+
+
+def scenario_path(scenario: str) -> Path:
+    return BUILTIN[scenario].path if scenario in BUILTIN else Path(scenario)
+
+
+def load_instances(scenario: str) -> list[dict]:
+    """The instances of a built-in scenario or a scenario file, checked, in file order."""
+    path = scenario_path(scenario)
+    rows = _read_rows(path)
+    instances = [_instance(row, f"{path} row {i}") for i, row in enumerate(rows)]
+    ids = [inst["id"] for inst in instances]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise SpecError(f"{path}: instance id {dup!r} occurs more than once; ids must be unique")
+    if not any(inst["split"] in EVAL_SPLITS for inst in instances):
+        raise SpecError(f"{path}: no instance has split valid or test; mark the instances to evaluate as test")
+    return instances
+
+
+def _read_rows(path: Path) -> list[dict]:
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+            _check_columns(path, table.column_names, "column")
+            return table.to_pylist()
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        raise SpecError(f"cannot read scenario file {path} ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                        "expected JSONL (one JSON object per line) or Parquet") from e
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise SpecError(f"{path} line {i + 1} is not a JSON object; expected one instance per line")
+        _check_columns(path, list(row), f"field on line {i + 1}:")
+    return rows
+
+
+def _check_columns(path: Path, columns: list[str], what: str) -> None:
+    for name in REQUIRED_COLUMNS:
+        if name not in columns:
+            raise SpecError(f"{path}: missing {what} {name!r} (it has {sorted(columns)}); every instance needs "
+                            f"{', '.join(REQUIRED_COLUMNS)}")
+
+
+def _instance(row: dict, where: str) -> dict:
+    if not isinstance(row["id"], (str, int)) or row["id"] == "":
+        raise SpecError(f"{where}: id {row['id']!r} is invalid; expected a non-empty string")
+    if not isinstance(row["input"], str):
+        raise SpecError(f"{where} (id {row['id']!r}): input {row['input']!r} is invalid; expected a string")
+    if row["split"] not in SPLITS:
+        raise SpecError(f"{where} (id {row['id']!r}): split {row['split']!r} is invalid; expected one of "
+                        f"{', '.join(SPLITS)}")
+    references = _references(row["references"], f"{where} (id {row['id']!r})")
+    choices = row.get("choices")
+    if choices is not None:
+        references = _choice_references(choices, references, f"{where} (id {row['id']!r})")
+    if row["split"] in EVAL_SPLITS and not any(CORRECT_TAG in r["tags"] for r in references):
+        raise SpecError(f"{where} (id {row['id']!r}): no reference is tagged {CORRECT_TAG!r}; an evaluated "
+                        "instance needs at least one right answer")
+    return {"input": {"text": row["input"]}, "references": references, "split": row["split"], "id": str(row["id"])}
+
+
+def _references(value, where: str) -> list[dict]:
+    if not isinstance(value, (list, tuple)):
+        raise SpecError(f"{where}: references {value!r} is invalid; expected a list of answers")
+    out = []
+    for ref in value:
+        if isinstance(ref, str):
+            out.append({"output": {"text": ref}, "tags": [CORRECT_TAG]})
+        elif isinstance(ref, dict) and isinstance(ref.get("output"), dict):
+            out.append({"output": {"text": str(ref["output"].get("text", ""))}, "tags": list(ref.get("tags") or [])})
+        elif isinstance(ref, dict) and isinstance(ref.get("text"), str):
+            out.append({"output": {"text": ref["text"]}, "tags": list(ref.get("tags") or [])})
+        else:
+            raise SpecError(f"{where}: reference {ref!r} is invalid; expected a string or {{text, tags}}")
+    return out
+
+
+def _choice_references(choices, references: list[dict], where: str) -> list[dict]:
+    """One reference per choice, in order, tagged correct when a correct reference names it."""
+    if not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) for c in choices) or len(choices) < 2:
+        raise SpecError(f"{where}: choices {choices!r} is invalid; expected a list of at least two strings")
+    right = {r["output"]["text"] for r in references if CORRECT_TAG in r["tags"]}
+    unknown = sorted(right - set(choices))
+    if unknown:
+        raise SpecError(f"{where}: correct answer {unknown[0]!r} is not one of the choices {list(choices)}")
+    return [{"output": {"text": c}, "tags": [CORRECT_TAG] if c in right else []} for c in choices]
+
+
+def downsample_eval(instances: list[dict], max_eval_instances: int | None, eval_splits: tuple[str, ...]) -> list[dict]:
+    """All train instances, and at most `max_eval_instances` evaluation instances drawn with a fixed seed; a
+    smaller draw is a subset of a larger one. File order is kept."""
+    train = [inst for inst in instances if inst["split"] == "train"]
+    evals = [inst for inst in instances if inst["split"] in eval_splits]
+    if max_eval_instances is not None and len(evals) > max_eval_instances:
+        order = list(range(len(evals)))
+        random.Random(0).shuffle(order)
+        evals = [evals[i] for i in sorted(order[:max_eval_instances])]
+    return train + evals
+
+
+def sample_train(train: list[dict], k: int, seed: int, sample: bool = True) -> list[dict]:
+    """HELM's choice of few-shot examples for train trial `seed`: with `sample`, labels (first correct answers)
+    ordered by how many train instances have them (ties shuffled), then one random instance per label in turn,
+    then unlabeled instances at random; without it, the `seed`-th run of `k` consecutive instances."""
+    k = min(k, len(train))
+    if not sample:
+        return train[k * seed: k * (seed + 1)]
+    rng = random.Random(seed)
+    by_label: dict[str, list[dict]] = defaultdict(list)
+    unlabeled = []
+    for inst in train:
+        label = next((r["output"]["text"] for r in inst["references"] if CORRECT_TAG in r["tags"]), None)
+        (by_label[label] if label is not None else unlabeled).append(inst)
+    labels: list[str] = []
+    for count in sorted({len(v) for v in by_label.values()}, reverse=True):
+        tied = [label for label in sorted(by_label) if len(by_label[label]) == count]
+        rng.shuffle(tied)
+        labels.extend(tied)
+    picked: list[dict] = []
+    while len(picked) < k and any(by_label.values()):
+        for label in labels:
+            if len(picked) < k and by_label[label]:
+                picked.append(by_label[label].pop(rng.randrange(len(by_label[label]))))
+    return picked + rng.sample(unlabeled, k - len(picked))

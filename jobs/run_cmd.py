@@ -1,0 +1,154 @@
+"""`flexbatch run` / `python -m jobs.run`: complete the prompts of Parquet files, write Parquet completions.
+
+User errors (bad input, model or output folder) print one line `flexbatch: error: ...` and exit with code 2;
+a job whose shards failed every try exits with code 1 after the summary."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import click
+
+from engine.errors import FlexbatchError
+from engine.request import BACKEND_CHOICES, DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
+from jobs.common import FAILED_SHARDS_EXIT, default_model, fail, setup_logging
+from jobs.plan_cmd import pins_from_context
+from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
+from pipeline.driver import run_job
+from pipeline.runner import JobSummary, RunConfig
+
+_SP = {f.name: f.default for f in fields(SamplingParams)}
+_RC = {f.name: f.default for f in fields(RunConfig)}
+
+
+@click.command("run", short_help="Complete the prompts of Parquet files; write Parquet completions.")
+@click.option("--model", type=click.Path(path_type=Path), default=None,
+              help="Checkpoint folder (config.json, tokenizer, *.safetensors).  [default: the demo model in "
+                   "examples/demo-model]")
+@click.option("--input", "input_", required=True, metavar="PATH",
+              help="A Parquet file, a folder (all *.parquet in it, sorted) or a glob (quote it); or a URI of a "
+                   "filesystem pyarrow reads (s3://bucket/prompts/).")
+@click.option("--output", required=True, metavar="DIR",
+              help="Folder for the output parts (<stem>.parquet per input file, or <stem>.rows-<a>-<b>.parquet per "
+                   "shard of a larger one), _job.json, _manifest.jsonl and _SUCCESS.")
+@click.option("--prompt-column", default=_RC["prompt_column"], show_default=True,
+              help="Input column that holds the prompts.")
+@click.option("--max-new-tokens", type=int, default=_SP["max_new_tokens"], show_default=True,
+              help="Most tokens to generate per row (per-row column: max_new_tokens).")
+@click.option("--temperature", type=float, default=_SP["temperature"], show_default=True,
+              help="Sampling temperature; 0 is greedy (per-row column: temperature).")
+@click.option("--top-p", type=float, default=_SP["top_p"], show_default=True,
+              help="Nucleus sampling mass in (0, 1]; 1 disables it (per-row column: top_p).")
+@click.option("--top-k", type=int, default=_SP["top_k"], show_default=True,
+              help="Sample among the k likeliest tokens; 0 disables it (per-row column: top_k).")
+@click.option("--stop", multiple=True, metavar="TEXT",
+              help="Stop string, repeatable; the completion is cut before it (per-row column: stop, a list "
+                   "of strings).  [default: none]")
+@click.option("--seed", type=int, default=_SP["seed"], show_default=True,
+              help="Job seed; a row without its own seed gets one derived from this and its id, so rows "
+                   "differ and reruns are identical (per-row column: seed).")
+@click.option("--logprobs", is_flag=True, default=_SP["logprobs"],
+              help="Add a logprobs column: the log-probability of each generated token.  [default: off]")
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=_RC["dtype"], show_default=True,
+              help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32.")
+@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=_RC["backend"], show_default=True,
+              help="CPU kernels: native (PyTorch); ipex (Intel Extension for PyTorch, in its own torch 2.8 "
+                   "environment: scripts/setup_ipex_venv.sh); auto (ipex where it imports, else native).")
+@click.option("--truncate", type=click.Choice(TRUNCATE_CHOICES), default=_RC["truncate"], show_default=True,
+              help="A prompt longer than the context: 'error' fails that row, 'left' keeps its last tokens.")
+@click.option("--show", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="After the run, print the first N rows' prompts and completions.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the output of another job in --output (removes its Parquet parts).  "
+                   "[default: off, such a folder is refused]")
+@click.option("--plan/--no-plan", "plan", default=True, show_default=True,
+              help="Pick the policy with the planner (keeping the policy options given here); --no-plan runs the "
+                   "options as given, with defaults for the rest.")
+@click.option("--hardware", type=click.Path(path_type=Path), default=None,
+              help="Hardware spec for the planner.  [default: this machine, profiled on first use and cached]")
+@click.option("--ray/--no-ray", "use_ray", default=True, show_default=True,
+              help="Run the engines as Ray actors; --no-ray runs one engine in this process (no cluster needed).")
+@click.option("--address", default=None, metavar="ADDR",
+              help="Ray cluster to join (e.g. 10.0.0.5:6379, or auto).  [default: RAY_ADDRESS if set, else a "
+                   "local Ray started for this job]")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Engines on CPU-only nodes, spread over them.  [default: one per CPU node; GPU nodes always "
+                   "get one per GPU]")
+@click.option("--shard-rows", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Rows per shard, the unit of work, retry and resume.  [default: up to "
+                   "8 planned blocks, and at most each worker's share of the rows]")
+@click.option("--max-shard-retries", type=click.IntRange(min=0), default=_RC["max_shard_retries"],
+              show_default=True, help="Tries after the first for a shard whose worker died or that failed.")
+@policy_options
+@click.pass_context
+def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop, seed, logprobs,
+        dtype, backend, truncate, show, overwrite, plan, hardware, use_ray, address, workers, shard_rows, max_shard_retries,
+        **policy_opts) -> None:
+    """Complete every prompt of the input Parquet and write Parquet parts with the completions.
+
+    Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
+    (and logprobs with --logprobs). Rows without an id column get the id <file stem>:<row index>.
+
+    The job runs on Ray, one engine per GPU or per CPU node, each planning its own policy. Work is cut into
+    shards (row ranges of the input files); each shard's part is committed in _manifest.jsonl, and _SUCCESS
+    holds the summary. Rerun the same command to resume: committed shards are skipped. A shard that fails
+    every try is listed in _SUCCESS and the exit code is 1; bad input or options exit with 2.
+
+    \b
+    Examples:
+      flexbatch run --input prompts.parquet --output out/ --max-new-tokens 32
+      flexbatch run --input 'data/*.parquet' --output out/ --workers 2 --shard-rows 512
+      flexbatch run --address auto --input /shared/prompts/ --output /shared/out/   # join a Ray cluster
+    """
+    setup_logging()
+    try:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                stop=tuple(stop), seed=seed, logprobs=logprobs)
+        offload_dir = policy_opts.pop("offload_dir")
+        pins = pins_from_context(ctx, policy_opts)
+        config = RunConfig(input=input_, output=output, model=model or default_model(),
+                           prompt_column=prompt_column, params=params, dtype=dtype, backend=backend,
+                           policy=policy_from_options(policy_opts), budgets=budgets_from_options(policy_opts),
+                           offload_dir=offload_dir, truncate=truncate, overwrite=overwrite, plan=plan, pins=pins,
+                           hardware=hardware, use_ray=use_ray, address=address, workers=workers,
+                           shard_rows=shard_rows, max_shard_retries=max_shard_retries)
+        summary = run_job(config)
+    except FlexbatchError as e:
+        fail(e)
+    _print_summary(summary)
+    _print_rows(summary, show, prompt_column)
+    if not summary.ok:
+        sys.exit(FAILED_SHARDS_EXIT)
+
+
+
+def _print_rows(s: JobSummary, n: int, prompt_column: str) -> None:
+    """The first `n` output rows, prompt and completion side by side (newlines shown as \\n)."""
+    import pyarrow.parquet as pq
+
+    shown = 0
+    for part in s.parts:
+        if shown >= n:
+            break
+        rows = pq.read_table(part, columns=["id", prompt_column, "completion", "finish_reason"]).to_pylist()
+        for row in rows[: n - shown]:
+            prompt = str(row[prompt_column]).replace("\n", "\\n")
+            completion = (row["completion"] or "").replace("\n", "\\n")
+            click.echo(f"[{row['id']}] {prompt} -> {completion!s}  ({row['finish_reason']})")
+            shown += 1
+
+
+def _print_summary(s: JobSummary) -> None:
+    click.echo(f"rows: {s.rows} in {s.files} files, {s.error_rows} with errors")
+    click.echo(f"shards: {s.shards}, {s.skipped_shards} committed earlier, {len(s.failed_shards)} failed")
+    for f in s.failed_shards:
+        click.echo(f"  failed shard {f['shard']} ({f['part']}, {f['rows']} rows) after {f['tries']} tries: {f['error']}")
+    click.echo(f"tokens: {s.prompt_tokens} prompt, {s.completion_tokens} completion")
+    click.echo(f"speed: {s.job_tokens_per_s:.1f} completion tokens/s with {len(s.workers)} engines "
+               f"({s.wall_seconds:.2f} s)")
+    if s.predicted_seconds is not None:
+        click.echo(f"planner: predicted {s.predicted_seconds:.2f} s, measured {s.wall_seconds:.2f} s "
+                   f"(policy {s.policy})")
+    click.echo(f"output: {s.output}")

@@ -1,0 +1,286 @@
+"""`flexbatch wrangle` / `python -m jobs.wrangle`: the data-wrangling tasks of fm_data_tasks (entity matching,
+data imputation, error detection) as a flexbatch job.
+
+The job reads the task's tables (jobs/wrangle/data.py), writes one prompt per example to
+`<output>/prompts.parquet` (prompts from jobs/wrangle/tasks.py), completes them with the pipeline (greedy,
+short, stopped at a newline) into `<output>/completions/`, then parses the answers and writes
+`<output>/predictions.parquet` and `<output>/metrics.json` (jobs/wrangle/metrics.py). Rerunning the same
+command resumes the generation: committed shards are not redone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.errors import FlexbatchError
+from engine.request import DTYPE_CHOICES, SamplingParams
+from jobs.common import FAILED_SHARDS_EXIT, default_model, fail, setup_logging
+from jobs.wrangle.data import SPLITS, TASKS, Example, WrangleInputError, check_task, load_split
+from jobs.wrangle.metrics import binary_metrics, imputation_metrics, is_correct
+from jobs.wrangle.tasks import (
+    DEFAULT_TEMPLATE,
+    Template,
+    get_template,
+    parse_answer,
+    read_prefix,
+    render,
+    sample_shots,
+    shots_prefix,
+)
+from pipeline import JobSummary, RunConfig, run_job
+from pipeline.errors import OutputFolderError
+from pipeline.output_dir import JOB_FILE
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_NEW_TOKENS = 8  # "Yes"/"No" or a short value, then a newline
+STOP = ("\n",)
+PROMPTS_FILE, COMPLETIONS_DIR = "prompts.parquet", "completions"
+PREDICTIONS_FILE, METRICS_FILE = "predictions.parquet", "metrics.json"
+
+
+@dataclass(frozen=True)
+class WrangleConfig:
+    """One data-wrangling run: which task, data and split, how prompts are made, and how the pipeline runs."""
+
+    task: str
+    data: Path
+    output: Path
+    model: Path
+    split: str = "test"
+    template: str | None = None  # None: DEFAULT_TEMPLATE[task]
+    k_shot: int = 0
+    prefix: Path | None = None  # a hand-written few-shot prefix instead of k random train examples
+    seed: int = 0
+    impute_column: str | None = None
+    limit: int | None = None  # the first N rows of the split only
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    dtype: str = "auto"
+    use_ray: bool = True
+    workers: int | None = None
+    address: str | None = None
+    overwrite: bool = False
+    plan: bool = True
+
+    def __post_init__(self) -> None:
+        check_task(self.task)
+        for name in ("data", "output", "model"):
+            object.__setattr__(self, name, Path(getattr(self, name)).expanduser().resolve())
+        if self.split not in SPLITS[1:]:
+            raise WrangleInputError(f"--split {self.split!r} is invalid: expected valid or test (train holds "
+                                    f"the few-shot examples)")
+        get_template(self.task, self.template)
+        if self.k_shot < 0:
+            raise WrangleInputError(f"--k-shot {self.k_shot} is invalid: expected 0 or more examples")
+        if self.prefix is not None and self.k_shot:
+            raise WrangleInputError(f"--prefix {self.prefix} and --k-shot {self.k_shot} both give a few-shot "
+                                    f"prefix; pass only one of them")
+        if self.limit is not None and self.limit < 1:
+            raise WrangleInputError(f"--limit {self.limit} is invalid: expected a positive number of rows")
+        if self.max_new_tokens < 1:
+            raise WrangleInputError(f"--max-new-tokens {self.max_new_tokens} is invalid: expected 1 or more")
+        if self.task == "data_imputation" and not self.impute_column:
+            raise WrangleInputError("data_imputation needs the column to impute; pass --impute-column NAME")
+
+    @property
+    def target(self) -> str | None:
+        return self.impute_column if self.task == "data_imputation" else None
+
+
+@dataclass(frozen=True)
+class WrangleResult:
+    metrics: dict
+    predictions: Path
+    metrics_path: Path
+    summary: JobSummary
+
+
+def build_prompts(config: WrangleConfig) -> tuple[Template, list[Example], list[str], str]:
+    """The template, the examples of the split (the first `limit`), their prompts and the common prefix."""
+    template = get_template(config.task, config.template)
+    examples = load_split(config.data, config.task, config.split, config.impute_column)
+    if not examples:
+        raise WrangleInputError(f"the {config.split} split in {config.data} has no rows; add rows or pass "
+                                f"--split with another split")
+    queries = [render(e, template, config.target) for e in examples]
+    if config.prefix is not None:
+        prefix = read_prefix(config.prefix)
+    elif config.k_shot:
+        train = load_split(config.data, config.task, "train", config.impute_column)
+        shots = sample_shots(train, config.k_shot, config.seed, template, config.target, set(queries))
+        prefix = shots_prefix(shots, template, config.target)
+    else:
+        prefix = ""
+    n = config.limit or len(examples)
+    return template, examples[:n], [prefix + q for q in queries[:n]], prefix
+
+
+def write_prompts(path: Path, examples: list[Example], prompts: list[str], overwrite: bool) -> None:
+    """Write the prompt file, unless it already holds these prompts (a rerun resumes the same job). Other
+    prompts whose completions exist are replaced only with `overwrite`; refusing leaves that job resumable."""
+    table = pa.table({"id": [e.id for e in examples], "prompt": prompts})
+    if path.is_file():
+        try:
+            if pq.read_table(path).equals(table):
+                return
+        except (OSError, pa.ArrowException):
+            pass  # unreadable: written again below
+        if not overwrite and (path.parent / COMPLETIONS_DIR / JOB_FILE).is_file():
+            raise OutputFolderError(f"{path.parent} holds the completions of other prompts (another task, data, "
+                                    f"split, template, prefix or limit); pass --overwrite to replace them, or "
+                                    f"choose another --output")
+    _write_parquet(table, path)
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    """Written under a temporary name and renamed: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def _completions(summary: JobSummary) -> dict[str, dict]:
+    out = {}
+    for part in summary.parts:
+        for row in pq.read_table(part, columns=["id", "completion", "finish_reason", "error"]).to_pylist():
+            out[row["id"]] = row
+    return out
+
+
+def _prediction_rows(examples, prompts, completions, template) -> list[dict]:
+    rows = []
+    for example, prompt in zip(examples, prompts):
+        done = completions.get(example.id, {"completion": None, "finish_reason": "error",
+                                            "error": "its shard failed every try; rerun to complete it"})
+        pred = parse_answer(done["completion"], template)
+        rows.append({"id": example.id, **dict(example.keys), "prompt": prompt, "completion": done["completion"],
+                     "prediction": pred, "gold": example.gold, "correct": is_correct(example.gold, pred),
+                     "finish_reason": done["finish_reason"], "error": done["error"]})
+    return rows
+
+
+def score(task: str, rows: list[dict]) -> dict:
+    golds, preds = [r["gold"] for r in rows], [r["prediction"] for r in rows]
+    return imputation_metrics(golds, preds) if task == "data_imputation" else binary_metrics(golds, preds)
+
+
+def _record(config: WrangleConfig, template: Template, prefix: str, metrics: dict, summary: JobSummary) -> dict:
+    return {
+        "task": config.task, "split": config.split, "data": str(config.data), "model": str(config.model),
+        "template": template.name, "template_prompt": template.prompt, "serialization": template.style,
+        "k_shot": config.k_shot, "prefix_file": str(config.prefix) if config.prefix else None,
+        "seed": config.seed, "impute_column": config.target, "limit": config.limit, "prefix": prefix,
+        **metrics, "error_rows": summary.error_rows, "failed_shards": len(summary.failed_shards),
+        "completion_tokens_per_s": summary.job_tokens_per_s, "workers": len(summary.workers),
+    }
+
+
+def run_wrangle(config: WrangleConfig) -> WrangleResult:
+    """Build the prompts, complete them with the pipeline, parse and score; write predictions and metrics."""
+    template, examples, prompts, prefix = build_prompts(config)
+    prompts_path = config.output / PROMPTS_FILE
+    write_prompts(prompts_path, examples, prompts, config.overwrite)
+    log.info("%s: %d %s rows, template %s, prompts in %s", config.task, len(examples), config.split,
+             template.name, prompts_path)
+    summary = run_job(RunConfig(
+        input=str(prompts_path), output=config.output / COMPLETIONS_DIR, model=config.model,
+        params=SamplingParams(max_new_tokens=config.max_new_tokens, temperature=0.0, stop=STOP),
+        dtype=config.dtype, use_ray=config.use_ray, workers=config.workers, address=config.address,
+        overwrite=config.overwrite, plan=config.plan))
+    rows = _prediction_rows(examples, prompts, _completions(summary), template)
+    metrics = score(config.task, rows)
+    predictions = config.output / PREDICTIONS_FILE
+    _write_parquet(pa.Table.from_pylist(rows), predictions)
+    metrics_path = config.output / METRICS_FILE
+    metrics_path.write_text(json.dumps(_record(config, template, prefix, metrics, summary), indent=2) + "\n")
+    log.info("%s: accuracy %.3f on %d rows; predictions in %s", config.task, metrics["accuracy"], metrics["n"],
+             predictions)
+    return WrangleResult(metrics, predictions, metrics_path, summary)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def metrics_lines(task: str, split: str, template: str, m: dict) -> list[str]:
+    """What the command prints: the scores and the chance level (always the most frequent gold answer)."""
+    head = f"{task} on {split} (template {template}): n={m['n']}, {m['unparsed']} answers unparsed"
+    chance = f"chance: accuracy {_pct(m['majority_accuracy'])} (always the most frequent answer)"
+    if task == "data_imputation":
+        return [head, f"accuracy {_pct(m['accuracy'])} ({m['correct']}/{m['n']} exact after normalization)", chance]
+    return [head, f"accuracy {_pct(m['accuracy'])}, precision {_pct(m['precision'])}, recall {_pct(m['recall'])}, "
+                  f"F1 {_pct(m['f1'])}  (TP {m['tp']}, FP {m['fp']}, FN {m['fn']}, TN {m['tn']})",
+            f"{chance}, F1 {_pct(m['always_positive_f1'])} (always positive)"]
+
+
+_DEFAULTS = sorted(set(DEFAULT_TEMPLATE.values()))
+_DEFAULT_HELP = _DEFAULTS[0] if len(_DEFAULTS) == 1 else ", ".join(f"{v} for {k}" for k, v in DEFAULT_TEMPLATE.items())
+_TEMPLATE_HELP = ("Prompt template: paper (the paper's wording, rows as 'attr: value. attr: value') or demo (the "
+                  f"formats the demo model was trained on, for the bundled data).  [default: {_DEFAULT_HELP}]")
+
+
+@click.command("wrangle", short_help="Entity matching, imputation or error detection on tables, scored.")
+@click.option("--task", required=True, metavar="TASK", help=f"One of {', '.join(TASKS)}.")
+@click.option("--data", required=True, type=click.Path(path_type=Path),
+              help="Folder with the task's tables (Parquet or CSV), laid out as in fm_data_tasks.")
+@click.option("--output", required=True, type=click.Path(path_type=Path),
+              help="Folder for prompts.parquet, completions/, predictions.parquet and metrics.json.")
+@click.option("--split", default="test", show_default=True, metavar="SPLIT", help="Split to score: valid or test.")
+@click.option("--template", default=None, metavar="NAME", help=_TEMPLATE_HELP)
+@click.option("--k-shot", type=int, default=0, show_default=True, metavar="N",
+              help="Few-shot prefix of N random train examples (never one equal to a scored row).")
+@click.option("--prefix", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="A hand-written few-shot prefix (text file) instead of --k-shot.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --k-shot sample.")
+@click.option("--impute-column", default=None, metavar="NAME", help="data_imputation: the column to impute.")
+@click.option("--limit", type=int, default=None, metavar="N", help="Score only the split's first N rows.")
+@click.option("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, show_default=True,
+              help="Most tokens per answer (generation also stops at a newline).")
+@click.option("--model", type=click.Path(path_type=Path), default=None,
+              help="Checkpoint folder.  [default: the demo model in examples/demo-model]")
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto", show_default=True, help="Compute dtype.")
+@click.option("--ray/--no-ray", "use_ray", default=True, show_default=True,
+              help="Run the engines as Ray actors; --no-ray runs one engine in this process.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Engines on CPU-only nodes.  [default: one per CPU node]")
+@click.option("--address", default=None, metavar="ADDR",
+              help="Ray cluster to join.  [default: RAY_ADDRESS if set, else a local Ray]")
+@click.option("--overwrite", is_flag=True, help="Replace the completions of another job in --output.")
+def wrangle_command(task, data, output, split, template, k_shot, prefix, seed, impute_column, limit,
+                    max_new_tokens, model, dtype, use_ray, workers, address, overwrite) -> None:
+    """Run a data-wrangling task (fm_data_tasks layout) through the pipeline and score the answers.
+
+    \b
+    Examples:
+      flexbatch wrangle --task entity_matching --data examples/wrangle/entity_matching --output out/em
+      flexbatch wrangle --task data_imputation --data examples/wrangle/data_imputation \\
+          --impute-column country --output out/di
+      flexbatch wrangle --task error_detection --data examples/wrangle/error_detection --output out/ed
+    """
+    setup_logging()
+    try:
+        config = WrangleConfig(task=task, data=data, output=output, model=model or default_model(), split=split,
+                               template=template, k_shot=k_shot, prefix=prefix, seed=seed,
+                               impute_column=impute_column, limit=limit, max_new_tokens=max_new_tokens,
+                               dtype=dtype, use_ray=use_ray, workers=workers, address=address, overwrite=overwrite)
+        result = run_wrangle(config)
+    except FlexbatchError as e:
+        fail(e)
+    for line in metrics_lines(task, split, get_template(task, template).name, result.metrics):
+        click.echo(line)
+    click.echo(f"predictions: {result.predictions}")
+    click.echo(f"metrics: {result.metrics_path}")
+    if not result.summary.ok:
+        click.echo(f"{len(result.summary.failed_shards)} shards failed; their rows count as wrong: rerun the "
+                   f"same command to complete them")
+        sys.exit(FAILED_SHARDS_EXIT)
+

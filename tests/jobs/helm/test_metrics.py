@@ -1,0 +1,152 @@
+"""HELM's metrics against hand-worked cases, including the corners of HELM's normalization."""
+
+import math
+
+import pytest
+
+from jobs.helm.metrics import (
+    Stat,
+    evaluate,
+    exact_match,
+    f1_score,
+    normalize_text,
+    prefix_exact_match,
+    quasi_exact_match,
+    quasi_leave_articles_exact_match,
+    quasi_prefix_exact_match,
+    reference_stats,
+)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The  Cat, sat!", "cat sat"),
+    ("an apple a day", "apple day"),
+    ("Theater in Anna's town", "theater in annas town"),  # articles are whole words only
+    ("the-end", "theend"),  # punctuation goes first, so this is no longer the article "the"
+    ("A.", ""),  # "A." -> "a" -> article
+    ("  tabs\tand\nnewlines ", "tabs and newlines"),
+    ("café’s «quote»", "café’s «quote»"),  # only ASCII punctuation is removed
+])
+def test_normalize_text(text, expected):
+    assert normalize_text(text) == expected
+
+
+def test_normalize_text_can_keep_articles():
+    assert normalize_text("The Cat!", remove_articles=False) == "the cat"
+
+
+@pytest.mark.parametrize("gold, pred, expected", [
+    ("111", " 111 ", 1), ("111", "1110", 0), ("111", "", 0), ("", "", 0), ("Paris", "paris", 0),
+    ("a b", "a  b", 0),  # only the ends are stripped
+])
+def test_exact_match(gold, pred, expected):
+    assert exact_match(gold, pred) == expected
+
+
+@pytest.mark.parametrize("gold, pred, expected", [
+    ("Paris", "paris.", 1), ("The Eiffel Tower", "eiffel   tower!", 1), ("42", "forty-two", 0), ("x", "", 0),
+    ("A", "a.", 1),  # both normalize to "", and the prediction is not empty: HELM scores 1
+    ("the end", "the-end", 0),
+])
+def test_quasi_exact_match(gold, pred, expected):
+    assert quasi_exact_match(gold, pred) == expected
+
+
+def test_quasi_leave_articles_exact_match():
+    assert quasi_leave_articles_exact_match("The cat!", "the cat") == 1
+    assert quasi_leave_articles_exact_match("the cat", "cat") == 0
+    assert quasi_exact_match("the cat", "cat") == 1
+
+
+@pytest.mark.parametrize("gold, pred, expected", [
+    ("111", "111 apples", 1), ("111", "  111", 1), ("111", "1 11", 0), ("Yes", "yes", 0), ("Yes", "", 0),
+])
+def test_prefix_exact_match(gold, pred, expected):
+    assert prefix_exact_match(gold, pred) == expected
+
+
+@pytest.mark.parametrize("gold, pred, expected", [
+    ("The Answer", "answer: yes", 1), ("Yes", "yes, it is", 1), ("no", "None", 1),  # a string prefix, not a word
+    ("the", "anything", 1),  # the gold normalizes to "", a prefix of everything
+    ("yes", "", 0), ("cat", "a dog", 0),
+])
+def test_quasi_prefix_exact_match(gold, pred, expected):
+    assert quasi_prefix_exact_match(gold, pred) == expected
+
+
+@pytest.mark.parametrize("gold, pred, expected", [
+    ("the cat sat", "cat sat down", 0.8),  # P = 2/3, R = 1
+    ("cat cat", "cat", 1.0),  # sets of words
+    ("New York City", "york", 0.5),  # P = 1, R = 1/3
+    ("cat", "", 0.0), ("the", "the", 0.0),  # an empty set after normalizing scores 0
+    ("red", "blue", 0.0),
+])
+def test_f1_score(gold, pred, expected):
+    assert math.isclose(f1_score(gold, pred), expected)
+
+
+def _state(refs, completions, mapping=None, split="test"):
+    state = {"instance": {"id": "i", "split": split, "input": {"text": "q"},
+                          "references": [{"output": {"text": t}, "tags": ["correct"] if ok else []} for t, ok in refs]},
+             "result": {"completions": [{"text": t, "logprob": lp} for t, lp in completions]}}
+    if mapping is not None:
+        state["output_mapping"] = mapping
+    return state
+
+
+def _scores(state, names, num_outputs=1):
+    return {s.name["name"]: s.sum for s in reference_stats(state, names, num_outputs)}
+
+
+def test_score_is_the_best_correct_reference():
+    refs = [("Paris", True), ("London", False), ("paris france", True)]
+    assert _scores(_state(refs, [(" London", 0.0)]), ("exact_match",)) == {"exact_match": 0}
+    assert _scores(_state(refs, [("Paris France", 0.0)]), ("exact_match", "quasi_exact_match")) == \
+        {"exact_match": 0, "quasi_exact_match": 1}
+
+
+def test_top_prediction_is_the_likeliest_and_at_k_takes_every_prediction():
+    state = _state([("111", True)], [("112", -0.1), ("111", -2.0), ("110", -3.0)])
+    assert _scores(state, ("exact_match",), num_outputs=3) == {"exact_match": 0, "exact_match@3": 1}
+    state = _state([("111", True)], [("112", -2.0), (" 111\n", -0.1)])
+    assert _scores(state, ("exact_match",)) == {"exact_match": 1}
+
+
+def test_multiple_choice_letters_map_to_choices():
+    refs = [("22", False), ("81", True)]
+    mapping = {"A": "22", "B": "81"}
+    assert _scores(_state(refs, [(" B", 0.0)], mapping), ("exact_match",)) == {"exact_match": 1}
+    assert _scores(_state(refs, [(" A", 0.0)], mapping), ("exact_match",)) == {"exact_match": 0}
+    assert _scores(_state(refs, [(" Z", 0.0)], mapping), ("exact_match", "f1_score")) == \
+        {"exact_match": 0, "f1_score": 0}
+
+
+def test_a_failed_request_scores_zero():
+    state = _state([("111", True)], [])
+    assert _scores(state, ("exact_match", "quasi_prefix_exact_match", "f1_score")) == \
+        {"exact_match": 0, "quasi_prefix_exact_match": 0, "f1_score": 0}
+
+
+def test_stat_matches_helm_fields():
+    s = Stat({"name": "exact_match", "split": "test"}).add(1).add(0).add(1).add(True)
+    d = s.to_json()
+    assert d["count"] == 4 and d["sum"] == 3 and d["sum_squared"] == 3 and d["min"] == 0 and d["max"] == 1
+    assert d["mean"] == 0.75 and math.isclose(d["variance"], 0.1875) and math.isclose(d["stddev"], 0.1875 ** 0.5)
+    assert Stat.from_json(d).to_json() == d
+    assert Stat({"name": "x"}).to_json() == {"name": {"name": "x"}, "count": 0, "sum": 0.0, "sum_squared": 0.0}
+
+
+def test_evaluate_takes_the_mean_of_each_train_trial():
+    states = []
+    for trial, texts in enumerate((["111", "0", "0", "0"], ["111", "111"])):
+        for i, text in enumerate(texts):
+            state = _state([("111", True)], [(text, 0.0)])
+            state["instance"]["id"] = f"i{i}"
+            states.append({**state, "train_trial_index": trial})
+    per_instance, stats = evaluate(states, ("exact_match",), num_outputs=1)
+    assert [(p["instance_id"], p["train_trial_index"]) for p in per_instance][:2] == [("i0", 0), ("i1", 0)]
+    assert len(per_instance) == 6
+    em = next(s for s in stats if s["name"] == {"name": "exact_match", "split": "test"})
+    assert em["count"] == 2 and math.isclose(em["mean"], (0.25 + 1.0) / 2)  # HELM: the mean of the trial means
+    n = next(s for s in stats if s["name"]["name"] == "num_instances")
+    assert n["name"]["split"] == "test" and n["sum"] == 4
