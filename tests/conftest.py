@@ -85,3 +85,15 @@ def no_model_load(monkeypatch):
         raise AssertionError("the model was loaded before the input was checked")
 
     monkeypatch.setattr(Engine, "load", refuse)
+
+
+@pytest.fixture
+def one_thread():
+    """Small ops run on one thread (no OpenMP stalls when the cores are shared); benchmarks may change torch's
+    thread count, so it is given back afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield 1
+    torch.set_num_threads(before)

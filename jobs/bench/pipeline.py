@@ -29,11 +29,11 @@ from engine.policy import Policy
 from engine.request import SamplingParams
 from jobs.bench import models as bm
 from jobs.bench.report import run_and_save
-from jobs.common import setup_logging
+from jobs.common import PROJECT_ROOT, setup_logging
 
 log = logging.getLogger(__name__)
 TARGET_OVERHEAD = 0.05
-DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "examples" / "prompts.parquet"
+DEMO_PROMPTS = PROJECT_ROOT / "examples" / "prompts.parquet"
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import jobs
+from jobs.common import PROJECT_ROOT
 from jobs.helm.errors import SpecError
 
 SPLITS = ("train", "valid", "test")
 EVAL_SPLITS = ("valid", "test")
 CORRECT_TAG = "correct"
 REQUIRED_COLUMNS = ("id", "input", "references", "split")
-SCENARIO_DIR = Path(jobs.__file__).resolve().parent.parent / "examples" / "helm" / "scenarios"
+SCENARIO_DIR = PROJECT_ROOT / "examples" / "helm" / "scenarios"
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 

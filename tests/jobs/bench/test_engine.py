@@ -2,7 +2,6 @@ import importlib.util
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from engine.generate import Engine
@@ -11,14 +10,6 @@ from jobs import cli
 from jobs.bench import models as bm
 
 LINES = ("flops", "transformers", "accelerate", "compress_speed", "compress_memory", "compress_rss")
-
-
-@pytest.fixture
-def one_thread():
-    """The bench sets torch's thread count for the process; give it back afterwards."""
-    before = torch.get_num_threads()
-    yield 1
-    torch.set_num_threads(before)
 
 
 def test_bench_engine_reports_every_line(tmp_path, one_thread):

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from jobs import cli
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 H100 = REPO / "infra" / "hardware" / "h100-80gb-sapphirerapids.json"
 # split@6/split@6: the split where the 2 layers that fit the budget (a quarter of 8) run on the GPU
 POLICIES = ["offload gpu/gpu", "cpu/cpu", "gpu/cpu", "gpu/split@2", "gpu/split@4", "gpu/split@6", "split@4/split@4",

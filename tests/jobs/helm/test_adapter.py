@@ -12,7 +12,7 @@ from jobs.helm.adapter import adapt, prompt_text
 from jobs.helm.scenarios import BUILTIN, downsample_eval, load_instances, sample_train
 from jobs.helm.spec import AdapterSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 QA = AdapterSpec(input_prefix="Q: ", input_suffix=" ", output_prefix="A: ", instance_prefix="",
                  max_train_instances=2, num_outputs=1, temperature=0, max_tokens=4, stop_sequences=("\n",))
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.jobs.helm.files import DEMO_ADAPTER, read_json, write_spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from jobs.helm.scenarios import load_instances
 from jobs.helm.spec import AdapterSpec, load_spec, with_overrides
 from tests.jobs.helm.files import assert_user_error, invoke, write_jsonl, write_spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEMO_SPEC = REPO / "examples" / "helm" / "demo.yaml"
 
 

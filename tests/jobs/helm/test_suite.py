@@ -137,7 +137,7 @@ def test_module_entry_point_help():
     from pathlib import Path
 
     done = subprocess.run([sys.executable, "-m", "jobs.helm", "--help"], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[2], timeout=60)
+                          cwd=Path(__file__).resolve().parents[3], timeout=60)
     assert done.returncode == 0 and "python -m jobs.helm" in done.stdout
     for option in ("--spec", "--suite", "--output", "--max-eval-instances", "--model", "--skip-completed-runs",
                    "--scenario-state", "--compress-weight", "--compress-cache", "--dtype", "--no-ray", "--address",

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from jobs.wrangle.command import WrangleConfig, build_prompts, run_wrangle, wrangle_command
 from jobs.wrangle.tasks import render
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DATA = REPO / "examples" / "wrangle"
 COLUMN = {"data_imputation": ["--impute-column", "country"]}
 

@@ -13,7 +13,7 @@ import pytest
 from jobs.wrangle.data import WrangleInputError, load_split
 from tests.pipeline.parquet_files import write_parquet
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BUNDLED = REPO / "examples" / "wrangle"
 
 
