@@ -211,4 +211,4 @@ def _check_gpu(policy: Policy, devices: Devices) -> None:
 
 def codecs_for(policy: Policy, dtype: torch.dtype):
     """The weight and KV-cache codecs a policy asks for (None = uncompressed)."""
-    return (WeightCodec(dtype) if policy.compress_weight else None), (KVCodec() if policy.compress_cache else None)
+    return (WeightCodec(dtype, format=policy.weight_format) if policy.compress_weight else None), (KVCodec() if policy.compress_cache else None)

@@ -205,16 +205,19 @@ class IpexKernels(NativeKernels):
             return packed_linear(x, w, b)
         return F.linear(x, w, b)
 
-    def pack_resident(self, stored, meta):
+    def pack_resident(self, stored, meta, codec=None):
         """Packed once at load, replacing the stored form: dense weights for oneDNN, 4-bit ones for the int4
-        GEMM (when on; else the layer stays as stored and is dequantized at each use, as natively)."""
+        GEMM (when on; else the layer stays as stored and is dequantized at each use, as natively). Other
+        formats (int8) are kept as natively."""
+        if codec is not None and codec.format != "int4":
+            return super().pack_resident(stored, meta, codec)
         packed = pack_layer(stored, meta, self.int4, dense=True)
         return stored if packed is None else packed
 
     def ready(self, stored, meta, codec, device):
         """On the CPU, 4-bit weights read from disk (or kept for another device) are packed for the int4 GEMM
         as they are loaded, in place of being dequantized; dense ones are used as they are."""
-        if device != "cpu" or codec is None or not self.int4:
+        if device != "cpu" or codec is None or not self.int4 or codec.format != "int4":
             return super().ready(stored, meta, codec, device)
         packed = pack_layer(stored, meta, self.int4, dense=False)
         return (packed, None) if packed is not None else super().ready(stored, meta, codec, device)

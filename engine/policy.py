@@ -11,6 +11,7 @@ from engine.errors import InvalidParamsError
 
 TIERS = ("gpu", "cpu", "disk")
 PHASE_DEVICES = ("cpu", "gpu", "split")
+WEIGHT_FORMATS = ("int4", "int8")  # compressed weights: FlexGen's group-wise 4-bit, or row-wise 8-bit
 DEFAULT_GBS = 8
 DEFAULT_NUM_GB = 2
 _FRACTION_NAMES = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu", "act_cpu")
@@ -32,6 +33,7 @@ class Policy:
     act_cpu: float = 1.0
     compress_weight: bool = False
     compress_cache: bool = False
+    weight_format: str = "int4"  # the format of compressed weights (with compress_weight)
     cpu_attention: bool = True
     prefill_device: str = "cpu"
     decode_device: str = "cpu"
@@ -58,6 +60,9 @@ class Policy:
                     f"{kind}: gpu {getattr(self, f'{kind}_gpu')} + cpu {getattr(self, f'{kind}_cpu')} exceeds 1; "
                     "the two fractions must sum to at most 1 (the rest goes to disk)")
             object.__setattr__(self, f"{kind}_disk", max(0.0, round(rest, 9)))
+        if self.weight_format not in WEIGHT_FORMATS:
+            raise InvalidParamsError(f"weight_format={self.weight_format!r} is invalid: use one of "
+                                     f"{', '.join(WEIGHT_FORMATS)}")
         for phase in ("prefill", "decode"):
             self._check_phase(phase)
 

@@ -125,7 +125,7 @@ class WeightStore:
             dev = self.devices.torch_device(tier)
             resident = {k: v.to(dev) for k, v in stored.items()}
             if tier == "cpu" and self._cpu_only[i]:
-                resident = self.kernels.pack_resident(resident, self.meta[i])
+                resident = self.kernels.pack_resident(resident, self.meta[i], self.codec)
             elif tier == "cpu":  # crosses PCIe whenever it computes on the GPU
                 resident = {k: self.devices.pinned(v) for k, v in resident.items()}
             self.resident[i] = resident

@@ -8,7 +8,7 @@ from dataclasses import fields
 
 import click
 
-from engine.policy import PHASE_DEVICES, Policy, parse_bytes
+from engine.policy import PHASE_DEVICES, WEIGHT_FORMATS, Policy, parse_bytes
 
 _P = {f.name: f.default for f in fields(Policy) if f.init}
 
@@ -25,7 +25,9 @@ def policy_options(fn):
         click.option("--percent", type=float, nargs=6, default=None, metavar="WG WC CG CC HG HC",
                      help="FlexGen's placement: percent of weights, KV cache and activations on the gpu and on "
                           "the cpu; the rest goes to disk.  [default: planned; 0 100 0 100 0 100 with --no-plan]"),
-        click.option("--compress-weight", is_flag=True, help="4-bit group-wise weights (group 64)."),
+        click.option("--compress-weight", type=click.Choice(WEIGHT_FORMATS), is_flag=False, flag_value="int4",
+                     default=None, help="Compressed weights: int4 (the default when given alone: 4-bit group-wise, "
+                                        "group 64) or int8 (row-wise, int8 x int8 GEMMs)."),
         click.option("--compress-cache", is_flag=True, help="4-bit group-wise KV cache (group 64)."),
         click.option("--cpu-attention/--no-cpu-attention", default=_P["cpu_attention"], show_default=True,
                      help="Decode attention runs where the KV cache lives."),
@@ -57,7 +59,8 @@ def policy_from_options(o: dict) -> Policy:
         if gbs is not None or num_gb is not None:
             raise click.UsageError("--batch-size is shorthand for --gbs N --num-gb 1; give one or the other")
         gbs, num_gb = batch_size, 1
-    kw = dict(gbs=gbs or _P["gbs"], num_gb=num_gb or _P["num_gb"], compress_weight=o.pop("compress_weight"),
+    kw = dict(gbs=gbs or _P["gbs"], num_gb=num_gb or _P["num_gb"], compress_weight=o["compress_weight"] is not None,
+              weight_format=o.pop("compress_weight") or "int4",
               compress_cache=o.pop("compress_cache"), cpu_attention=o.pop("cpu_attention"),
               prefill_device=o.pop("prefill_device"), decode_device=o.pop("decode_device"),
               prefill_split_layer=o.pop("prefill_split_layer"), decode_split_layer=o.pop("decode_split_layer"))

@@ -204,6 +204,7 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
         "truncate": config.truncate,
         "compress_weight": config.policy.compress_weight,
         "compress_cache": config.policy.compress_cache,
+        **({"weight_format": config.policy.weight_format} if config.policy.weight_format != "int4" else {}),
         # kernels other than native may change bf16 outputs; native adds nothing, so older hashes still match
         **({"backend": config.backend} if config.backend != DEFAULT_BACKEND else {}),
         **({"chat": True} if chat else {}),  # likewise: plain-prompt jobs keep their hashes
@@ -224,7 +225,8 @@ def choose(config: RunConfig, plan: JobPlan, num_prompts: int | None = None) -> 
     pins = {"compress_weight": config.policy.compress_weight, "compress_cache": config.policy.compress_cache,
             **config.pins}
     chosen = choose_policy(plan.spec, work, hardware(config.hardware), pins, config.budgets)
-    return chosen.policy, chosen.prediction
+    # the planner prices 4-bit weights; the user's format is kept (int8 moves 2x the bytes of int4)
+    return dataclasses.replace(chosen.policy, weight_format=config.policy.weight_format), chosen.prediction
 
 
 def load_engine(config: RunConfig, policy: Policy) -> Engine:

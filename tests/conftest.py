@@ -97,3 +97,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield 1
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def dense_compressed_weights(monkeypatch):
+    """Compressed weights take the dequantize + GEMM path in every test unless the test picks a kernel
+    (`compressed_kernels`): which path wins is measured per machine, and tests must not depend on it."""
+    monkeypatch.setattr("engine.kernels.max_rows", lambda fmt, n, k, dtype: 0)
+
+
+@pytest.fixture
+def compressed_kernels(monkeypatch):
+    """Compressed weights computed by the compressed kernels (int4pack, int8 x int8) at every row count."""
+    monkeypatch.setattr("engine.kernels.max_rows", lambda fmt, n, k, dtype: 1 << 30)

@@ -109,6 +109,7 @@ def test_bad_option_values(tmp_path, tiny_llama_dir, no_model_load, option, valu
 
 
 @pytest.mark.parametrize("args", [["--batch-size", "0"], ["--dtype", "float16"], ["--truncate", "right"], [],
+                                  ["--compress-weight", "int3"],
                                   ["--batch-size", "2", "--gbs", "2"]])
 def test_usage_errors_exit_2(tmp_path, args, no_model_load):
     result = CliRunner().invoke(cli.main, ["run", "--input", str(tmp_path), *args])

@@ -1,0 +1,116 @@
+"""Where the compressed kernels beat dequantize + dense GEMM on this machine, measured once per weight shape,
+format and compute dtype, and cached as JSON (~/.cache/flexbatch/kernel_rates.json) under a key of the CPU
+model, torch version and thread count, so that a run measures only shapes it has not seen.
+
+For each row count of ROWS in turn, the compressed kernel's time is compared with the dense path's: one
+dequantization (as a layer is dequantized once per step) plus the GEMM over the dequantized weight. The
+largest row count up to which the compressed kernel kept winning is `max_rows`; 0 means never."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.quant import DEFAULT_CONFIG, dequantize, int4_linear, pack_int4, quantize
+from engine.quant_int8 import dequantize_int8, int8_linear, quantize_int8
+
+log = logging.getLogger(__name__)
+ROWS = (1, 4, 16, 64, 256, 1024)
+DEFAULT_PATH = Path.home() / ".cache" / "flexbatch" / "kernel_rates.json"
+_lock = threading.Lock()
+_memo: dict[tuple[Path, str], int] = {}
+
+
+def machine_key() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+
+
+def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
+    """(compressed call, dense call) for a random [n, k] weight; dense includes the dequantization."""
+    w = torch.randn(n, k) * 0.02
+    if fmt == "int8":
+        w8 = quantize_int8(w)
+        return (lambda x: int8_linear(x, w8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
+    qt = quantize(w.to(dtype), DEFAULT_CONFIG)
+    packed = pack_int4(qt, dtype)
+    return (lambda x: int4_linear(x, packed)), (lambda x: F.linear(x, dequantize(qt, dtype=dtype)))
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int = 3) -> tuple[int, list]:
+    """The largest row count of ROWS up to which the compressed kernel is faster, and the timings."""
+    fast, dense = _paths(fmt, n, k, dtype)
+    best, timings = 0, []
+    with torch.inference_mode():
+        for rows in ROWS:
+            x = torch.randn(rows, k).to(dtype)
+            t_fast = median_seconds(lambda x=x: fast(x), repeats)
+            t_dense = median_seconds(lambda x=x: dense(x), repeats)
+            timings.append({"rows": rows, "fast_s": t_fast, "dense_s": t_dense})
+            if t_fast >= t_dense:
+                break
+            best = rows
+    return best, timings
+
+
+def max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, path: Path | None = None) -> int:
+    """`max_rows` for this shape, from the cache or measured now (and cached)."""
+    path = path or DEFAULT_PATH
+    key = f"{machine_key()}|{fmt}|{str(dtype).removeprefix('torch.')}|{n}x{k}"
+    with _lock:
+        if (path, key) in _memo:
+            return _memo[(path, key)]
+        table = _read(path)
+        if key in table:
+            _memo[(path, key)] = int(table[key]["max_rows"])
+            return _memo[(path, key)]
+        best, timings = measure_max_rows(fmt, n, k, dtype)
+        log.info("%s kernel on [%d, %d] %s: faster than dequantize + GEMM up to %d rows", fmt, n, k, dtype, best)
+        table = _read(path) | {key: {"max_rows": best, "timings": timings}}
+        _write(path, table)
+        _memo[(path, key)] = best
+    return best
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: Path, table: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(table, f, indent=1)
+        os.replace(f.name, path)
+    except OSError as e:  # a read-only home still runs, measuring again next time
+        log.warning("could not cache kernel rates in %s: %s", path, e)

@@ -1,0 +1,56 @@
+"""Compressed Linear weights as they compute: the compressed kernel where it was measured faster than the
+dense GEMM, a dequantized copy and the dense GEMM elsewhere.
+
+The choice is per weight shape and row count (rows = batch x tokens of the call, so decode and prefill choose
+apart): `max_rows` is the largest row count at which the compressed kernel beat dequantize + GEMM in a
+measurement on this machine (engine/kernel_rates.py); calls with more rows take the dense path. The dense copy
+is made on first need and kept for the rest of the step (one dequantization per layer per step, as before),
+in buffers the weight store hands back when the next layer is taken.
+
+    int4   aten's packed int4 GEMM (`_weight_int4pack_mm_for_cpu`), for layers packed once at load
+    int8   int8 x int8 GEMM with activations quantized per row (`engine/quant_int8.py`), no packing needed"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from engine.quant import Int4Packed, int4_linear
+from engine.quant_int8 import Int8Weight, int8_linear
+
+
+@dataclass(frozen=True)
+class QWeight:
+    """A compressed Linear weight as kept: `stored` (QTensor or Int8Weight) for the dense path, `fast` (the
+    compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows)."""
+
+    stored: object
+    fast: Int4Packed | Int8Weight | None
+    max_rows: int
+
+
+@dataclass
+class QLinear:
+    """One step's view of a QWeight: `dense()` dequantizes on first call, through `make_dense`."""
+
+    weight: QWeight
+    make_dense: Callable[[], torch.Tensor]
+    _dense: torch.Tensor | None = field(default=None, repr=False)
+
+    def dense(self) -> torch.Tensor:
+        if self._dense is None:
+            self._dense = self.make_dense()
+        return self._dense
+
+    def uses_fast(self, rows: int) -> bool:
+        return self.weight.fast is not None and rows <= self.weight.max_rows
+
+    def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        fast = self.weight.fast
+        if not self.uses_fast(x.numel() // x.shape[-1]):
+            return F.linear(x, self.dense(), b)
+        y = int8_linear(x, fast) if isinstance(fast, Int8Weight) else int4_linear(x, fast)
+        return y if b is None else y.add_(b)

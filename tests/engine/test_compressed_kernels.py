@@ -1,0 +1,108 @@
+"""Compressed weights computed on directly: the int4pack and int8 x int8 kernels against dequantize + GEMM,
+the per-row-count choice, its measured and cached crossover, and what the int8 format stores."""
+
+import pytest
+import torch
+
+from engine import kernel_rates
+from engine.codecs import WeightCodec
+from engine.generate import Engine
+from engine.kernels import NativeKernels
+from engine.policy import Policy
+from engine.qlinear import QLinear
+
+NAME = "mlp.down_proj.weight"
+
+
+def _layer(fmt: str, dtype: torch.dtype, n: int = 96, k: int = 192):
+    torch.manual_seed(0)
+    w = (torch.randn(n, k) * 0.02).to(dtype)
+    codec = WeightCodec(dtype, format=fmt)
+    stored, meta = codec.encode({NAME: w})
+    return codec, stored, meta
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compressed_kernel_matches_dequantize_gemm(fmt, dtype, compressed_kernels):
+    codec, stored, meta = _layer(fmt, dtype)
+    kernels = NativeKernels()
+    weights, _ = kernels.ready(kernels.pack_resident(stored, meta, codec), meta, codec, "cpu")
+    q = weights[NAME]
+    assert isinstance(q, QLinear) and q.weight.fast is not None
+    x = torch.randn(5, 192).to(dtype)
+    fast = kernels.linear(x, q).float()
+    assert q._dense is None  # the kernel ran on the compressed weight, no dense copy was made
+    dense = torch.nn.functional.linear(x, q.dense()).float()
+    # int4pack computes the same dequantized weight; int8 also rounds each activation row to 8 bits
+    tol = {"int4": 0.02 if dtype == torch.bfloat16 else 1e-4, "int8": 0.03}[fmt]
+    assert (fast - dense).norm() <= tol * dense.norm(), (fast - dense).norm() / dense.norm()
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_rows_above_max_rows_take_the_dense_path(fmt, monkeypatch):
+    monkeypatch.setattr("engine.kernels.max_rows", lambda f, n, k, dtype: 4)
+    codec, stored, meta = _layer(fmt, torch.bfloat16)
+    kernels = NativeKernels()
+    packed = kernels.pack_resident(stored, meta, codec)
+    q = kernels.ready(packed, meta, codec, "cpu")[0][NAME]
+    kernels.linear(torch.randn(1, 4, 192).to(torch.bfloat16), q)  # 4 rows: the kernel
+    assert q.weight.max_rows == 4 and q._dense is None
+    y = kernels.linear(torch.randn(5, 192).to(torch.bfloat16), q)  # 5 rows: dequantize + GEMM
+    assert q._dense is not None and y.shape == (5, 96)
+    again = kernels.ready(packed, meta, codec, "cpu")[0][NAME]  # the next step dequantizes anew
+    assert again._dense is None
+
+
+def test_max_rows_is_measured_once_and_cached(tmp_path, monkeypatch):
+    path = tmp_path / "rates.json"
+    monkeypatch.setattr(kernel_rates, "measure_max_rows", lambda *a: (16, [{"rows": 16}]))
+    assert kernel_rates.max_rows("int8", 64, 32, torch.float32, path) == 16
+    assert '"max_rows": 16' in path.read_text()
+
+    def fail(*a):
+        raise AssertionError("measured twice")
+
+    monkeypatch.setattr(kernel_rates, "measure_max_rows", fail)
+    kernel_rates._memo.clear()
+    assert kernel_rates.max_rows("int8", 64, 32, torch.float32, path) == 16  # read back from the file
+
+
+def test_measure_max_rows_times_both_paths():
+    best, timings = kernel_rates.measure_max_rows("int8", 64, 64, torch.float32, repeats=1)
+    assert best in (0, *kernel_rates.ROWS) and timings
+    assert all(t["fast_s"] > 0 and t["dense_s"] > 0 for t in timings)
+    assert best == max([0] + [t["rows"] for t in timings if t["fast_s"] < t["dense_s"]])
+
+
+def test_int8_layers_store_a_quarter_of_float32(checkpoint, tmp_path):
+    src = checkpoint("qwen2")
+    plain = Engine.load(src, dtype="float32")
+    int8 = Engine.load(src, dtype="float32", policy=Policy(compress_weight=True, weight_format="int8"))
+    ratio = sum(int8.weights.layer_bytes) / sum(plain.weights.layer_bytes)
+    assert 0.25 <= ratio < 0.3, ratio  # one byte per weight, a float32 scale per row, norms and biases as they are
+
+
+@pytest.mark.parametrize(("args", "expected"), [(["--compress-weight", "--compress-cache"], (True, "int4", True)),
+                                                (["--compress-weight", "int8"], (True, "int8", False)),
+                                                ([], (False, "int4", False))])
+def test_compress_weight_option_takes_a_format(args, expected):
+    import click
+    from click.testing import CliRunner
+
+    from jobs.policy_options import policy_from_options, policy_options
+
+    @click.command()
+    @policy_options
+    def show(**o):
+        p = policy_from_options(o)
+        click.echo(f"{p.compress_weight} {p.weight_format} {p.compress_cache}")
+
+    assert CliRunner().invoke(show, args).output.split() == [str(e) for e in expected]
+
+
+def test_unknown_weight_format_names_the_choices():
+    from engine.errors import InvalidParamsError
+
+    with pytest.raises(InvalidParamsError, match="weight_format='int3' is invalid: use one of int4, int8"):
+        Policy(compress_weight=True, weight_format="int3")
