@@ -1,35 +1,45 @@
-"""`flexbatch run` / `python -m jobs.run`: complete the prompts of Parquet files, write Parquet completions.
+"""`flexbatch run` / `python -m jobs.run`: complete the prompts of Parquet files (or the requests of an OpenAI Batch
+file), write Parquet parts (or Batch API output lines). The command parses and reports; `flexbatch.run` runs.
 
 User errors (bad input, model or output folder) print one line `flexbatch: error: ...` and exit with code 2;
 a job whose shards failed every try exits with code 1 after the summary."""
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import fields
 from pathlib import Path
 
 import click
 
+import flexbatch
 from engine.errors import FlexbatchError
 from engine.request import BACKEND_CHOICES, DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
 from jobs.common import FAILED_SHARDS_EXIT, default_model, fail, setup_logging
 from jobs.plan_cmd import pins_from_context
 from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
-from pipeline.driver import run_job
+from pipeline.parquet_io import CHAT_CHOICES, FORMAT_CHOICES, MESSAGES_COLUMN
 from pipeline.runner import JobSummary, RunConfig
+from pipeline.storage import Folder
 
 _SP = {f.name: f.default for f in fields(SamplingParams)}
 _RC = {f.name: f.default for f in fields(RunConfig)}
 
 
-@click.command("run", short_help="Complete the prompts of Parquet files; write Parquet completions.")
+@click.command("run", short_help="Complete Parquet prompts or an OpenAI Batch file; write Parquet or JSONL parts.")
 @click.option("--model", type=click.Path(path_type=Path), default=None,
               help="Checkpoint folder (config.json, tokenizer, *.safetensors).  [default: the demo model in "
                    "examples/demo-model]")
 @click.option("--input", "input_", required=True, metavar="PATH",
               help="A Parquet file, a folder (all *.parquet in it, sorted) or a glob (quote it); or a URI of a "
-                   "filesystem pyarrow reads (s3://bucket/prompts/).")
+                   "filesystem pyarrow reads (s3://bucket/prompts/); or an OpenAI Batch file (*.jsonl).")
+@click.option("--format", "format_", type=click.Choice(FORMAT_CHOICES), default=_RC["format"], show_default=True,
+              help="Input format: parquet (prompt or messages column), openai (OpenAI Batch JSONL: one request "
+                   "per line, written back as Batch API output lines); auto picks openai for a *.jsonl input.")
+@click.option("--chat", type=click.Choice(CHAT_CHOICES), default=_RC["chat"], show_default=True,
+              help="Rows are conversations (a messages column of {role, content} lists), rendered by the "
+                   "checkpoint's chat template; auto: when every input file has a messages column.")
 @click.option("--output", required=True, metavar="DIR",
               help="Folder for the output parts (<stem>.parquet per input file, or <stem>.rows-<a>-<b>.parquet per "
                    "shard of a larger one), _job.json, _manifest.jsonl and _SUCCESS.")
@@ -83,13 +93,19 @@ _RC = {f.name: f.default for f in fields(RunConfig)}
               show_default=True, help="Tries after the first for a shard whose worker died or that failed.")
 @policy_options
 @click.pass_context
-def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop, seed, logprobs,
+def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop,
+        seed, logprobs,
         dtype, backend, truncate, show, overwrite, plan, hardware, use_ray, address, workers, shard_rows, max_shard_retries,
         **policy_opts) -> None:
-    """Complete every prompt of the input Parquet and write Parquet parts with the completions.
+    """Complete every prompt (or request) of the input and write parts with the completions.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
-    (and logprobs with --logprobs). Rows without an id column get the id <file stem>:<row index>.
+    (and logprobs with --logprobs). Rows without an id column get the id <file stem>:<row index>. A messages
+    column ({role, content} lists) instead of a prompt makes the rows chat rows (--chat).
+
+    Formats: parquet, or openai: an OpenAI Batch input file (*.jsonl, one {custom_id, method, url, body}
+    request per line, url /v1/chat/completions or /v1/completions) gives JSONL parts of Batch API output lines,
+    one per input line, in order; a bad line gets an error object and the job goes on.
 
     The job runs on Ray, one engine per GPU or per CPU node, each planning its own policy. Work is cut into
     shards (row ranges of the input files); each shard's part is committed in _manifest.jsonl, and _SUCCESS
@@ -99,22 +115,21 @@ def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, 
     \b
     Examples:
       flexbatch run --input prompts.parquet --output out/ --max-new-tokens 32
+      flexbatch run --input requests.jsonl --output out/   # an OpenAI Batch file
       flexbatch run --input 'data/*.parquet' --output out/ --workers 2 --shard-rows 512
       flexbatch run --address auto --input /shared/prompts/ --output /shared/out/   # join a Ray cluster
     """
     setup_logging()
     try:
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                stop=tuple(stop), seed=seed, logprobs=logprobs)
         offload_dir = policy_opts.pop("offload_dir")
         pins = pins_from_context(ctx, policy_opts)
-        config = RunConfig(input=input_, output=output, model=model or default_model(),
-                           prompt_column=prompt_column, params=params, dtype=dtype, backend=backend,
-                           policy=policy_from_options(policy_opts), budgets=budgets_from_options(policy_opts),
-                           offload_dir=offload_dir, truncate=truncate, overwrite=overwrite, plan=plan, pins=pins,
-                           hardware=hardware, use_ray=use_ray, address=address, workers=workers,
-                           shard_rows=shard_rows, max_shard_retries=max_shard_retries)
-        summary = run_job(config)
+        summary = flexbatch.run(
+            model or default_model(), input_, output, format=format_, chat=chat, prompt_column=prompt_column,
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=tuple(stop),
+            seed=seed, logprobs=logprobs, dtype=dtype, backend=backend, policy=policy_from_options(policy_opts),
+            budgets=budgets_from_options(policy_opts), offload_dir=offload_dir, truncate=truncate,
+            overwrite=overwrite, plan=plan, pins=pins, hardware=hardware, use_ray=use_ray, address=address,
+            workers=workers, shard_rows=shard_rows, max_shard_retries=max_shard_retries)
     except FlexbatchError as e:
         fail(e)
     _print_summary(summary)
@@ -123,21 +138,39 @@ def run(ctx, model, input_, output, prompt_column, max_new_tokens, temperature, 
         sys.exit(FAILED_SHARDS_EXIT)
 
 
-
 def _print_rows(s: JobSummary, n: int, prompt_column: str) -> None:
     """The first `n` output rows, prompt and completion side by side (newlines shown as \\n)."""
-    import pyarrow.parquet as pq
-
     shown = 0
     for part in s.parts:
         if shown >= n:
             break
-        rows = pq.read_table(part, columns=["id", prompt_column, "completion", "finish_reason"]).to_pylist()
-        for row in rows[: n - shown]:
-            prompt = str(row[prompt_column]).replace("\n", "\\n")
-            completion = (row["completion"] or "").replace("\n", "\\n")
-            click.echo(f"[{row['id']}] {prompt} -> {completion!s}  ({row['finish_reason']})")
+        for row_id, prompt, completion, finish in _part_rows(s, part, prompt_column)[: n - shown]:
+            prompt, completion = (str(t or "").replace("\n", "\\n") for t in (prompt, completion))
+            click.echo(f"[{row_id}] {prompt} -> {completion!s}  ({finish})")
             shown += 1
+
+
+def _part_rows(s: JobSummary, part, prompt_column: str) -> list[tuple]:
+    """(id, prompt, completion, finish reason) of each row of a Parquet part or an OpenAI Batch JSONL part (whose
+    lines hold no prompt); a chat row shows its last message."""
+    name = str(part).rsplit("/", 1)[-1]
+    if name.endswith(".jsonl"):
+        return [_batch_row(json.loads(t)) for t in (Folder(s.output).read_text(name) or "").splitlines()]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(part)
+    column = prompt_column if prompt_column in table.column_names else MESSAGES_COLUMN
+    rows = table.select(["id", column, "completion", "finish_reason"]).to_pylist()
+    return [(r["id"], r[column][-1]["content"] if isinstance(r[column], list) and r[column] else r[column],
+             r["completion"], r["finish_reason"]) for r in rows]
+
+
+def _batch_row(line: dict) -> tuple:
+    if line["error"] is not None:
+        return line["custom_id"], "", line["error"]["message"], "error"
+    choice = line["response"]["body"]["choices"][0]
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    return line["custom_id"], "", text, choice["finish_reason"]
 
 
 def _print_summary(s: JobSummary) -> None:
