@@ -40,11 +40,13 @@ def _workload(model_dir: Path, spec, prompt_len, gen_len, num_prompts, input_, p
     if input_ is None:
         return Workload(prompt_len, gen_len, num_prompts, dtype=dtype_name)
     from engine.tokenizer import load_tokenizer
-    from pipeline.parquet_io import inspect_inputs, resolve_inputs
+    from pipeline.parquet_io import MESSAGES_COLUMN
     from pipeline.planning import workload_from_input
+    from pipeline.runner import inspect_job_inputs
 
-    files = tuple(inspect_inputs(resolve_inputs(input_), prompt_column))
-    return workload_from_input(files, prompt_column, load_tokenizer(model_dir), spec, gen_len, dtype_name)
+    files, chat = inspect_job_inputs(input_, prompt_column)  # Parquet prompts or conversations, or a batch file
+    column = MESSAGES_COLUMN if chat else prompt_column
+    return workload_from_input(files, column, load_tokenizer(model_dir), spec, gen_len, dtype_name)
 
 
 @click.command("plan", short_help="Pick and explain a policy for a model, a workload and a machine.")
@@ -56,7 +58,8 @@ def _workload(model_dir: Path, spec, prompt_len, gen_len, num_prompts, input_, p
 @click.option("--num-prompts", type=click.IntRange(min=1), default=64, show_default=True,
               help="Prompts in the job (ignored with --input).")
 @click.option("--input", "input_", default=None, metavar="PATH",
-              help="Parquet input to read the workload from (row counts, a sample of prompt lengths).")
+              help="Input to read the workload from (row counts, a sample of prompt lengths): Parquet, with a "
+                   "prompt or a messages column, or an OpenAI Batch file (*.jsonl).")
 @click.option("--prompt-column", default="prompt", show_default=True, help="Prompt column of --input.")
 @click.option("--hardware", type=click.Path(path_type=Path), default=None,
               help="Hardware spec JSON (e.g. infra/hardware/*.json).  [default: this machine, profiled once]")

@@ -168,17 +168,22 @@ def plan_job(config: RunConfig) -> JobPlan:
 
 
 def _inspect(config: RunConfig) -> tuple[tuple[InputFile, ...], bool]:
+    return inspect_job_inputs(config.input, config.prompt_column, config.chat, config.format)
+
+
+def inspect_job_inputs(input: str, prompt_column: str = "prompt", chat: str = "auto",
+                       format: str = "auto") -> tuple[tuple[InputFile, ...], bool]:
     """The input files, checked, and whether their rows are conversations. A batch file's lines say so by their
     url; --chat off turns its chat lines into line errors."""
-    fmt = input_format(config.input, config.format)
-    paths = resolve_inputs(config.input, SUFFIXES[fmt])
+    fmt = input_format(input, format)
+    paths = resolve_inputs(input, SUFFIXES[fmt])
     if fmt == "openai":
         from pipeline.openai_batch import inspect_batch_files
 
         files = tuple(inspect_batch_files(paths))
-        return files, config.chat != "off" and any(f.chat_rows for f in files)
-    chat = uses_chat(paths, config.chat)
-    return tuple(inspect_inputs(paths, MESSAGES_COLUMN if chat else config.prompt_column)), chat
+        return files, chat != "off" and any(f.chat_rows for f in files)
+    rows_chat = uses_chat(paths, chat)
+    return tuple(inspect_inputs(paths, MESSAGES_COLUMN if rows_chat else prompt_column)), rows_chat
 
 
 def check_chat_template(tokenizer, model: Path) -> None:

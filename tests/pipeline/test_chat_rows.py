@@ -77,3 +77,16 @@ def test_build_requests_reads_the_messages_column_for_chat_rows():
     items = build_requests(table, ["x", "y"], "prompt", SamplingParams(), chat=True)
     assert [type(i).__name__ for i in items] == ["Request", "Request"]
     assert items[1].messages[1]["name"] == "ann" and items[0].prompt == ""
+
+
+def test_the_planner_sees_rendered_chat_prompt_lengths(tmp_path, chat_checkpoint, no_model_load):
+    from engine.chat import chat_prompt_ids
+    from engine.tokenizer import load_tokenizer
+    from pipeline.planning import workload_from_input
+
+    model = chat_checkpoint("llama3")
+    write_parquet(tmp_path / "in" / "a.parquet", messages=_messages([GOOD[1]] * 3))
+    plan = plan_job(_config(tmp_path, model))
+    tok = load_tokenizer(model)
+    work = workload_from_input(plan.files, plan.column, tok, plan.spec, 4, "float32")
+    assert work.prompt_len == len(chat_prompt_ids(tok, GOOD[1])) > 20 and work.num_prompts == 3

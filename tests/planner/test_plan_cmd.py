@@ -70,3 +70,12 @@ def test_run_plans_by_default_and_reports_predicted_against_measured(tmp_path, t
     result = CliRunner().invoke(cli.main, [*map(str, args), "--output", str(tmp_path / "b"), "--no-plan", "--gbs", "2"])
     assert result.exit_code == 0, result.output
     assert "planner: predicted" not in result.output
+
+
+def test_plan_reads_the_workload_from_an_openai_batch_file(demo_model_dir, hw_file):
+    from tests.jobs.test_cli import REPO
+
+    result = plan("--model", demo_model_dir, "--input", REPO / "examples" / "requests.jsonl", "--gen-len", 3,
+                  "--hardware", hw_file)
+    assert result.exit_code == 0, result.output
+    assert "predicted for 9 prompts" in result.output
