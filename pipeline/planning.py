@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, no
 
 log = logging.getLogger(__name__)
 SAMPLE_PROMPTS = 256
-CPU_BUDGET_SHARE = 0.8  # of MemAvailable, when --cpu-mem is not given
+CPU_BUDGET_SHARE = 0.8  # of the memory this process may still take (the rest: its working set grows)
 TYPICAL_QUANTILE = 0.75  # blocks are length-bucketed; a block pads to about this quantile of its lengths
 
 
@@ -81,23 +81,28 @@ def prompt_length(tokenizer, prompt) -> int:
         return 0
 
 
-def mem_available_bytes() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+def plan_budgets(budgets: dict, room=None) -> dict:
+    """The tiers' capacities for planning: the user's budgets, and for a CPU without one CPU_BUDGET_SHARE of
+    the memory this process may still take (`planner.memory_room`: MemAvailable or the memory cgroup's room,
+    whichever is smaller). A --cpu-mem above that room is lowered to it, with a warning: the kernel would kill
+    the process (or thrash its page cache) before the budget is reached."""
+    from planner.memory_room import memory_room
 
-
-def plan_budgets(budgets: dict) -> dict:
-    """The tiers' capacities for planning: the user's budgets, and CPU_BUDGET_SHARE of MemAvailable for a CPU
-    without one."""
     out = dict(budgets or {})
-    if out.get("cpu") is None:
-        available = mem_available_bytes()
-        out["cpu"] = available * CPU_BUDGET_SHARE if available else None
+    room = room or memory_room()
+    if room.available_bytes is None:
+        return out
+    share = room.available_bytes * CPU_BUDGET_SHARE
+    given = out.get("cpu")
+    if given is None:
+        out["cpu"] = share
+        log.info("CPU budget %.0f MiB: %.0f %% of what this process may still take (%s)", share / 2**20,
+                 CPU_BUDGET_SHARE * 100, room.describe())
+    elif given > share:
+        out["cpu"] = share
+        log.warning("--cpu-mem %.0f MiB is more than this process may still take (%s); planning with %.0f MiB: "
+                    "give --cpu-mem %.0fMiB or less, or raise the memory limit", given / 2**20, room.describe(),
+                    share / 2**20, share / 2**20)
     return out
 
 

@@ -1,0 +1,128 @@
+"""The CPU memory a process may still take: MemAvailable or its memory cgroup's room (v1, v2), the smaller."""
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.planning import CPU_BUDGET_SHARE, plan_budgets
+from planner.memory_room import MemoryRoom, memory_room
+
+MIB = 2**20
+
+
+def _proc(tmp_path, cgroup_lines, mem_available_mib=20000, rss_mib=300):
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(f"MemTotal: 99999999 kB\nMemAvailable: {mem_available_mib * 1024} kB\n")
+    (proc / "self" / "status").write_text(f"Name: python\nVmRSS: {rss_mib * 1024} kB\n")
+    (proc / "self" / "cgroup").write_text("\n".join(cgroup_lines) + "\n")
+    return proc
+
+
+def _files(folder: Path, **files):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name.replace("_", ".", 1)).write_text(text)
+
+
+def test_a_cgroup_v1_limit_below_mem_available_sets_the_room(tmp_path):
+    proc = _proc(tmp_path, ["4:memory:/host/job", "0::/"])
+    root = tmp_path / "cg"
+    # inside a container the mount is the container's own cgroup: /host is not there, /job is
+    _files(root / "memory" / "job", memory_stat=f"hierarchical_memory_limit {500 * MIB}\ntotal_inactive_file "
+           f"{50 * MIB}\n", memory_usage_in_bytes=str(250 * MIB), memory_limit_in_bytes=str(2**63 - 4096))
+    room = memory_room(proc, root)
+    assert room.cgroup_limit_bytes == 500 * MIB and room.cgroup_used_bytes == 200 * MIB
+    assert room.available_bytes == 300 * MIB and room.process_bytes == 300 * MIB
+    assert "memory cgroup limit 500 MiB" in room.describe()
+
+
+def test_a_cgroup_v2_parents_tighter_limit_counts(tmp_path):
+    proc = _proc(tmp_path, ["0::/outer/inner"], mem_available_mib=1000)
+    root = tmp_path / "cg"
+    _files(root / "outer", memory_max=str(400 * MIB))
+    _files(root / "outer" / "inner", memory_max="max", memory_current=str(150 * MIB),
+           memory_stat=f"anon {100 * MIB}\ninactive_file {30 * MIB}\n")
+    room = memory_room(proc, root)
+    assert room.cgroup_limit_bytes == 400 * MIB and room.available_bytes == 280 * MIB
+
+
+def test_without_a_limit_mem_available_is_the_room(tmp_path):
+    proc = _proc(tmp_path, ["4:memory:/", "0::/"], mem_available_mib=1234)
+    _files(tmp_path / "cg" / "memory", memory_stat=f"hierarchical_memory_limit {2**63 - 4096}\n",
+           memory_usage_in_bytes=str(10**9))
+    room = memory_room(proc, tmp_path / "cg")
+    assert room.cgroup_limit_bytes is None and room.available_bytes == 1234 * MIB
+
+
+def test_the_budget_is_a_share_of_the_room_and_a_larger_cpu_mem_is_lowered(caplog):
+    room = MemoryRoom(100 * MIB, 20000 * MIB, 400 * MIB, 300 * MIB, 300 * MIB)
+    assert plan_budgets({}, room)["cpu"] == pytest.approx(CPU_BUDGET_SHARE * 100 * MIB)
+    with caplog.at_level(logging.WARNING):
+        lowered = plan_budgets({"cpu": 250 * MIB, "gpu": None}, room)
+    assert lowered["cpu"] == pytest.approx(CPU_BUDGET_SHARE * 100 * MIB)
+    assert "--cpu-mem 250 MiB is more than" in caplog.text and "this process already holds 300 MiB" in caplog.text
+    assert plan_budgets({"cpu": 10 * MIB}, room)["cpu"] == 10 * MIB
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def memory_cgroup(name: str, limit_bytes: int) -> Path:
+    """A fresh cgroup v1 memory group (root only); the caller removes it. Skips where that is not possible."""
+    if not (CGROUP_V1 / "cgroup.procs").exists() or not os.access(CGROUP_V1, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory (root)")
+    group = CGROUP_V1 / f"{name}-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+    except OSError as e:
+        pytest.skip(f"cannot make a memory cgroup at {group}: {e}")
+    return group
+
+
+def run_in_cgroup(group: Path, args: list[str], **kw) -> subprocess.CompletedProcess:
+    script = f'echo $$ > {group}/cgroup.procs && exec "$@"'
+    return subprocess.run(["sh", "-c", script, "sh", *args], capture_output=True, text=True, **kw)
+
+
+def test_the_budget_inside_a_real_memory_cgroup_fits_its_limit():
+    group = memory_cgroup("flexbatch-budget", 600 * MIB)
+    try:
+        code = ("import torch, json; from pipeline.planning import plan_budgets; from planner.memory_room import "
+                "memory_room; r = memory_room(); print(json.dumps([plan_budgets({}, r)['cpu'], r.cgroup_limit_bytes, "
+                "r.cgroup_used_bytes, r.mem_available_bytes]))")
+        done = run_in_cgroup(group, [sys.executable, "-c", code], timeout=120)
+        assert done.returncode == 0, done.stderr
+        budget, limit, used, mem_available = (float(x) for x in done.stdout.strip().splitlines()[-1][1:-1].split(","))
+        assert limit == 600 * MIB and 0 < used < limit  # torch alone is part of the cgroup's use
+        assert budget == pytest.approx(CPU_BUDGET_SHARE * (limit - used)) and budget < mem_available / 4
+    finally:
+        group.rmdir()
+
+
+@pytest.mark.slow
+def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(tmp_path, demo_model_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import DEMO_PROMPTS, REPO
+
+    prompts = pq.read_table(DEMO_PROMPTS, columns=["prompt"]).column(0).to_pylist()
+    pq.write_table(pa.table({"prompt": [prompts[i % len(prompts)] for i in range(1000)]}), tmp_path / "in.parquet")
+    group = memory_cgroup("flexbatch-job", 500 * MIB)
+    try:
+        done = run_in_cgroup(group, [sys.executable, "-m", "jobs.cli", "run", "--no-ray", "--model", str(demo_model_dir),
+                                     "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
+                                     "--max-new-tokens", "16"], cwd=REPO, timeout=300,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        kills = (group / "memory.oom_control").read_text()
+    finally:
+        group.rmdir()
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # was 137: killed at the limit
+    assert "oom_kill 0" in kills and "memory cgroup limit 500 MiB" in done.stderr
+    assert "rows: 1000 in 1 files, 0 with errors" in done.stdout
