@@ -12,6 +12,7 @@ from jobs.helm.command import helm_command
 from jobs.plan_cmd import plan_command, profile_command
 from jobs.run_cmd import run
 from jobs.submit import submit_command
+from jobs.verify_cmd import verify_command
 from jobs.wrangle.command import wrangle_command
 
 
@@ -51,6 +52,7 @@ main.add_command(profile_command)
 main.add_command(submit_command)
 main.add_command(helm_command)
 main.add_command(wrangle_command)
+main.add_command(verify_command)
 
 
 if __name__ == "__main__":  # python -m jobs.cli: the same CLI where the console script is not installed

@@ -77,3 +77,18 @@ def test_verify_accepts_a_finished_job_and_names_a_lost_or_duplicated_row(finish
 def test_verify_refuses_a_folder_that_is_no_jobs_output(tmp_path):
     with pytest.raises(OutputFolderError, match="no readable _job.json"):
         verify_output(tmp_path)
+
+
+def test_flexbatch_verify_exits_0_on_a_good_job_and_1_naming_a_corrupt_part(finished_job):
+    from click.testing import CliRunner
+
+    from jobs import cli
+
+    config, summary = finished_job
+    good = CliRunner().invoke(cli.main, ["verify", "--output", str(config.output)])
+    assert good.exit_code == 0 and "3 shards, 6 rows: ok" in good.output
+    _flip_a_byte(summary.parts[2], 40)
+    bad = CliRunner().invoke(cli.main, ["verify", "--output", str(config.output)])
+    assert bad.exit_code == 1 and f"problem: shard 2 ({summary.parts[2].name})" in bad.output
+    missing = CliRunner().invoke(cli.main, ["verify", "--output", str(config.output / "nothing")])
+    assert missing.exit_code == 2 and "flexbatch: error:" in missing.stderr
