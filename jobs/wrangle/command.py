@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
 import pyarrow as pa
-import pyarrow.parquet as pq
+from click.core import ParameterSource
 
 from engine.errors import FlexbatchError
 from engine.request import DTYPE_CHOICES, SamplingParams
 from jobs.common import FAILED_SHARDS_EXIT, default_model, fail, setup_logging
 from jobs.wrangle.data import SPLITS, TASKS, Example, WrangleInputError, check_task, load_split
+from jobs.wrangle.files import COMPLETIONS_DIR, read_completions, write_parquet, write_prompts
 from jobs.wrangle.metrics import binary_metrics, imputation_metrics, is_correct
+from jobs.wrangle.paper_command import PAPER_OPTIONS, paper_config, paper_options, run_dataset_mode
 from jobs.wrangle.tasks import (
     DEFAULT_TEMPLATE,
     Template,
@@ -37,13 +38,11 @@ from jobs.wrangle.tasks import (
     shots_prefix,
 )
 from pipeline import JobSummary, RunConfig, run_job
-from pipeline.errors import OutputFolderError
-from pipeline.output_dir import JOB_FILE
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_NEW_TOKENS = 8  # "Yes"/"No" or a short value, then a newline
 STOP = ("\n",)
-PROMPTS_FILE, COMPLETIONS_DIR = "prompts.parquet", "completions"
+PROMPTS_FILE = "prompts.parquet"
 PREDICTIONS_FILE, METRICS_FILE = "predictions.parquet", "metrics.json"
 
 
@@ -123,39 +122,6 @@ def build_prompts(config: WrangleConfig) -> tuple[Template, list[Example], list[
     return template, examples[:n], [prefix + q for q in queries[:n]], prefix
 
 
-def write_prompts(path: Path, examples: list[Example], prompts: list[str], overwrite: bool) -> None:
-    """Write the prompt file, unless it already holds these prompts (a rerun resumes the same job). Other
-    prompts whose completions exist are replaced only with `overwrite`; refusing leaves that job resumable."""
-    table = pa.table({"id": [e.id for e in examples], "prompt": prompts})
-    if path.is_file():
-        try:
-            if pq.read_table(path).equals(table):
-                return
-        except (OSError, pa.ArrowException):
-            pass  # unreadable: written again below
-        if not overwrite and (path.parent / COMPLETIONS_DIR / JOB_FILE).is_file():
-            raise OutputFolderError(f"{path.parent} holds the completions of other prompts (another task, data, "
-                                    f"split, template, prefix or limit); pass --overwrite to replace them, or "
-                                    f"choose another --output")
-    _write_parquet(table, path)
-
-
-def _write_parquet(table: pa.Table, path: Path) -> None:
-    """Written under a temporary name and renamed: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-
-
-def _completions(summary: JobSummary) -> dict[str, dict]:
-    out = {}
-    for part in summary.parts:
-        for row in pq.read_table(part, columns=["id", "completion", "finish_reason", "error"]).to_pylist():
-            out[row["id"]] = row
-    return out
-
-
 def _prediction_rows(examples, prompts, completions, template) -> list[dict]:
     rows = []
     for example, prompt in zip(examples, prompts):
@@ -188,7 +154,7 @@ def run_wrangle(config: WrangleConfig) -> WrangleResult:
     """Build the prompts, complete them with the pipeline, parse and score; write predictions and metrics."""
     template, examples, prompts, prefix = build_prompts(config)
     prompts_path = config.output / PROMPTS_FILE
-    write_prompts(prompts_path, examples, prompts, config.overwrite)
+    write_prompts(prompts_path, [e.id for e in examples], prompts, config.overwrite)
     log.info("%s: %d %s rows, template %s, prompts in %s", config.task, len(examples), config.split,
              template.name, prompts_path)
     summary = run_job(RunConfig(
@@ -196,10 +162,10 @@ def run_wrangle(config: WrangleConfig) -> WrangleResult:
         params=SamplingParams(max_new_tokens=config.max_new_tokens, temperature=0.0, stop=STOP),
         dtype=config.dtype, use_ray=config.use_ray, workers=config.workers, address=config.address,
         overwrite=config.overwrite, plan=config.plan))
-    rows = _prediction_rows(examples, prompts, _completions(summary), template)
+    rows = _prediction_rows(examples, prompts, read_completions(summary), template)
     metrics = score(config.task, rows)
     predictions = config.output / PREDICTIONS_FILE
-    _write_parquet(pa.Table.from_pylist(rows), predictions)
+    write_parquet(pa.Table.from_pylist(rows), predictions)
     metrics_path = config.output / METRICS_FILE
     metrics_path.write_text(json.dumps(_record(config, template, prefix, metrics, summary), indent=2) + "\n")
     log.info("%s: accuracy %.3f on %d rows; predictions in %s", config.task, metrics["accuracy"], metrics["n"],
@@ -229,9 +195,9 @@ _TEMPLATE_HELP = ("Prompt template: paper (the paper's wording, rows as 'attr: v
 
 
 @click.command("wrangle", short_help="Entity matching, imputation or error detection on tables, scored.")
-@click.option("--task", required=True, metavar="TASK", help=f"One of {', '.join(TASKS)}.")
-@click.option("--data", required=True, type=click.Path(path_type=Path),
-              help="Folder with the task's tables (Parquet or CSV), laid out as in fm_data_tasks.")
+@click.option("--task", default=None, metavar="TASK", help=f"Bundled-table mode: one of {', '.join(TASKS)}.")
+@click.option("--data", default=None, type=click.Path(path_type=Path),
+              help="Bundled-table mode: folder with the task's tables (Parquet or CSV).")
 @click.option("--output", required=True, type=click.Path(path_type=Path),
               help="Folder for prompts.parquet, completions/, predictions.parquet and metrics.json.")
 @click.option("--split", default="test", show_default=True, metavar="SPLIT", help="Split to score: valid or test.")
@@ -240,7 +206,8 @@ _TEMPLATE_HELP = ("Prompt template: paper (the paper's wording, rows as 'attr: v
               help="Few-shot prefix of N random train examples (never one equal to a scored row).")
 @click.option("--prefix", type=click.Path(path_type=Path), default=None, metavar="FILE",
               help="A hand-written few-shot prefix (text file) instead of --k-shot.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --k-shot sample.")
+@click.option("--seed", type=int, default=None,
+              help="Seed of the few-shot sample.  [default: 1234 with --data-dir (the paper's), else 0]")
 @click.option("--impute-column", default=None, metavar="NAME", help="data_imputation: the column to impute.")
 @click.option("--limit", type=int, default=None, metavar="N", help="Score only the split's first N rows.")
 @click.option("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, show_default=True,
@@ -255,8 +222,8 @@ _TEMPLATE_HELP = ("Prompt template: paper (the paper's wording, rows as 'attr: v
 @click.option("--address", default=None, metavar="ADDR",
               help="Ray cluster to join.  [default: RAY_ADDRESS if set, else a local Ray]")
 @click.option("--overwrite", is_flag=True, help="Replace the completions of another job in --output.")
-def wrangle_command(task, data, output, split, template, k_shot, prefix, seed, impute_column, limit,
-                    max_new_tokens, model, dtype, use_ray, workers, address, overwrite) -> None:
+@paper_options
+def wrangle_command(**opts) -> None:
     """Run a data-wrangling task (fm_data_tasks layout) through the pipeline and score the answers.
 
     \b
@@ -265,22 +232,61 @@ def wrangle_command(task, data, output, split, template, k_shot, prefix, seed, i
       flexbatch wrangle --task data_imputation --data examples/wrangle/data_imputation \\
           --impute-column country --output out/di
       flexbatch wrangle --task error_detection --data examples/wrangle/error_detection --output out/ed
+      flexbatch wrangle --data-dir data/datasets/entity_matching/structured/Beer --k 3 \\
+          --class-balanced --nan-tok "" --do-test --output out/beer
+      flexbatch wrangle --data-dir data/datasets --all --k 0 --add-task-instruction --output out/all
     """
     setup_logging()
     try:
-        config = WrangleConfig(task=task, data=data, output=output, model=model or default_model(), split=split,
-                               template=template, k_shot=k_shot, prefix=prefix, seed=seed,
-                               impute_column=impute_column, limit=limit, max_new_tokens=max_new_tokens,
-                               dtype=dtype, use_ray=use_ray, workers=workers, address=address, overwrite=overwrite)
-        result = run_wrangle(config)
+        engine = {"model": opts["model"] or default_model(), "dtype": opts["dtype"], "use_ray": opts["use_ray"],
+                  "workers": opts["workers"], "address": opts["address"]}
+        _check_mode(opts)
+        if opts["data_dir"] is not None:
+            ok = run_dataset_mode(paper_config(opts, opts["output"], opts["seed"]), engine, opts["overwrite"],
+                                  opts["dry_run"])
+        else:
+            ok = _run_tables(opts, engine)
     except FlexbatchError as e:
         fail(e)
+    if not ok:
+        click.echo("some shards failed; their rows count as wrong: rerun the same command to complete them")
+        sys.exit(FAILED_SHARDS_EXIT)
+
+
+_TABLE_ONLY = ("task", "data", "split", "template", "k_shot", "prefix", "impute_column", "limit", "max_new_tokens")
+_DATASET_ONLY = tuple(name for name in PAPER_OPTIONS if name != "data_dir")
+
+
+def _given(opts: dict, names: tuple[str, ...]) -> list[str]:
+    ctx = click.get_current_context()
+    return [f"--{n.replace('_', '-')}" for n in names
+            if ctx.get_parameter_source(n if n != "all" else "all_datasets") == ParameterSource.COMMANDLINE]
+
+
+def _check_mode(opts: dict) -> None:
+    """Bundled-table mode (--task, --data) and dataset mode (--data-dir) take their own options."""
+    if opts["data_dir"] is not None:
+        wrong = _given(opts, _TABLE_ONLY)
+        if wrong:
+            raise WrangleInputError(f"{', '.join(wrong)} belong to bundled-table mode, not to --data-dir; the "
+                                    f"paper's flags are --k, --num-run, --do-test, --max-tokens (see --help)")
+        return
+    wrong = _given(opts, _DATASET_ONLY)
+    if wrong:
+        raise WrangleInputError(f"{', '.join(wrong)} need --data-dir (dataset mode); pass it, or drop them")
+    if opts["task"] is None or opts["data"] is None:
+        raise WrangleInputError("pass --task and --data (bundled tables) or --data-dir (the paper's datasets)")
+
+
+def _run_tables(opts: dict, engine: dict) -> bool:
+    task, split, template = opts["task"], opts["split"], opts["template"]
+    config = WrangleConfig(task=task, data=opts["data"], output=opts["output"], split=split, template=template,
+                           k_shot=opts["k_shot"], prefix=opts["prefix"], seed=opts["seed"] or 0,
+                           impute_column=opts["impute_column"], limit=opts["limit"],
+                           max_new_tokens=opts["max_new_tokens"], overwrite=opts["overwrite"], **engine)
+    result = run_wrangle(config)
     for line in metrics_lines(task, split, get_template(task, template).name, result.metrics):
         click.echo(line)
     click.echo(f"predictions: {result.predictions}")
     click.echo(f"metrics: {result.metrics_path}")
-    if not result.summary.ok:
-        click.echo(f"{len(result.summary.failed_shards)} shards failed; their rows count as wrong: rerun the "
-                   f"same command to complete them")
-        sys.exit(FAILED_SHARDS_EXIT)
-
+    return result.summary.ok

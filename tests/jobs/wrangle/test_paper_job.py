@@ -1,0 +1,49 @@
+"""`flexbatch wrangle --data-dir`: the paper's flags on the command line, --dry-run's prompt file, a run with the
+demo model (in this process) scored the paper's way, and --all as one job with one summary table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from jobs.wrangle.command import wrangle_command
+from jobs.wrangle.paper_job import PaperConfig, build_runs
+
+REPO = Path(__file__).resolve().parents[3]
+ROOT = REPO / "examples" / "fm_datasets"
+BEER = ROOT / "entity_matching/structured/Beer"
+
+
+def invoke(*args):
+    return CliRunner().invoke(wrangle_command, [*map(str, args)])
+
+
+def test_dry_run_writes_the_prompts_and_runs_nothing(tmp_path, no_model_load):
+    result = invoke("--data-dir", BEER, "--k", "3", "--class-balanced", "--nan-tok", "", "--do-test",
+                    "--num-trials", "2", "--dry-run", "--output", tmp_path)
+    assert result.exit_code == 0, (result.output, result.exception)
+    table = pq.read_table(tmp_path / "prompts.parquet")
+    assert table.column_names == ["id", "prompt"]
+    run = build_runs(PaperConfig(data_dir=BEER, output=tmp_path, k=3, class_balanced=True, nan_tok="",
+                                 do_test=True, num_trials=2))[0]
+    assert table.column("id").to_pylist() == [f"Beer/{t}/{i}" for t in range(2) for i in range(4)]
+    assert table.column("prompt").to_pylist() == run.prompts
+    assert "8 prompts of 1 datasets" in result.stdout
+    assert not (tmp_path / "completions").exists()
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--data-dir", BEER, "--task", "entity_matching"], "--task belong to bundled-table mode"),
+    (["--task", "entity_matching", "--data", BEER, "--k", "2"], "--k need --data-dir"),
+    (["--data-dir", ROOT], "is not one of the paper's datasets"),
+    (["--data-dir", BEER, "--sample-method", "validation_clusters"], "validation_clusters needs"),
+    ([], "pass --task and --data (bundled tables) or --data-dir"),
+])
+def test_mode_errors_are_one_line(tmp_path, no_model_load, args, fragment):
+    result = invoke(*args, "--output", tmp_path / "out", "--no-ray")
+    assert result.exit_code == 2, (result.output, result.exception)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("flexbatch: error: ")]
+    assert len(errors) == 1 and fragment in errors[0], result.stderr
