@@ -257,7 +257,7 @@ _TABLE_ONLY = ("task", "data", "split", "template", "k_shot", "prefix", "impute_
 _DATASET_ONLY = tuple(name for name in PAPER_OPTIONS if name != "data_dir")
 
 
-def _given(opts: dict, names: tuple[str, ...]) -> list[str]:
+def _given(names: tuple[str, ...]) -> list[str]:
     ctx = click.get_current_context()
     return [f"--{n.replace('_', '-')}" for n in names
             if ctx.get_parameter_source(n if n != "all" else "all_datasets") == ParameterSource.COMMANDLINE]
@@ -266,12 +266,12 @@ def _given(opts: dict, names: tuple[str, ...]) -> list[str]:
 def _check_mode(opts: dict) -> None:
     """Bundled-table mode (--task, --data) and dataset mode (--data-dir) take their own options."""
     if opts["data_dir"] is not None:
-        wrong = _given(opts, _TABLE_ONLY)
+        wrong = _given(_TABLE_ONLY)
         if wrong:
             raise WrangleInputError(f"{', '.join(wrong)} belong to bundled-table mode, not to --data-dir; the "
                                     f"paper's flags are --k, --num-run, --do-test, --max-tokens (see --help)")
         return
-    wrong = _given(opts, _DATASET_ONLY)
+    wrong = _given(_DATASET_ONLY)
     if wrong:
         raise WrangleInputError(f"{', '.join(wrong)} need --data-dir (dataset mode); pass it, or drop them")
     if opts["task"] is None or opts["data"] is None:

@@ -3,6 +3,7 @@ demo model (in this process) scored the paper's way, and --all as one job with o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 
 from jobs.wrangle.command import wrangle_command
 from jobs.wrangle.paper_job import PaperConfig, build_runs
+from jobs.wrangle.paper_metrics import compute_metrics
 
 REPO = Path(__file__).resolve().parents[3]
 ROOT = REPO / "examples" / "fm_datasets"
@@ -47,3 +49,30 @@ def test_mode_errors_are_one_line(tmp_path, no_model_load, args, fragment):
     assert result.exit_code == 2, (result.output, result.exception)
     errors = [line for line in result.stderr.splitlines() if line.startswith("flexbatch: error: ")]
     assert len(errors) == 1 and fragment in errors[0], result.stderr
+
+
+def test_all_datasets_one_job_scored_the_papers_way_and_resumable(tmp_path, demo_model_dir):
+    args = ["--data-dir", ROOT, "--all", "--k", "1", "--num-trials", "2", "--num-run", "2", "--no-ray",
+            "--dtype", "float32", "--output", tmp_path]
+    first = invoke(*args)
+    assert first.exit_code == 0, (first.output, first.exception)
+    names = ["Beer", "DBLP-GoogleScholar", "Restaurant", "Hospital", "Adult", "Synthea"]
+    summary = (tmp_path / "summary.tsv").read_text().splitlines()
+    assert summary[0] == "dataset\ttask\tn\tmetric\tmean\tstd\ttrials"
+    assert [line.split("\t")[0] for line in summary[1:]] == names and summary[0] in first.stdout
+    assert summary[3].split("\t")[3] == "acc" and all(line.endswith("\t2") for line in summary[1:])
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    preds = pq.read_table(tmp_path / "predictions.parquet").to_pylist()
+    assert len(preds) == 6 * 2 * 2 == pq.read_table(tmp_path / "prompts.parquet").num_rows
+    for name in names:
+        m = metrics[name]
+        rows = [r for r in preds if r["dataset"] == name]
+        for t in range(2):
+            trial = [r for r in rows if r["id"].startswith(f"{name}/{t}/")]
+            want = compute_metrics([r["completion"] or "" for r in trial], [r["gold"] for r in trial], m["task"])
+            assert [m[k][t] for k in ("prec", "rec", "f1", "acc")] == [want[k] for k in ("prec", "rec", "f1", "acc")]
+        assert m["f1_avg"] == pytest.approx(sum(m["f1"]) / 2) and m["n"] == 2
+    success = json.loads((tmp_path / "completions" / "_SUCCESS").read_text())
+    again = invoke(*args)
+    assert again.exit_code == 0 and again.stdout == first.stdout
+    assert json.loads((tmp_path / "completions" / "_SUCCESS").read_text())["new_shards"] == 0 < success["shards"]
