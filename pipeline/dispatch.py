@@ -9,6 +9,7 @@ import traceback
 from dataclasses import dataclass
 
 from engine.errors import FlexbatchError
+from pipeline.errors import OutputWriteError
 from pipeline.shards import Shard
 from pipeline.worker import ShardResult, ShardWorker
 
@@ -22,6 +23,7 @@ class Outcome:
     result: ShardResult | None = None
     error: str | None = None
     worker_lost: bool = False  # the worker process died (killed, out of memory, node lost)
+    retry: bool = True  # False: another try cannot succeed (the output's filesystem is full or read-only)
 
 
 class InlineDispatcher:
@@ -51,7 +53,7 @@ class InlineDispatcher:
             return [Outcome(0, shard, result=self._worker.run_shard(shard))]
         except Exception as e:  # a failing shard is retried or reported; it never ends the job
             log.debug("shard %d failed:\n%s", shard.index, traceback.format_exc())
-            return [Outcome(0, shard, error=_one_line(e))]
+            return [Outcome(0, shard, error=_one_line(e), retry=not isinstance(e, OutputWriteError))]
 
     def close(self) -> None:
         self._worker = None
@@ -106,7 +108,8 @@ class RayDispatcher:
             try:
                 outcomes.append(Outcome(worker, shard, result=ray.get(ref)))
             except ray.exceptions.RayTaskError as e:
-                outcomes.append(Outcome(worker, shard, error=_cause(e)))
+                retry = not isinstance(e.cause, OutputWriteError)
+                outcomes.append(Outcome(worker, shard, error=_cause(e), retry=retry))
             except ray.exceptions.RayError as e:  # actor died, node lost, object lost
                 outcomes.append(Outcome(worker, shard, error=_cause(e), worker_lost=True))
                 self._replace(worker)

@@ -148,11 +148,13 @@ def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int, 
                 attempts[o.shard.index] += 1
                 tries = attempts[o.shard.index]
                 what = "its worker died" if o.worker_lost else "it failed"
-                if tries > config.max_shard_retries:
+                if tries > config.max_shard_retries or not o.retry:
                     log.error("shard %d (%s) %s on try %d, giving up: %s", o.shard.index, o.shard.part_name, what,
                               tries, o.error)
-                    failed.append({"shard": o.shard.index, "part": o.shard.part_name, "rows": o.shard.num_rows,
-                                   "error": o.error, "tries": tries})
+                    failed.append(_failure(o.shard, o.error, tries))
+                    if not o.retry:  # every other shard would fail the same way
+                        failed += [_failure(s, f"not started: {o.error}", 0) for s in queue]
+                        queue.clear()
                 else:
                     log.warning("shard %d (%s) %s (try %d of %d), requeued: %s", o.shard.index, o.shard.part_name,
                                 what, tries, config.max_shard_retries + 1, o.error)
@@ -162,6 +164,10 @@ def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int, 
         progress.close()
     progress.log_line()
     return new, failed
+
+
+def _failure(shard: Shard, error: str, tries: int) -> dict:
+    return {"shard": shard.index, "part": shard.part_name, "rows": shard.num_rows, "error": error, "tries": tries}
 
 
 def _commit(folder: Path, config_hash: str, shard: Shard, result) -> dict:

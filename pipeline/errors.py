@@ -13,3 +13,7 @@ class OutputFolderError(FlexbatchError):
 
 class ConfigError(FlexbatchError, ValueError):
     """A job option has a bad value."""
+
+
+class OutputWriteError(OutputFolderError):
+    """The output's filesystem is full or read-only: no shard can be written there until that is fixed."""

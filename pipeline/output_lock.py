@@ -58,8 +58,14 @@ def describe(holder: dict | None) -> str:
 
 
 def lock_output(folder: Path | str):
-    """The folder's lock, held until `release()`; raises OutputLockedError naming the holder."""
-    return Lease(folder) if is_uri(folder) else FolderLock(Path(folder))
+    """The folder's lock, held until `release()`; raises OutputLockedError naming the holder, and
+    OutputFolderError where the folder cannot be made or written (under a file, a read-only filesystem)."""
+    try:
+        return Lease(folder) if is_uri(folder) else FolderLock(Path(folder))
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise OutputFolderError(f"--output {folder}: cannot write there: {e.strerror or e}{where}; choose a folder "
+                                f"on a writable filesystem") from e
 
 
 def _refused(folder, holder: dict | None) -> OutputLockedError:

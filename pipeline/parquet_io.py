@@ -103,11 +103,23 @@ def inspect_inputs(paths: Sequence[Path], prompt_column: str) -> list[InputFile]
             fix = ("give it a messages column of {role, content} lists, or pass --chat off"
                    if prompt_column == MESSAGES_COLUMN else "pass --prompt-column with one of them")
             raise InputError(f"{path}: no prompt column {prompt_column!r}; its columns are {list(columns)}; {fix}")
+        kind = schema.field(prompt_column).type
+        if prompt_column != MESSAGES_COLUMN and not _holds_text(kind):
+            raise InputError(f"{path}: prompt column {prompt_column!r} holds {kind}, not strings; cast it to string "
+                             f"or pass --prompt-column with the column of prompts")
         clash = [c for c in OUTPUT_COLUMNS if c in columns]
         if clash:
             raise InputError(f"{path}: input columns {clash} would be overwritten by the output; rename or drop them")
         files.append(InputFile(path=path, part_name=name, num_rows=num_rows, columns=columns))
     return files
+
+
+def _holds_text(kind: pa.DataType) -> bool:
+    """Strings (of any width or encoding in Arrow), or a column that is null throughout (every row then fails)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind) or (
+        hasattr(pa.types, "is_string_view") and pa.types.is_string_view(kind))
 
 
 def uses_chat(paths: Sequence[Path], chat: str) -> bool:

@@ -8,18 +8,23 @@ local disk, which is how that path is tested."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import posixpath
 import re
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.errors import InputError
+from pipeline.errors import InputError, OutputWriteError
+
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def is_uri(location: str | os.PathLike) -> bool:
@@ -139,11 +144,34 @@ class Folder:
     def write_bytes(self, name: str, data: bytes) -> None:
         """Whole-file write that readers see either before or after: tmp + fsync + rename locally, one PUT on
         an object store."""
+        with self._writing(name):
+            if self.remote:
+                with self.fs.open_output_stream(self._p(name)) as f:
+                    f.write(data)
+                return
+            _write_local_atomic(Path(self.path), name, lambda f: f.write(data))
+
+    @contextlib.contextmanager
+    def _writing(self, name: str):
+        """A full or read-only filesystem becomes an OutputWriteError naming the file and the free space: it is
+        no fault of the shard, and retrying it would only redo the work."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno not in _NO_ROOM:
+                raise
+            raise OutputWriteError(f"cannot write {self.child(name)}: {e.strerror}{self._free()}; free space there "
+                                   f"(or choose another --output) and rerun the same command: committed shards "
+                                   f"are kept") from e
+
+    def _free(self) -> str:
         if self.remote:
-            with self.fs.open_output_stream(self._p(name)) as f:
-                f.write(data)
-            return
-        _write_local_atomic(Path(self.path), name, lambda f: f.write(data))
+            return ""
+        try:
+            usage = shutil.disk_usage(self.path)
+        except OSError:
+            return ""
+        return f" ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB on its filesystem)"
 
     def write_table(self, name: str, table: pa.Table) -> tuple[int, str]:
         """A Parquet part, written as `write_bytes` does; returns its size in bytes and SHA-256 (of the bytes
@@ -172,7 +200,7 @@ class Folder:
             old = self.read_text(name) or ""
             self.write_bytes(name, (old + ("" if not old or old.endswith("\n") else "\n") + line).encode())
             return
-        with open(Path(self.path) / name, "a+b") as f:
+        with self._writing(name), open(Path(self.path) / name, "a+b") as f:
             f.seek(0, os.SEEK_END)
             if f.tell() > 0:
                 f.seek(-1, os.SEEK_END)
