@@ -41,7 +41,8 @@ class _LazyGroup(click.Group):
 @main.group(cls=_LazyGroup, lazy={"engine": "jobs.bench.engine:engine_command",
                                   "planner": "jobs.bench.planner:planner_command",
                                   "pipeline": "jobs.bench.pipeline:pipeline_command",
-                                  "gpu": "jobs.bench.gpu:gpu_command"})
+                                  "gpu": "jobs.bench.gpu:gpu_command",
+                                  "workloads": "jobs.bench.workloads:workloads_command"})
 def bench() -> None:
     """Benchmarks: print a table of ratios measured side by side and write JSON."""
 

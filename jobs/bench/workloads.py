@@ -1,0 +1,187 @@
+"""`flexbatch bench workloads`: the engine as users compare engines, on the three workloads of the issue that
+set the compression targets (every row generates exactly G tokens; tokens/s counts generated tokens):
+
+    W1  32 prompts x 512 tokens, generate 32      (long prompts: prefill-heavy)
+    W2  64 prompts x 64 tokens, generate 256      (long generations: decode-heavy)
+    W3  128 prompts x 64 tokens, generate 16      (many short rows)
+
+Lines: flexbatch uncompressed in the run's dtype, with int4 and with int8 weights, and CTranslate2 (the `bench`
+extra) int8 and in the run's dtype, converted with its Transformers converter. All are loaded in one process and
+timed interleaved, round by round (the machine is shared: the median of the rounds is quoted, ratios are to
+CTranslate2 int8). Per line: tokens/s, model FLOP/s as a fraction of a GEMM microbenchmark of the run's dtype
+(the model's widest layer shape at 1024 rows), and the memory it adds (peak RSS over its load and one run, less
+the RSS before it)."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+import torch
+import torch.nn.functional as F
+
+from engine.generate import Engine
+from engine.policy import Policy
+from engine.spec import load_model_spec
+from jobs.bench import models as bm
+from jobs.bench.report import run_and_save
+from jobs.bench.runs import engine_runner, side_by_side
+from jobs.common import setup_logging
+from planner.microbench import median_seconds
+
+log = logging.getLogger(__name__)
+WORKLOADS = {"W1": (32, 512, 32), "W2": (64, 64, 256), "W3": (128, 64, 16)}  # rows, prompt tokens, generated
+ENGINE_FORMATS = {"": None, " int4": "int4", " int8": "int8"}  # line suffix -> compressed weight format
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    workloads: tuple[str, ...] = ("W1", "W2", "W3")
+    preset: str = "110m"
+    dtype: str = "float32"
+    repeats: int = 2
+    ctranslate2: bool = True
+    cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
+
+
+def cpu_flags() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def loaded(make):
+    """Build a runner with `make()` and run it once (2 tokens): it and the memory that took (peak RSS growth)."""
+    gc.collect()
+    bm.reset_peak_rss()
+    rss0 = bm.rss_bytes()
+    fn = make()
+    fn(2)
+    return fn, bm.peak_rss_bytes() - rss0
+
+
+def engine_lines(model_dir: Path, prompts, dtype: str) -> dict:
+    out = {}
+    for suffix, fmt in ENGINE_FORMATS.items():
+        policy = Policy(gbs=len(prompts), num_gb=1, compress_weight=fmt is not None, weight_format=fmt or "int4")
+        out[f"flexbatch {dtype}{suffix}"] = loaded(
+            lambda p=policy: engine_runner(Engine.load(model_dir, dtype=dtype, policy=p), prompts, len(prompts), 1))
+    return out
+
+
+def ct2_model(model_dir: Path, quantization: str) -> Path:
+    """The checkpoint converted by CTranslate2's Transformers converter (cached beside it). The random-weight
+    checkpoints have no BOS/EOS, which the converted config needs: the unknown word stands in (the rows are
+    made to generate exactly G tokens, so it never ends one)."""
+    import ctranslate2
+
+    out = model_dir.parent / f"{model_dir.name}-ct2-{quantization}"
+    if not (out / "model.bin").is_file():
+        ctranslate2.converters.TransformersConverter(str(model_dir)).convert(str(out), quantization=quantization,
+                                                                             force=True)
+    cfg = json.loads((out / "config.json").read_text())
+    if cfg.get("bos_token") is None or cfg.get("eos_token") is None:
+        cfg["bos_token"], cfg["eos_token"] = cfg.get("bos_token") or bm.UNK, cfg.get("eos_token") or bm.UNK
+        (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def ct2_runner(model_dir: Path, prompts, compute_type: str):
+    import ctranslate2
+
+    gen = ctranslate2.Generator(str(ct2_model(model_dir, compute_type)), device="cpu", compute_type=compute_type,
+                                intra_threads=torch.get_num_threads())
+    tokens = [[f"w{i}" for i in ids] for ids in prompts]
+
+    def run(gen_len: int) -> int:
+        res = gen.generate_batch(tokens, max_length=gen_len, min_length=gen_len, sampling_topk=1,
+                                 include_prompt_in_result=False, max_batch_size=len(tokens))
+        counts = [len(r.sequences_ids[0]) for r in res]
+        assert all(c == gen_len for c in counts), f"CTranslate2 generated {set(counts)} tokens, not {gen_len}"
+        return sum(counts)
+
+    return run
+
+
+def gemm_peak_gflops(spec, dtype: torch.dtype, rows: int = 1024) -> float:
+    """bf16/fp32 GEMM FLOP/s of the model's widest layer shape (gate/up) at `rows` rows."""
+    n, k = max(bm.layer_gemm_shapes(spec), key=lambda s: s[0] * s[1])
+    x, w = torch.randn(rows, k).to(dtype), torch.randn(n, k).to(dtype)
+    return 2 * rows * n * k / median_seconds(lambda: F.linear(x, w), 5) / 1e9
+
+
+def run_workload(cfg: WorkloadConfig, name: str, model_dir: Path, peak: float) -> dict:
+    rows, P, G = WORKLOADS[name]
+    spec = load_model_spec(model_dir)
+    prompts = bm.prompt_ids(rows, P, spec.vocab_size)
+    runners = engine_lines(model_dir, prompts, cfg.dtype)
+    if cfg.ctranslate2:
+        ct2_dtype = "float32" if cfg.dtype == "float32" else "bfloat16"
+        for ct in ("int8", ct2_dtype):
+            runners[f"ctranslate2 {ct}"] = loaded(lambda ct=ct: ct2_runner(model_dir, prompts, ct))
+    res = side_by_side({k: fn for k, (fn, _) in runners.items()}, G, cfg.repeats, warmup=False)
+    flops = bm.model_flops(spec, P, G, rows)["total"]
+    base = res.get("ctranslate2 int8", {}).get("tokens_per_s")
+    lines = [{"line": k, "tokens_per_s": r["tokens_per_s"], "vs_ct2_int8": base and r["tokens_per_s"] / base,
+              "gemm_fraction": flops / r["seconds"] / 1e9 / peak, "added_rss_bytes": runners[k][1],
+              "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]]} for k, r in res.items()]
+    del runners
+    gc.collect()
+    return {"workload": name, "rows": rows, "prompt_tokens": P, "generated": G, "lines": lines}
+
+
+def run_workloads(cfg: WorkloadConfig) -> dict:
+    if cfg.ctranslate2 and importlib.util.find_spec("ctranslate2") is None:
+        raise click.UsageError("CTranslate2 is not installed: pip install 'flexbatch[bench]', or --no-ctranslate2")
+    model_dir = bm.build_checkpoint(cfg.preset, cfg.cache_dir)
+    dtype = getattr(torch, cfg.dtype)
+    peak = gemm_peak_gflops(load_model_spec(model_dir), dtype)
+    results = [run_workload(cfg, w, model_dir, peak) for w in cfg.workloads]
+    return {"config": asdict(cfg), "machine": bm.machine_info() | {"cpu_flags": cpu_flags()},
+            "gemm_peak_gflops": peak, "workloads": results}
+
+
+def format_table(report: dict) -> str:
+    out = [f"CPU flags: {report['machine']['cpu_flags']}",
+           f"{report['config']['dtype']} GEMM peak (widest layer, 1024 rows): {report['gemm_peak_gflops']:.1f} GFLOP/s",
+           "| workload | line | tokens/s (median) | vs CTranslate2 int8 | fraction of GEMM peak | memory added |",
+           "|---|---|---|---|---|---|"]
+    for w in report["workloads"]:
+        for ln in w["lines"]:
+            vs = f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-"
+            out.append(f"| {w['workload']} {w['rows']}x{w['prompt_tokens']} gen {w['generated']} | {ln['line']} | "
+                       f"{ln['tokens_per_s']:.1f} | {vs} | {ln['gemm_fraction']:.2f} | "
+                       f"{ln['added_rss_bytes'] / 2**20:.0f} MiB |")
+    return "\n".join(out)
+
+
+@click.command("workloads")
+@click.option("--workload", "workloads", type=click.Choice(sorted(WORKLOADS)), multiple=True,
+              help="Workloads to run (repeatable).  [default: all]")
+@click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=WorkloadConfig.preset, show_default=True,
+              help="Model shape (a random-weight Llama built once and cached).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=WorkloadConfig.dtype,
+              show_default=True, help="Compute dtype of the uncompressed lines.")
+@click.option("--repeats", type=click.IntRange(min=1), default=WorkloadConfig.repeats, show_default=True)
+@click.option("--ctranslate2/--no-ctranslate2", default=True, show_default=True,
+              help="CTranslate2 int8 and dtype lines (needs the bench extra).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]")
+@click.option("--cache-dir", default=WorkloadConfig.cache_dir, show_default=True, help="Checkpoints.")
+@click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/workloads.json"),
+              show_default=True)
+def workloads_command(workloads, threads, output: Path, **kw):
+    """W1/W2/W3: flexbatch (uncompressed, int4, int8 weights) vs CTranslate2, side by side."""
+    setup_logging()
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = WorkloadConfig(workloads=tuple(workloads) or WorkloadConfig.workloads, **kw)
+    report = run_and_save(run_workloads, cfg, output)
+    click.echo(format_table(report))
+    click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads; json: "
+               f"{output}")
