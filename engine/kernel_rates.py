@@ -4,7 +4,8 @@ model, torch version and thread count, so that a run measures only shapes it has
 
 For each row count of ROWS in turn, the compressed kernel's time is compared with the dense path's: one
 dequantization (as a layer is dequantized once per step) plus the GEMM over the dequantized weight. The
-largest row count up to which the compressed kernel kept winning is `max_rows`; 0 means never."""
+largest row count at which the compressed kernel won is `max_rows` (calls of up to that many rows take it);
+0 means never. The figures are only as good as the machine was quiet: delete the file to measure again."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import json
 import logging
 import os
 import platform
-import statistics
 import tempfile
 import threading
 import time
@@ -54,29 +54,34 @@ def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
     return (lambda x: int4_linear(x, packed)), (lambda x: F.linear(x, dequantize(qt, dtype=dtype)))
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def fewest_seconds(fns, repeats: int) -> list[float]:
+    """The fewest seconds of each of `fns` over `repeats` rounds, timed interleaved (a busy machine slows calls;
+    the fewest is the least disturbed, and interleaving spreads the disturbance over both paths)."""
+    for fn in fns:
+        fn()  # warm-up
+    best = [float("inf")] * len(fns)
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
 
 
-def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int = 3) -> tuple[int, list]:
-    """The largest row count of ROWS up to which the compressed kernel is faster, and the timings."""
+def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int = 5) -> tuple[int, list]:
+    """The largest row count of ROWS at which the compressed kernel is faster (the scan stops after two row
+    counts in a row where it is not), and the timings."""
     fast, dense = _paths(fmt, n, k, dtype)
-    best, timings = 0, []
+    best, losses, timings = 0, 0, []
     with torch.inference_mode():
         for rows in ROWS:
             x = torch.randn(rows, k).to(dtype)
-            t_fast = median_seconds(lambda x=x: fast(x), repeats)
-            t_dense = median_seconds(lambda x=x: dense(x), repeats)
+            t_fast, t_dense = fewest_seconds([lambda: fast(x), lambda: dense(x)], repeats)  # noqa: B023
             timings.append({"rows": rows, "fast_s": t_fast, "dense_s": t_dense})
-            if t_fast >= t_dense:
+            losses = 0 if t_fast < t_dense else losses + 1
+            best = rows if t_fast < t_dense else best
+            if losses == 2:
                 break
-            best = rows
     return best, timings
 
 

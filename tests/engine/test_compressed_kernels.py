@@ -73,6 +73,7 @@ def test_measure_max_rows_times_both_paths():
     assert best in (0, *kernel_rates.ROWS) and timings
     assert all(t["fast_s"] > 0 and t["dense_s"] > 0 for t in timings)
     assert best == max([0] + [t["rows"] for t in timings if t["fast_s"] < t["dense_s"]])
+    assert len(timings) == len(kernel_rates.ROWS) or all(t["fast_s"] >= t["dense_s"] for t in timings[-2:])
 
 
 def test_int8_layers_store_a_quarter_of_float32(checkpoint, tmp_path):
