@@ -8,6 +8,8 @@ nothing behind, and no other process can reach the file by name."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import mmap
 import os
@@ -43,3 +45,54 @@ def scratch_tensor(offload_dir: str | Path | None, shape: tuple[int, ...], dtype
     finally:
         os.close(fd)  # the mapping keeps the file alive until the tensor is freed
     return torch.frombuffer(mapped, dtype=dtype, count=numel).view(shape)
+
+
+# Disk-tier layers: one safetensors file per layer, `layer_NNNN.safetensors`, in a folder per (checkpoint,
+# dtype, format). Each is written under a temporary name and renamed into place, then its completion record
+# `layer_NNNN.json` (size and SHA-256) is written the same way: a file without a record, or whose size differs
+# from it, is rebuilt. Which layers a run puts on disk depends on its policy, so each layer stands alone; two
+# processes converting the same model at once each write their own temporary and rename the same content.
+
+def layer_path(folder: Path, i: int) -> Path:
+    return folder / f"layer_{i:04d}.safetensors"
+
+
+def stored_layer(folder: Path, i: int) -> dict | None:
+    """Layer i's metadata if its file is complete and matches its record, else None (it is to be rebuilt)."""
+    from safetensors import safe_open
+
+    path, record_path = layer_path(folder, i), folder / f"layer_{i:04d}.json"
+    try:
+        record = json.loads(record_path.read_text())
+        if path.stat().st_size != record["bytes"]:
+            return None
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError):  # missing, torn or not safetensors
+        return None
+
+
+def write_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], metadata: dict | None) -> Path:
+    """Write layer i's file and then its completion record, each atomically."""
+    from safetensors.torch import save
+
+    data = save(tensors, metadata=metadata)
+    path = layer_path(folder, i)
+    _write_atomic(path, data)
+    _write_atomic(folder / f"layer_{i:04d}.json",
+                  json.dumps({"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode())
+    return path
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

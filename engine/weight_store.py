@@ -9,18 +9,16 @@ stream has passed the event recorded when its previous layer was handed back."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from engine.fuse import LAYOUT, fuse_projections
 from engine.kernels import NativeKernels
-from engine.offload import DEFAULT_OFFLOAD_DIR
+from engine.offload import layer_path, offload_root, stored_layer, write_layer
 from engine.policy import Policy
 from engine.tiers import Devices, tensor_bytes
 from engine.weights import CheckpointReader, LayerWeights
@@ -101,15 +99,12 @@ class WeightStore:
         folder = self._offload_folder(reader, offload_dir) if "disk" in self.placement else None
         for i, tier in enumerate(self.placement):
             self._place(reader, i, tier, folder)
-        if folder is not None:
-            (folder / "complete.json").write_text(json.dumps({"layers": len(self.placement)}))
 
     def _place(self, reader: CheckpointReader, i: int, tier: str, folder: Path | None) -> None:
-        path = folder / f"layer_{i:04d}.safetensors" if folder else None
-        if tier == "disk" and (folder / "complete.json").is_file():
-            self.files[i] = path
-            with safe_open(str(path), framework="pt") as f:
-                self.meta[i] = f.metadata()
+        kept = stored_layer(folder, i) if tier == "disk" else None
+        if kept is not None:  # written by an earlier run and complete (engine/offload.py)
+            path = self.files[i] = layer_path(folder, i)
+            self.meta[i] = kept or None
             self.layer_bytes.append(path.stat().st_size)
             self.devices.tiers["disk"].reserve(self.layer_bytes[-1], f"layer {i}")
             return
@@ -119,8 +114,7 @@ class WeightStore:
         self.layer_bytes.append(nbytes)
         self.devices.tiers[tier].reserve(nbytes, f"layer {i}")
         if tier == "disk":
-            save_file(stored, str(path), metadata=self.meta[i])
-            self.files[i] = path
+            self.files[i] = write_layer(folder, i, stored, self.meta[i])
         else:
             dev = self.devices.torch_device(tier)
             resident = {k: v.to(dev) for k, v in stored.items()}
@@ -139,8 +133,8 @@ class WeightStore:
             st = f.stat()
             h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
         h.update(f"{self.dtype}:{self.codec.metadata() if self.codec else 'plain'}:{LAYOUT}".encode())
-        folder = Path(offload_dir or DEFAULT_OFFLOAD_DIR) / h.hexdigest()[:16]
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = offload_root(offload_dir) / h.hexdigest()[:16]
+        folder.mkdir(exist_ok=True)
         return folder
 
     def _load(self, i: int, device: str) -> tuple[LayerWeights, tuple]:

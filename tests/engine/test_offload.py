@@ -37,3 +37,65 @@ def test_scratch_in_a_given_offload_dir_is_mapped_shared_and_left_clean(tmp_path
     t.copy_(torch.arange(15, dtype=torch.bfloat16).view(3, 5))
     assert t.shape == (3, 5) and t[2, 4].item() == 14
     assert f"{tmp_path}/scratch-" in _mapped_paths() and list(tmp_path.iterdir()) == []
+
+
+VARIANT = "llama_gqa_llama3"
+
+
+def _tokens(engine):
+    from engine.request import Request, SamplingParams
+
+    reqs = [Request(str(i), p, SamplingParams(max_new_tokens=6)) for i, p in enumerate(["The quick", "def add("])]
+    return [c.token_ids for c in engine.generate(reqs)]
+
+
+def _engine(checkpoint, tmp_path, weight_cpu):
+    from engine.generate import Engine
+    from engine.policy import Policy
+
+    return Engine.load(checkpoint(VARIANT), dtype="float32", policy=Policy(weight_cpu=weight_cpu), offload_dir=tmp_path)
+
+
+def test_a_partial_offload_folder_is_completed_not_trusted(checkpoint, tmp_path):
+    from engine.generate import Engine
+
+    expected = _tokens(Engine.load(checkpoint(VARIANT), dtype="float32"))
+    half = _engine(checkpoint, tmp_path, 0.5)  # one layer on disk: the folder holds that layer only
+    assert len(list(tmp_path.rglob("layer_*.safetensors"))) == 1
+    assert _tokens(half) == expected
+    every = _engine(checkpoint, tmp_path, 0.0)  # both layers on disk: the missing one is built
+    assert _tokens(every) == expected and len(list(tmp_path.rglob("layer_*.safetensors"))) == 2
+
+
+def test_a_torn_or_unrecorded_layer_file_is_rebuilt(checkpoint, tmp_path):
+    from engine.offload import stored_layer
+
+    expected = _tokens(_engine(checkpoint, tmp_path, 0.0))
+    first, second = sorted(tmp_path.rglob("layer_*.safetensors"))
+    folder = first.parent
+    first.write_bytes(first.read_bytes()[:100])  # torn, as by a crash in a writer that did not rename
+    (folder / "layer_0001.json").unlink()  # a file whose completion record was never written
+    assert stored_layer(folder, 0) is None and stored_layer(folder, 1) is None
+    assert _tokens(_engine(checkpoint, tmp_path, 0.0)) == expected
+    assert stored_layer(folder, 0) is not None and stored_layer(folder, 1) is not None
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_two_processes_converting_one_model_at_once_leave_a_sound_folder(checkpoint, tmp_path):
+    import subprocess
+    import sys
+
+    from engine.offload import stored_layer
+
+    model = checkpoint(VARIANT)
+    code = ("import sys; from engine.generate import Engine; from engine.policy import Policy; "
+            "Engine.load(sys.argv[1], dtype='float32', policy=Policy(weight_cpu=0.0), offload_dir=sys.argv[2]); "
+            "print('loaded')")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(model), str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    folder = next(tmp_path.rglob("layer_0000.safetensors")).parent
+    assert stored_layer(folder, 0) is not None and stored_layer(folder, 1) is not None
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
