@@ -43,7 +43,8 @@ def write_parquet(table: pa.Table, path: Path) -> None:
 
 def read_completions(summary: JobSummary) -> dict[str, dict]:
     out = {}
+    columns = ["id", "completion", "finish_reason", "error", "prompt_tokens", "completion_tokens"]
     for part in summary.parts:
-        for row in pq.read_table(part, columns=["id", "completion", "finish_reason", "error"]).to_pylist():
+        for row in pq.read_table(part, columns=columns).to_pylist():
             out[row["id"]] = row
     return out

@@ -100,6 +100,7 @@ class PaperRun:
     prompts: list[str]
     golds: list[str]
     trials: int
+    texts: list[str]  # each scored row's own text (without prefix or instruction), once
 
     @property
     def n(self) -> int:
@@ -127,7 +128,7 @@ def build_run(config: PaperConfig, dataset: Dataset, folder: Path, manual: dict 
             prompts.append(query(prefix if prefix is not None else manual_prefix(manual, dataset, row), row,
                                  instruction))
             golds.append(row.label_str)
-    return PaperRun(dataset, folder, ids, prompts, golds, config.num_trials)
+    return PaperRun(dataset, folder, ids, prompts, golds, config.num_trials, [r.text.strip() for r in rows])
 
 
 def build_runs(config: PaperConfig) -> list[PaperRun]:
@@ -169,8 +170,9 @@ def summary_lines(rows: list[dict]) -> list[str]:
                      f"{100 * r['std']:.1f}\t{r['trials']}" for r in rows]
 
 
-def score_runs(config: PaperConfig, runs: list[PaperRun], summary: JobSummary) -> list[dict]:
-    """Predictions, metrics.json and summary.tsv from the finished job; returns the summary rows."""
+def score_runs(config: PaperConfig, runs: list[PaperRun], summary: JobSummary) -> tuple[list[dict], dict]:
+    """Predictions, metrics.json and summary.tsv from the finished job; returns the summary rows and the
+    completions by id."""
     done = read_completions(summary)
     answers = {i: (done[i]["completion"] or "") for i in done}
     metrics = {r.dataset.name: score_run(r, answers) for r in runs}
@@ -181,7 +183,7 @@ def score_runs(config: PaperConfig, runs: list[PaperRun], summary: JobSummary) -
     (config.output / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
     rows = summary_rows(metrics)
     (config.output / SUMMARY_FILE).write_text("\n".join(summary_lines(rows)) + "\n")
-    return rows
+    return rows, done
 
 
 def run_paper(config: PaperConfig, engine: dict, overwrite: bool = False, dry_run: bool = False):
@@ -192,9 +194,10 @@ def run_paper(config: PaperConfig, engine: dict, overwrite: bool = False, dry_ru
     log.info("%d prompts of %d datasets (%s split, %d trials) in %s", sum(len(r.ids) for r in runs), len(runs),
              config.split, config.num_trials, path)
     if dry_run:
-        return runs, None, None
+        return runs, None, None, {}
     summary = run_job(RunConfig(
         input=str(path), output=config.output / COMPLETIONS_DIR, overwrite=overwrite,
         params=SamplingParams(max_new_tokens=config.max_tokens, temperature=0.0, stop=(config.stop_token,)),
         **engine))
-    return runs, score_runs(config, runs, summary), summary
+    rows, done = score_runs(config, runs, summary)
+    return runs, rows, summary, done

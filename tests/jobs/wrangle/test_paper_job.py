@@ -10,6 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from jobs.helm.output import is_run_completed, read_run_summary
+from jobs.helm.state import read_scenario_state
 from jobs.wrangle.command import wrangle_command
 from jobs.wrangle.paper_job import PaperConfig, build_runs
 from jobs.wrangle.paper_metrics import compute_metrics
@@ -72,7 +74,27 @@ def test_all_datasets_one_job_scored_the_papers_way_and_resumable(tmp_path, demo
             want = compute_metrics([r["completion"] or "" for r in trial], [r["gold"] for r in trial], m["task"])
             assert [m[k][t] for k in ("prec", "rec", "f1", "acc")] == [want[k] for k in ("prec", "rec", "f1", "acc")]
         assert m["f1_avg"] == pytest.approx(sum(m["f1"]) / 2) and m["n"] == 2
+    _check_helm_runs(tmp_path / "helm" / "runs" / "wrangle", names, preds)
     success = json.loads((tmp_path / "completions" / "_SUCCESS").read_text())
     again = invoke(*args)
     assert again.exit_code == 0 and again.stdout == first.stdout
     assert json.loads((tmp_path / "completions" / "_SUCCESS").read_text())["new_shards"] == 0 < success["shards"]
+
+
+def _check_helm_runs(suite: Path, names: list[str], preds: list[dict]) -> None:
+    """One HELM run folder per dataset, read back by the HELM job's own readers; exact_match is HELM's
+    (stripped completion equal to the gold answer) over every trial's rows."""
+    groups = {"Restaurant": "entity_data_imputation", "Hospital": "error_detection_spelling",
+              "Adult": "error_detection", "Synthea": "schema_matching"}
+    for name in names:
+        run = suite / f"{groups.get(name, 'entity_matching')}:dataset={name},model=demo-model"
+        assert is_run_completed(run)
+        state = read_scenario_state(run / "scenario_state.json")
+        rows = [r for r in preds if r["dataset"] == name]
+        assert [rs["request"]["prompt"] for rs in state["request_states"]] == [r["prompt"] for r in rows]
+        assert [rs["train_trial_index"] for rs in state["request_states"]] == [0, 0, 1, 1]
+        summary = read_run_summary(run)
+        exact = next(m for m in summary.metrics if m.name == "exact_match")
+        want = sum((r["completion"] or "").strip() == r["gold"] for r in rows) / len(rows)
+        assert exact.count == 4 and exact.mean == pytest.approx(want)
+    assert "entity_matching:dataset=Beer,model=demo-model" in (suite / "summary.md").read_text()
