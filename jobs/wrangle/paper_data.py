@@ -11,12 +11,14 @@ Two of the paper's pandas behaviours are reproduced on purpose:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.wrangle.data import WrangleInputError
 from jobs.wrangle.datasets import Dataset
 
+log = logging.getLogger(__name__)
 SPLIT_FILES = {"train": "train.csv", "validation": "valid.csv", "test": "test.csv"}
 _SKIP_IN_ROW = ("Unnamed: 0", "text", "col_name", "label_str", "is_clean")
 
@@ -75,12 +77,18 @@ def serialize_row(pairs: list[tuple[str, object]], fmt: Format) -> str:
     return f"{sep} ".join(parts)
 
 
-def grouped_join(left: list[dict], key: str, right: dict[object, list[dict]]) -> list[tuple[dict, dict]]:
+def grouped_join(left: list[dict], key: str, right: dict[object, list[dict]], where: Path | None = None
+                 ) -> list[tuple[dict, dict]]:
     """An inner join of `left` rows with the `right` rows of the same key, in pandas 1.x's order: grouped by
-    key, keys in order of first appearance in `left`, rows stable within a key."""
+    key, keys in order of first appearance in `left`, rows stable within a key. Rows without a match are
+    dropped, as the paper's merge drops them, and counted in a warning."""
     order: dict[object, list[dict]] = {}
     for row in left:
         order.setdefault(row[key], []).append(row)
+    unmatched = [k for k in order if k not in right]
+    if unmatched:
+        log.warning("%s: %d rows have a %s found in no table row (e.g. %r); the paper's merge drops them, and so "
+                    "does this job", where, sum(len(order[k]) for k in unmatched), key, unmatched[0])
     return [(row, match) for rows in order.values() for row in rows for match in right.get(row[key], [])]
 
 
@@ -103,9 +111,9 @@ def _matching(folder: Path, dataset: Dataset, split: Path, fmt: Format) -> list[
         if labels and need not in labels[0]:
             raise WrangleInputError(f"{split} lacks the column {need!r}; entity-matching pairs need ltable_id, "
                                     f"rtable_id and label")
-    first = [{**p, "_a": a} for p, a in grouped_join(labels, "ltable_id", _index(rows_a, "id"))]
+    first = [{**p, "_a": a} for p, a in grouped_join(labels, "ltable_id", _index(rows_a, "id"), split)]
     out = []
-    for pair, b in grouped_join(first, "rtable_id", _index(rows_b, "id")):
+    for pair, b in grouped_join(first, "rtable_id", _index(rows_b, "id"), split):
         a = pair["_a"]
         side_a = serialize_row([(c, a[c]) for c in cols_a if c != "id"], fmt)
         side_b = serialize_row([(c, b[c]) for c in cols_b if c != "id"], fmt)
@@ -132,7 +140,7 @@ def _spelling(folder: Path, dataset: Dataset, split: Path, fmt: Format) -> list[
     cols, rows = prepare(*table, dataset, folder / "table.csv")
     by_position = {i: [r] for i, r in enumerate(rows)}
     out = []
-    for i, (label, row) in enumerate(grouped_join(read_csv(split)[1], "row_id", by_position)):
+    for i, (label, row) in enumerate(grouped_join(read_csv(split)[1], "row_id", by_position, split)):
         column = label["col_name"]
         if column not in cols:
             raise WrangleInputError(f"{split} row {i}: col_name {column!r} is not a column of table.csv; fix it")

@@ -81,6 +81,17 @@ def test_values_keep_pandas_types():
     assert rows[4].key == "nan"  # the manual prompt key of a blank venue_A, as the paper's prompts are keyed
 
 
+def test_a_pair_without_its_table_row_is_dropped_with_a_warning(tmp_path, caplog):
+    import shutil
+
+    folder = tmp_path / "Beer"
+    shutil.copytree(BEER, folder)
+    test = folder / "test.csv"
+    test.write_text(test.read_text() + "42,1,0\n")
+    rows = read_split(folder, DATASETS["Beer"], "test", Format())
+    assert len(rows) == 4 and "1 rows have a ltable_id found in no table row (e.g. 42)" in caplog.text
+
+
 def test_merge_order_is_pandas_1x():
     """pandas 1.x's inner merge grouped rows by key in order of first appearance (pandas 2.2 keeps the left
     order); the paper's splits were read with pandas ^1.4."""
