@@ -24,7 +24,8 @@ CHAT_CHOICES = ("auto", "on", "off")
 FORMAT_CHOICES = ("auto", "parquet", "openai")  # openai: OpenAI Batch JSONL (pipeline/openai_batch.py)
 SUFFIXES = {"parquet": ".parquet", "openai": ".jsonl"}
 # Columns the job appends; an input that already has one of them would be silently clobbered.
-OUTPUT_COLUMNS = ("completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs")
+OUTPUT_COLUMNS = ("completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs",
+                  "token_ids")
 _GLOB_CHARS = ("*", "?", "[")
 
 
@@ -164,8 +165,10 @@ def output_table(table: pa.Table, completions: Sequence[Completion], ids: Sequen
         "finish_reason": pa.array([c.finish_reason for c in completions], pa.string()),
         "error": pa.array([c.error for c in completions], pa.string()),
     }
-    if logprobs:
+    if logprobs:  # the ids let a reader name each scored token (HELM's `tokens`)
         columns["logprobs"] = pa.array([c.logprobs for c in completions], pa.list_(pa.float32()))
+        columns["token_ids"] = pa.array([c.token_ids if c.logprobs is not None else None for c in completions],
+                                        pa.list_(pa.int32()))
     for name, values in columns.items():
         out = out.append_column(name, values)
     return out

@@ -48,7 +48,7 @@ def helm_command(spec, scenario_states, suite, output, max_eval_instances, model
     """Run the benchmark runs of --spec (and of each --scenario-state), score them with HELM's metrics, and
     write HELM's run folders, OUTPUT/runs/SUITE/<run>/ with run_spec.json, scenario.json, scenario_state.json,
     per_instance_stats.json and stats.json. Prints the suite summary (metric means with counts, chance, tokens/s
-    and the plan of each run), also saved as summary.md and summary.json in OUTPUT/runs/SUITE/.
+    and the plan of each run), also saved as flexbatch_summary.md and flexbatch_summary.json in OUTPUT/runs/SUITE/.
 
     Rerunning the same command resumes an interrupted run (its committed shards are skipped).
 
@@ -75,6 +75,7 @@ def helm_command(spec, scenario_states, suite, output, max_eval_instances, model
         if run.error:
             click.echo(f"run {run.name} failed: {run.error}")
     click.echo(f"summary: {result.markdown} and {result.json}")
+    click.echo(f"HELM's tables: helm-summarize --suite {suite} -o {output} --schema-path {result.schema}")
     if not result.ok:
         sys.exit(FAILED_RUNS_EXIT)
 

@@ -8,8 +8,10 @@ content changes, so that rerunning an interrupted run resumes its job: committed
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -90,30 +92,75 @@ def run_requests(run_dir: Path, states: list[dict], model: Path, options: Engine
 
 
 def read_completions(summary: JobSummary) -> dict[str, dict]:
-    columns = ["id", "completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs"]
-    return {row["id"]: row for part in summary.parts for row in pq.read_table(part, columns=columns).to_pylist()}
+    """Each row's completion by id, with the batch it ran in: its part's rows and generating seconds (a shard
+    is the unit a worker completes in one go) and the part's commit time."""
+    columns = ["id", "completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs",
+               "token_ids"]
+    batches = _batches(summary.output)
+    rows = {}
+    for part in summary.parts:
+        batch = batches.get(Path(part).name, {})
+        for row in pq.read_table(part, columns=columns).to_pylist():
+            rows[row["id"]] = {**row, "batch": batch}
+    return rows
 
 
-def attach_results(states: list[dict], rows: dict[str, dict]) -> tuple[list[dict], list[dict]]:
-    """The request states with HELM results, and each request's token usage (for the statistics)."""
+def _batches(output: Path) -> dict[str, dict]:
+    """The last manifest line of each part (the job is rerun with `overwrite`, so the last one is current)."""
+    from pipeline.manifest import MANIFEST_FILE
+
+    records = {}
+    path = Path(output) / MANIFEST_FILE
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "part" in record:
+            records[str(record["part"])] = record
+    return records
+
+
+def attach_results(states: list[dict], rows: dict[str, dict], tokenizer) -> tuple[list[dict], list[dict]]:
+    """The request states with HELM results, and each request's prompt tokens (for the statistics). A request
+    with a failed row gets HELM's non-fatal failure: `success` false, the `error`, and one empty completion."""
     out, usages = [], []
     for i, state in enumerate(states):
         got = [rows[f"{i}.{k}"] for k in range(state["request"].get("num_completions", 1))]
-        errors = [r["error"] for r in got if r["finish_reason"] == "error"]
-        result = {"success": not errors, "embedding": [], "completions": [_completion(r) for r in got
-                                                                             if r["finish_reason"] != "error"],
-                  "cached": False}
+        errors = [r["error"] or "generation failed" for r in got if r["finish_reason"] == "error"]
+        result = {"success": not errors, "embedding": [], "completions": [], "cached": False,
+                  **_timing(got[0]["batch"])}
         if errors:
-            result["error"] = errors[0]
+            result.update(error=errors[0], error_flags={"is_retriable": False, "is_fatal": False},
+                          completions=[{"text": "", "logprob": 0.0, "tokens": []}])
+        else:
+            result["completions"] = [helm_completion(r, tokenizer) for r in got]
         out.append({**state, "result": result})
-        usages.append({"prompt_tokens": max(r["prompt_tokens"] or 0 for r in got),
-                       "completion_tokens": sum(r["completion_tokens"] or 0 for r in got)})
+        usages.append({"prompt_tokens": max(r["prompt_tokens"] or 0 for r in got)})
     return out, usages
 
 
-def _completion(row: dict) -> dict:
-    """HELM's GeneratedOutput; the per-token texts are not kept by the pipeline, so `tokens` is empty and
-    `logprob` is the sum of the generated tokens' log-probabilities."""
+def _timing(batch: dict) -> dict:
+    """HELM's timing fields from the row's batch: the batch's size and generating seconds, each row's equal
+    share of them as its request time, and the batch's commit time."""
+    if not batch.get("rows"):
+        return {}
+    seconds, size = float(batch.get("seconds") or 0.0), int(batch["rows"])
+    timing = {"request_time": seconds / size, "batch_size": size, "batch_request_time": seconds}
+    committed = batch.get("committed_at")
+    if committed:
+        stamp = datetime.strptime(committed, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        timing["request_datetime"] = int(stamp.timestamp())
+    return timing
+
+
+def helm_completion(row: dict, tokenizer) -> dict:
+    """HELM's GeneratedOutput: one `Token{text, logprob}` per generated token (an ending EOS is not part of the
+    answer), and their summed log-probability."""
     reason = FINISH_REASONS.get(row["finish_reason"], row["finish_reason"])
-    return {"text": row["completion"] or "", "logprob": float(sum(row["logprobs"] or [])), "tokens": [],
+    ids, logprobs = row.get("token_ids") or [], row.get("logprobs") or []
+    if row["finish_reason"] == "eos":
+        ids, logprobs = ids[:-1], logprobs[:-1]
+    tokens = [{"text": tokenizer.decode([t]), "logprob": float(lp)} for t, lp in zip(ids, logprobs)]
+    return {"text": row["completion"] or "", "logprob": float(sum(t["logprob"] for t in tokens)), "tokens": tokens,
             "finish_reason": {"reason": reason}}

@@ -7,8 +7,7 @@ surrounding whitespace and, for multiple choice, mapped from the letter to the c
 no choice maps to the empty prediction). An empty prediction scores 0.
 
 `Stat` is HELM's running statistic (count, sum, sum of squares, min, max, mean, variance, stddev), and the
-aggregation follows HELM's `Metric.evaluate`: per-instance stats are grouped by train trial and merged, each
-trial contributes its means, and every stat name carries the instance's split.
+aggregation is HELM's `Metric.evaluate` (jobs/helm/evaluate.py).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import math
 import re
 import string
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -151,73 +149,17 @@ def correct_texts(instance: dict) -> list[str]:
 
 def reference_stats(state: dict, names: tuple[str, ...], num_outputs: int) -> list[Stat]:
     """Each metric's score for one request state: the best correct reference against the top prediction and,
-    when `num_outputs` != 1, `name@k` against every prediction."""
+    when `num_outputs` != 1, `name@k` against every prediction; then `max_prob`, the probability of the
+    likeliest completion. Names carry no context yet (see `evaluate.add_context`)."""
     golds, preds = correct_texts(state["instance"]), predictions(state)
-    split = {"split": state["instance"]["split"]} if state["instance"].get("split") else {}
     stats = []
     for name in names:
         score = METRICS[name]
-        stats.append(Stat({"name": name, **split}).add(max(score(g, preds[0]) for g in golds)))
+        stats.append(Stat({"name": name}).add(max(score(g, preds[0]) for g in golds)))
         if num_outputs != 1:
             best = max(score(g, p) for g in golds for p in preds)
-            stats.append(Stat({"name": f"{name}@{num_outputs}", **split}).add(best))
-    return stats
-
-
-def usage_stats(state: dict, usage: dict) -> list[Stat]:
-    """HELM's generation statistics that the engine's output gives: tokens, finish reasons, few-shot count,
-    and `max_prob` (the probability of the likeliest completion)."""
-    split = {"split": state["instance"]["split"]} if state["instance"].get("split") else {}
+            stats.append(Stat({"name": f"{name}@{num_outputs}"}).add(best))
     completions = (state.get("result") or {}).get("completions") or []
-    reasons = [((c.get("finish_reason") or {}).get("reason")) for c in completions]
-    values = {
-        "num_prompt_tokens": usage.get("prompt_tokens", 0),
-        "num_output_tokens": usage.get("completion_tokens", 0),
-        "num_train_instances": state.get("num_train_instances", 0),
-        "prompt_truncated": bool(state.get("prompt_truncated", False)),
-        "finish_reason_length": reasons.count("length") / max(1, len(reasons)),
-        "finish_reason_stop": reasons.count("stop") / max(1, len(reasons)),
-        "finish_reason_endoftext": reasons.count("endoftext") / max(1, len(reasons)),
-    }
     if completions:
-        values["max_prob"] = math.exp(max(c.get("logprob") or 0.0 for c in completions))
-    return [Stat({"name": name, **split}).add(value) for name, value in values.items()]
-
-
-def evaluate(states: list[dict], names: tuple[str, ...], num_outputs: int,
-             usages: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
-    """HELM's per_instance_stats.json and stats.json content for request states that carry their results."""
-    usages = usages or [{} for _ in states]
-    by_trial: dict[int, list[tuple[dict, list[Stat]]]] = defaultdict(list)
-    for state, usage in zip(states, usages):
-        stats = reference_stats(state, names, num_outputs) + usage_stats(state, usage)
-        by_trial[state.get("train_trial_index", 0)].append((state["instance"], stats))
-    per_instance, overall = [], {}
-    for trial in sorted(by_trial):
-        trial_stats: dict[str, Stat] = {}
-        for instance, stats in by_trial[trial]:
-            per_instance.append({"instance_id": instance.get("id"), "train_trial_index": trial,
-                                 "stats": [s.to_json() for s in stats]})
-            for s in stats:
-                _merge(trial_stats, s)
-        for s in trial_stats.values():  # each trial contributes its means, as in HELM
-            _merge(overall, Stat(dict(s.name)).add(s.mean))
-    for split, count in _instances_per_split(states).items():
-        _merge(overall, Stat({"name": "num_instances", "split": split}).add(count))
-    return per_instance, [s.to_json() for s in overall.values()]
-
-
-def _merge(stats: dict[str, Stat], stat: Stat) -> None:
-    key = repr(sorted(stat.name.items()))
-    if key in stats:
-        stats[key].merge(stat)
-    else:
-        stats[key] = Stat(dict(stat.name)).merge(stat)
-
-
-def _instances_per_split(states: list[dict]) -> dict[str, int]:
-    seen: dict[str, set] = defaultdict(set)
-    for state in states:
-        instance = state["instance"]
-        seen[instance.get("split") or "test"].add(instance.get("id"))
-    return {split: len(ids) for split, ids in sorted(seen.items())}
+        stats.append(Stat({"name": "max_prob"}).add(math.exp(max(c.get("logprob") or 0.0 for c in completions))))
+    return stats

@@ -4,7 +4,7 @@
 `scenario_state.json`, `stats.json` and `per_instance_stats.json` (a run is complete when all five exist, as
 HELM's `--skip-completed-runs` checks), plus flexbatch's own `flexbatch.json` (model, compression, tokens/s,
 each engine's plan), `requests.parquet` and the pipeline job's `completions/`. The suite summary, one row per
-run, is written to `<output>/runs/<suite>/summary.md` and `summary.json`.
+run, is written to `<output>/runs/<suite>/flexbatch_summary.md` and `flexbatch_summary.json`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 
 RUN_FILES = ("run_spec.json", "scenario.json", "scenario_state.json", "stats.json", "per_instance_stats.json")
 INFO_FILE = "flexbatch.json"
-SUMMARY_MD = "summary.md"
-SUMMARY_JSON = "summary.json"
+# helm-summarize writes summary.json (and groups.json, runs.json ...) in the suite folder: ours are named apart
+SUMMARY_MD = "flexbatch_summary.md"
+SUMMARY_JSON = "flexbatch_summary.json"
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def _metric_cell(m: MetricSummary | None) -> str:
 
 
 def write_summary(suite_dir: Path, suite: str, runs: list[RunSummary]) -> tuple[str, Path, Path]:
-    """Write summary.md and summary.json in the suite folder; returns the Markdown and both paths."""
+    """Write the suite summary (Markdown and JSON) in the suite folder; returns the Markdown and both paths."""
     suite_dir.mkdir(parents=True, exist_ok=True)
     text = summary_markdown(runs)
     md, js = suite_dir / SUMMARY_MD, suite_dir / SUMMARY_JSON

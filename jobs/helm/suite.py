@@ -18,8 +18,9 @@ from pathlib import Path
 
 from jobs.helm.adapter import adapt
 from jobs.helm.errors import SpecError
+from jobs.helm.evaluate import evaluate
 from jobs.helm.execute import EngineOptions, attach_results, read_completions, run_requests
-from jobs.helm.metrics import EXACT_MATCH_METRICS, evaluate
+from jobs.helm.metrics import EXACT_MATCH_METRICS
 from jobs.helm.output import (
     INFO_FILE,
     RunSummary,
@@ -31,6 +32,7 @@ from jobs.helm.output import (
     write_summary,
 )
 from jobs.helm.scenarios import BUILTIN, CORRECT_TAG, downsample_eval, load_instances, scenario_path
+from jobs.helm.schema import run_groups, write_suite_schema
 from jobs.helm.spec import HelmSpec, RunEntry
 from jobs.helm.state import (
     downsample_states,
@@ -42,7 +44,7 @@ from jobs.helm.state import (
 
 log = logging.getLogger(__name__)
 
-BASIC_GENERATION_METRIC = "helm.benchmark.metrics.basic_metrics.BasicGenerationMetric"
+BASIC_METRICS = "helm.benchmark.metrics.basic_metrics."
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class SuiteResult:
     table: str
     markdown: Path
     json: Path
+    schema: Path  # HELM's schema of the suite's groups, for helm-summarize --schema-path
 
     @property
     def ok(self) -> bool:
@@ -104,7 +107,8 @@ def run_suite(spec: HelmSpec, options: HelmOptions) -> SuiteResult:
             done[prepared.entry.run_name] = execute_run(prepared, options.engine)
     runs = tuple(done[e.run_name] for e in spec.entries)
     table, md, js = write_summary(options.suite_dir, options.suite, list(runs))
-    return SuiteResult(runs=runs, table=table, markdown=md, json=js)
+    schema = write_suite_schema(options.suite_dir, run_groups([options.suite_dir / e.run_name for e in spec.entries]))
+    return SuiteResult(runs=runs, table=table, markdown=md, json=js, schema=schema)
 
 
 def prepare_run(entry: RunEntry, run_dir: Path) -> PreparedRun:
@@ -158,7 +162,9 @@ def _prepare_from_state(entry: RunEntry, run_dir: Path) -> PreparedRun:
 
 def _run_spec(entry: RunEntry, scenario_spec: dict, adapter_spec: dict, metrics, groups: list) -> dict:
     return {"name": entry.run_name, "scenario_spec": scenario_spec, "adapter_spec": adapter_spec,
-            "metric_specs": [{"class_name": BASIC_GENERATION_METRIC, "args": {"names": list(metrics)}}],
+            "metric_specs": [{"class_name": BASIC_METRICS + "BasicGenerationMetric", "args": {"names": list(metrics)}},
+                             {"class_name": BASIC_METRICS + "BasicReferenceMetric", "args": {}},
+                             {"class_name": BASIC_METRICS + "InstancesPerSplitMetric", "args": {}}],
             "groups": list(groups)}
 
 
@@ -189,9 +195,10 @@ def execute_run(run: PreparedRun, engine: EngineOptions) -> RunSummary:
     if not summary.ok:
         error = f"{len(summary.failed_shards)} shards failed every try (see {summary.output}); rerun to retry them"
         return RunSummary(status="failed", error=error, **base)
-    states, usages = attach_results(run.states, read_completions(summary))
-    num_outputs = run.state_head["adapter_spec"].get("num_outputs", 1)
-    per_instance, stats = evaluate(states, run.metrics, num_outputs, usages)
+    from engine.tokenizer import load_tokenizer
+
+    states, usages = attach_results(run.states, read_completions(summary), load_tokenizer(entry.model))
+    per_instance, stats = evaluate(states, run.metrics, run.state_head["adapter_spec"], usages)
     info = {**base, "metrics": list(run.metrics), "dtype": engine.dtype, "compress_weight": engine.compress_weight,
             "compress_cache": engine.compress_cache, "rows": summary.rows, "prompt_tokens": summary.prompt_tokens,
             "completion_tokens": summary.completion_tokens, "workers": list(summary.workers)}

@@ -87,7 +87,7 @@ def test_part_names_disambiguate_repeated_stems(tmp_path):
 
 def _completions(n, logprobs=None):
     return [Completion(id=str(i), text=f"t{i}", prompt_tokens=3, completion_tokens=2, finish_reason="length",
-                       logprobs=logprobs) for i in range(n)]
+                       token_ids=[5, 6], logprobs=logprobs) for i in range(n)]
 
 
 def test_output_table_adds_columns_with_types_and_ids_first():
@@ -106,6 +106,7 @@ def test_output_table_casts_an_input_id_column_to_string_in_place():
     assert out.column_names[:2] == ["prompt", "id"]
     assert out.column("id").to_pylist() == ["7", "f:1"]
     assert out.schema.field("logprobs").type == pa.list_(pa.float32())
+    assert out.schema.field("token_ids").type == pa.list_(pa.int32())
 
 
 def test_output_table_refuses_a_row_count_mismatch():

@@ -73,6 +73,7 @@ def test_job_over_several_files_keeps_every_row(tmp_path, tiny_llama_dir):
         ok = row["finish_reason"] != "error"
         assert (row["error"] is None) == ok
         assert (len(row["logprobs"]) == row["completion_tokens"]) if ok else row["logprobs"] is None
+        assert (len(row["token_ids"]) == row["completion_tokens"]) if ok else row["token_ids"] is None
 
     assert (summary.files, summary.rows, summary.error_rows) == (3, 8, 4)
     assert summary.completion_tokens == sum(r["completion_tokens"] for r in first + second)

@@ -6,7 +6,6 @@ import pytest
 
 from jobs.helm.metrics import (
     Stat,
-    evaluate,
     exact_match,
     f1_score,
     normalize_text,
@@ -95,7 +94,7 @@ def _state(refs, completions, mapping=None, split="test"):
 
 
 def _scores(state, names, num_outputs=1):
-    return {s.name["name"]: s.sum for s in reference_stats(state, names, num_outputs)}
+    return {s.name["name"]: s.sum for s in reference_stats(state, names, num_outputs) if s.name["name"] != "max_prob"}
 
 
 def test_score_is_the_best_correct_reference():
@@ -121,6 +120,11 @@ def test_multiple_choice_letters_map_to_choices():
         {"exact_match": 0, "f1_score": 0}
 
 
+def test_max_prob_is_the_likeliest_completions_probability():
+    stats = reference_stats(_state([("111", True)], [("112", -2.0), ("111", -0.5)]), ("exact_match",), 2)
+    assert math.isclose(next(s.sum for s in stats if s.name == {"name": "max_prob"}), math.exp(-0.5))
+
+
 def test_a_failed_request_scores_zero():
     state = _state([("111", True)], [])
     assert _scores(state, ("exact_match", "quasi_prefix_exact_match", "f1_score")) == \
@@ -134,19 +138,3 @@ def test_stat_matches_helm_fields():
     assert d["mean"] == 0.75 and math.isclose(d["variance"], 0.1875) and math.isclose(d["stddev"], 0.1875 ** 0.5)
     assert Stat.from_json(d).to_json() == d
     assert Stat({"name": "x"}).to_json() == {"name": {"name": "x"}, "count": 0, "sum": 0.0, "sum_squared": 0.0}
-
-
-def test_evaluate_takes_the_mean_of_each_train_trial():
-    states = []
-    for trial, texts in enumerate((["111", "0", "0", "0"], ["111", "111"])):
-        for i, text in enumerate(texts):
-            state = _state([("111", True)], [(text, 0.0)])
-            state["instance"]["id"] = f"i{i}"
-            states.append({**state, "train_trial_index": trial})
-    per_instance, stats = evaluate(states, ("exact_match",), num_outputs=1)
-    assert [(p["instance_id"], p["train_trial_index"]) for p in per_instance][:2] == [("i0", 0), ("i1", 0)]
-    assert len(per_instance) == 6
-    em = next(s for s in stats if s["name"] == {"name": "exact_match", "split": "test"})
-    assert em["count"] == 2 and math.isclose(em["mean"], (0.25 + 1.0) / 2)  # HELM: the mean of the trial means
-    n = next(s for s in stats if s["name"]["name"] == "num_instances")
-    assert n["name"]["split"] == "test" and n["sum"] == 4

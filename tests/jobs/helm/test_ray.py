@@ -31,5 +31,5 @@ def test_bundled_scenario_through_two_ray_actors(tmp_path):
     assert len(states) == 8 and all(rs["result"]["success"] for rs in states)
     em = next(s for s in read_json(run / "stats.json") if s["name"]["name"] == "exact_match")
     assert em["mean"] >= 0.75  # the demo model adds two-digit numbers (99 % held out); chance is 1/179
-    summary = json.loads((tmp_path / "out" / "runs" / "ray" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "out" / "runs" / "ray" / "flexbatch_summary.json").read_text())
     assert summary["runs"][0]["status"] == "done" and "| addition:model=demo-model | done |" in done.stdout

@@ -101,16 +101,26 @@ def test_our_scenario_state_round_trips(tmp_path):
 
 
 def _without_logprobs(state):
-    """The state with its completions' log-probabilities dropped (the same prompts in other batches may differ
-    in the last bits)."""
+    """The state with its completions' log-probabilities and its timing dropped (the same prompts in other
+    batches may differ in the last bits; the batches' times differ)."""
     for rs in state["request_states"]:
+        for name in TIMING:
+            assert name in rs["result"]
+            rs["result"].pop(name)
         for c in rs["result"]["completions"]:
             c.pop("logprob")
+            for t in c["tokens"]:
+                t.pop("logprob")
     return state
 
 
+TIMING = ("request_time", "request_datetime", "batch_size", "batch_request_time")
+VARYING = ("max_prob", "logprob", "perplexity", "bits_per_byte", "logprob_per_byte", "inference_runtime",
+           "inference_denoised_runtime", "batch_size")
+
+
 def _scores(run):
-    return [(p["instance_id"], [(s["name"], s["sum"]) for s in p["stats"] if s["name"]["name"] != "max_prob"])
+    return [(p["instance_id"], [(s["name"], s["sum"]) for s in p["stats"] if s["name"]["name"] not in VARYING])
             for p in read_json(run / "per_instance_stats.json")]
 
 

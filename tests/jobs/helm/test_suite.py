@@ -68,8 +68,8 @@ def test_run_folders_hold_helms_files_with_helms_fields(suite):
 def test_summary_is_printed_and_saved(suite):
     suite_dir, result, _ = suite
     assert f"| {RUN} | done | " in result.output and "(4)" in result.output and "chance" in result.output
-    assert (suite_dir / "summary.md").read_text().endswith(result.output.split("summary: ")[0])
-    summary = read_json(suite_dir / "summary.json")
+    assert (suite_dir / "flexbatch_summary.md").read_text().endswith(result.output.split("summary: ")[0])
+    summary = read_json(suite_dir / "flexbatch_summary.json")
     assert summary["suite"] == "s1" and [r["name"] for r in summary["runs"]] == [RUN, SAMPLED]
     run = summary["runs"][0]
     assert run["status"] == "done" and run["instances"] == 4 and run["tokens_per_s"] > 0
@@ -99,7 +99,7 @@ def test_skip_completed_runs_loads_no_model(suite, monkeypatch):
     result = invoke(*args, "--skip-completed-runs")
     assert result.exit_code == 0, (result.output, result.exception)
     assert f"| {RUN} | skipped | " in result.output
-    assert read_json(suite_dir / "summary.json")["runs"][0]["tokens_per_s"] > 0
+    assert read_json(suite_dir / "flexbatch_summary.json")["runs"][0]["tokens_per_s"] > 0
 
 
 def test_rerun_resumes_the_committed_pipeline_job(suite):
@@ -109,7 +109,7 @@ def test_rerun_resumes_the_committed_pipeline_job(suite):
     result = invoke(*args)
     assert result.exit_code == 0, (result.output, result.exception)
     assert part.stat().st_mtime_ns == before  # every shard was committed: nothing generated again
-    run = read_json(suite_dir / "summary.json")["runs"][0]
+    run = read_json(suite_dir / "flexbatch_summary.json")["runs"][0]
     assert run["status"] == "done" and run["plan"] and run["tokens_per_s"] > 0
 
 
