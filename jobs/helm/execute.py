@@ -121,15 +121,19 @@ def _batches(output: Path) -> dict[str, dict]:
     return records
 
 
-def attach_results(states: list[dict], rows: dict[str, dict], tokenizer) -> tuple[list[dict], list[dict]]:
-    """The request states with HELM results, and each request's prompt tokens (for the statistics). A request
-    with a failed row gets HELM's non-fatal failure: `success` false, the `error`, and one empty completion."""
+def attach_results(states: list[dict], rows: dict[str, dict], tokenizer=None) -> tuple[list[dict], list[dict]]:
+    """The request states with HELM results, and each request's prompt tokens (for the statistics).
+
+    `rows` maps `<request index>.<output index>` to a completion row: `completion`, `prompt_tokens`,
+    `finish_reason`, `error`, and optionally `token_ids` and `logprobs` (then `tokenizer` names the tokens)
+    and `batch` (its manifest record: `rows`, `seconds`, `committed_at`). A request with a failed row gets
+    HELM's non-fatal failure: `success` false, the `error`, and one empty completion."""
     out, usages = [], []
     for i, state in enumerate(states):
         got = [rows[f"{i}.{k}"] for k in range(state["request"].get("num_completions", 1))]
         errors = [r["error"] or "generation failed" for r in got if r["finish_reason"] == "error"]
         result = {"success": not errors, "embedding": [], "completions": [], "cached": False,
-                  **_timing(got[0]["batch"])}
+                  **_timing(got[0].get("batch") or {})}
         if errors:
             result.update(error=errors[0], error_flags={"is_retriable": False, "is_fatal": False},
                           completions=[{"text": "", "logprob": 0.0, "tokens": []}])
@@ -158,7 +162,7 @@ def helm_completion(row: dict, tokenizer) -> dict:
     """HELM's GeneratedOutput: one `Token{text, logprob}` per generated token (an ending EOS is not part of the
     answer), and their summed log-probability."""
     reason = FINISH_REASONS.get(row["finish_reason"], row["finish_reason"])
-    ids, logprobs = row.get("token_ids") or [], row.get("logprobs") or []
+    ids, logprobs = (row.get("token_ids") or [], row.get("logprobs") or []) if tokenizer is not None else ([], [])
     if row["finish_reason"] == "eos":
         ids, logprobs = ids[:-1], logprobs[:-1]
     tokens = [{"text": tokenizer.decode([t]), "logprob": float(lp)} for t, lp in zip(ids, logprobs)]

@@ -45,6 +45,17 @@ class RunSummary:
     error: str | None = None
 
 
+BASIC_METRICS = "helm.benchmark.metrics.basic_metrics."
+
+
+def helm_metric_specs(names) -> list[dict]:
+    """run_spec.json's `metric_specs` for HELM's basic metrics with these reference metrics (HELM's
+    `get_basic_metric_specs` + `get_generic_metric_specs`: what jobs/helm/evaluate.py computes)."""
+    return [{"class_name": BASIC_METRICS + "BasicGenerationMetric", "args": {"names": list(names)}},
+            {"class_name": BASIC_METRICS + "BasicReferenceMetric", "args": {}},
+            {"class_name": BASIC_METRICS + "InstancesPerSplitMetric", "args": {}}]
+
+
 def write_json(path: Path, obj) -> None:
     """Atomically: a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")

@@ -24,6 +24,7 @@ from jobs.helm.metrics import EXACT_MATCH_METRICS
 from jobs.helm.output import (
     INFO_FILE,
     RunSummary,
+    helm_metric_specs,
     is_run_completed,
     metric_summaries,
     plan_text,
@@ -43,8 +44,6 @@ from jobs.helm.state import (
 )
 
 log = logging.getLogger(__name__)
-
-BASIC_METRICS = "helm.benchmark.metrics.basic_metrics."
 
 
 @dataclass(frozen=True)
@@ -162,9 +161,7 @@ def _prepare_from_state(entry: RunEntry, run_dir: Path) -> PreparedRun:
 
 def _run_spec(entry: RunEntry, scenario_spec: dict, adapter_spec: dict, metrics, groups: list) -> dict:
     return {"name": entry.run_name, "scenario_spec": scenario_spec, "adapter_spec": adapter_spec,
-            "metric_specs": [{"class_name": BASIC_METRICS + "BasicGenerationMetric", "args": {"names": list(metrics)}},
-                             {"class_name": BASIC_METRICS + "BasicReferenceMetric", "args": {}},
-                             {"class_name": BASIC_METRICS + "InstancesPerSplitMetric", "args": {}}],
+            "metric_specs": helm_metric_specs(metrics),
             "groups": list(groups)}
 
 

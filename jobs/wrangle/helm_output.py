@@ -1,7 +1,7 @@
 """Dataset mode's results as HELM run folders, written by the HELM job's writer (jobs/helm): one run per dataset
 in `OUTPUT/helm/runs/wrangle/<run>/` (run_spec.json, scenario.json, scenario_state.json with each trial's
 requests and completions, stats.json and per_instance_stats.json with HELM's exact-match metrics), and the
-suite's summary.md / summary.json, so the paper's datasets sit in the same tables as the HELM jobs. Runs are
+suite's flexbatch_summary.md / .json, so the paper's datasets sit in the same tables as the HELM jobs. Runs are
 named as crfm-helm names its fm_data_tasks scenarios (`entity_matching:dataset=Beer,model=...`,
 `entity_data_imputation:dataset=Buy,...`); error detection and schema matching, which HELM lacks, keep the
 paper's task name."""
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jobs.helm.evaluate import evaluate
 from jobs.helm.execute import attach_results
-from jobs.helm.metrics import evaluate
-from jobs.helm.output import RunSummary, metric_summaries, write_run, write_summary
-from jobs.helm.suite import BASIC_GENERATION_METRIC
+from jobs.helm.output import RunSummary, helm_metric_specs, metric_summaries, write_run, write_summary
 from jobs.wrangle.datasets import HELM_GROUP
 from jobs.wrangle.paper_job import PaperConfig, PaperRun
 
@@ -57,12 +56,12 @@ def write_helm_runs(config: PaperConfig, runs: list[PaperRun], done: dict[str, d
                    "prompt_tokens": 0, "completion_tokens": 0}
         rows = {f"{j}.0": {**missing, **done.get(row_id, {}), "logprobs": None} for j, row_id in enumerate(run.ids)}
         states, usages = attach_results(_states(config, run, model.name), rows)
-        per_instance, stats = evaluate(states, METRICS, 1, usages)
+        per_instance, stats = evaluate(states, METRICS, _adapter(config, run, model.name), usages)
         scenario = {"name": group, "description": f"{run.dataset.name} ({run.dataset.task}) of fm_data_tasks",
                     "tags": [run.dataset.task], "definition_path": str(run.folder)}
         run_spec = {"name": name, "scenario_spec": {"class_name": "fm_data_tasks", "args": {
             "dataset": run.dataset.name}}, "adapter_spec": _adapter(config, run, model.name),
-            "metric_specs": [{"class_name": BASIC_GENERATION_METRIC, "args": {"names": list(METRICS)}}], "groups": [group]}
+            "metric_specs": helm_metric_specs(METRICS), "groups": [group]}
         errors = sum(r["finish_reason"] == "error" for r in rows.values())
         write_run(suite_dir / name, {"run_spec.json": run_spec, "scenario.json": scenario,
                                      "scenario_state.json": {"adapter_spec": run_spec["adapter_spec"],

@@ -97,4 +97,4 @@ def _check_helm_runs(suite: Path, names: list[str], preds: list[dict]) -> None:
         exact = next(m for m in summary.metrics if m.name == "exact_match")
         want = sum((r["completion"] or "").strip() == r["gold"] for r in rows) / len(rows)
         assert exact.count == 4 and exact.mean == pytest.approx(want)
-    assert "entity_matching:dataset=Beer,model=demo-model" in (suite / "summary.md").read_text()
+    assert "entity_matching:dataset=Beer,model=demo-model" in (suite / "flexbatch_summary.md").read_text()
