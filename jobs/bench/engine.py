@@ -8,7 +8,9 @@ interleaved repeat by repeat, with the median of the repeats quoted:
   3. with all layer weights on disk and a CPU budget of weights / ratio: the engine vs HF Accelerate
      (`device_map="auto"`, the same `max_memory`, an `offload_folder`) at its best batch size;
   4. compressed (4-bit weights and KV cache) vs uncompressed: tokens/s and peak memory;
-  5. with --backends: kernel backends' prefill and decode tokens/s and peak memory (`jobs/bench/backends.py`)."""
+  5. with --backends: kernel backends' prefill and decode tokens/s and peak memory (`jobs/bench/backends.py`);
+  6. W4, rows that finish early: useful tokens/s with refill vs transformers and vs no refill
+     (`jobs/bench/early_stop.py`)."""
 
 from __future__ import annotations
 
@@ -29,13 +31,14 @@ from engine.policy import Policy
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
 from jobs.bench.backends import backend_lines, parse_backends
+from jobs.bench.early_stop import EarlyStopConfig, early_stop_line
 from jobs.bench.report import Line, run_and_save
 from jobs.bench.runs import DTYPE, best, block_name, engine_runner, hf_runner, memory_probe, side_by_side
 from jobs.common import setup_logging
 from planner.microbench import median_seconds
 
 log = logging.getLogger(__name__)
-SKIPPABLE = ("gemm", "transformers", "accelerate", "offload", "compress")
+SKIPPABLE = ("throughput", "gemm", "transformers", "accelerate", "offload", "compress", "early-stop")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class BenchConfig:
     skip: tuple[str, ...] = ()
     backends: tuple[str, ...] = ()  # kernel backends to compare (line 5); empty: no comparison
     cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
+    early_stop: EarlyStopConfig = EarlyStopConfig()  # W4, line 6
 
 
 # ---- the four lines --------------------------------------------------------------------------------------
@@ -184,13 +188,16 @@ def run_engine_bench(cfg: BenchConfig) -> dict:
     spec = load_model_spec(model_dir)
     rows = max([g * n for g, n in (*cfg.blocks, *cfg.offload_blocks)] + [*cfg.hf_batches, *cfg.accelerate_batches])
     prompts = bm.prompt_ids(rows, cfg.prompt_len, spec.vocab_size)
-    lines, block, sweep = throughput_lines(cfg, model_dir, prompts)
+    lines, block, sweep = ([], cfg.blocks[0], {}) if "throughput" in cfg.skip else throughput_lines(cfg, model_dir,
+                                                                                                    prompts)
     if "offload" not in cfg.skip:
         lines.append(offload_line(cfg, model_dir, prompts))
     if "compress" not in cfg.skip:
         lines += compress_lines(cfg, model_dir, prompts, block)
     if cfg.backends:
         lines += backend_lines(cfg, model_dir, prompts, block)
+    if "early-stop" not in cfg.skip:
+        lines.append(early_stop_line(cfg.early_stop, cfg.cache_dir))
     return {"config": dataclasses.asdict(cfg), "machine": bm.machine_info(),
             "model": {"dir": str(model_dir), "preset": dataclasses.asdict(bm.PRESETS[cfg.preset]),
                       "linear_params": bm.linear_params(spec), "flops_formula": bm.FLOPS_FORMULA},
@@ -247,9 +254,14 @@ _D = BenchConfig()
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]")
 @click.option("--skip", type=click.Choice(SKIPPABLE), multiple=True, help="Leave out a baseline or line.")
 @click.option("--backends", metavar="native,ipex", help="Compare kernel backends (ipex: in its torch 2.8 venv).")
+@click.option("--w4-prompts", type=click.IntRange(min=1), default=_D.early_stop.prompts, show_default=True,
+              help="Rows of the W4 line (early-stop).")
+@click.option("--w4-gbs", type=click.IntRange(min=1), default=_D.early_stop.gbs, show_default=True,
+              help="GPU batch of flexbatch in the W4 line.")
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)
-def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, **kw):
+def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, w4_prompts,
+                   w4_gbs, **kw):
     """The engine vs a bf16 GEMM, transformers generate, and HF Accelerate disk offload; 4-bit vs bf16."""
     setup_logging()
     if threads:
@@ -259,7 +271,9 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
     transformers.utils.logging.disable_progress_bar()
     cfg = BenchConfig(blocks=_blocks(blocks), hf_batches=_ints(hf_batches), offload_blocks=_blocks(offload_blocks),
                       accelerate_batches=_ints(accelerate_batches), skip=tuple(skip),
-                      backends=parse_backends(kw.pop("backends")), **kw)
+                      backends=parse_backends(kw.pop("backends")),
+                      early_stop=dataclasses.replace(_D.early_stop, prompts=w4_prompts, gbs=w4_gbs,
+                                                     repeats=kw["repeats"]), **kw)
     report = run_and_save(run_engine_bench, cfg, output)
     click.echo(format_table(report))
     click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads, "

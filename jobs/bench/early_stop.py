@@ -1,0 +1,115 @@
+"""W4, rows that finish early (a line of `flexbatch bench engine`): prompts of 64-512 tokens, per-row
+max_new_tokens uniform in [8, 256], and on every other row the stop string " " (the end of the first word: a
+one-word answer, as HELM's newline stop makes of most rows). fp32, greedy.
+
+Lines, timed interleaved round by round (the machine is shared: medians of the rounds):
+  - flexbatch with refill (finished rows' slots take waiting rows, engine/refill.py);
+  - flexbatch's block schedule without refill (blocks of similar prompt length run until their last row ends);
+  - transformers `generate` at each batch size, rows sorted by prompt length, each batch generating up to its
+    longest row's useful length (what flexbatch's run produced for the row: stopped rows included), so it never
+    computes a token that row would discard: a favourable bound for transformers.
+Useful tokens/s counts each row's completion tokens up to its own stop. Exactness: the refill run's tokens equal
+the block run's, row for row (checked every round)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+
+import torch
+
+from engine.generate import Engine
+from engine.policy import Policy
+from engine.request import Request, SamplingParams
+from jobs.bench import models as bm
+from jobs.bench.report import Line
+from jobs.bench.runs import best, side_by_side
+
+log = logging.getLogger(__name__)
+STOP = " "
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyStopConfig:
+    preset: str = "tiny1k"
+    prompts: int = 512
+    prompt_lens: tuple[int, int] = (64, 512)
+    max_new: tuple[int, int] = (8, 256)
+    gbs: int = 32
+    hf_batches: tuple[int, ...] = (8, 32)
+    repeats: int = 2
+
+
+def w4_requests(cfg: EarlyStopConfig, vocab_size: int, seed: int = 0) -> list[Request]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(cfg.prompts):
+        ids = [rng.randint(1, vocab_size - 1) for _ in range(rng.randint(*cfg.prompt_lens))]
+        params = SamplingParams(max_new_tokens=rng.randint(*cfg.max_new), stop=(STOP,) if i % 2 else ())
+        out.append(Request(f"r{i}", bm.prompt_text(ids), params))
+    return out
+
+
+def engine_w4_runner(eng: Engine, reqs: list[Request], policy: Policy, record: dict, name: str):
+    def run(_gen_len: int) -> int:
+        eng.policy = policy
+        comps = eng.generate(reqs)
+        bad = [c for c in comps if c.error]
+        assert not bad, f"{len(bad)} rows failed: {bad[0].error}"
+        record[name] = comps
+        record[name + " schedule"] = dict(eng.schedule_counts)
+        return sum(c.completion_tokens for c in comps)
+
+    return run
+
+
+def hf_w4_runner(model, tokenizer, reqs: list[Request], useful: list[int], batch: int):
+    """transformers `generate` over rows sorted by prompt length; each batch stops at its longest useful row."""
+    order = sorted(range(len(reqs)), key=lambda i: len(reqs[i].prompt.split()))
+
+    def run(_gen_len: int) -> int:
+        total = 0
+        for s in range(0, len(order), batch):
+            idx = order[s : s + batch]
+            enc = tokenizer([reqs[i].prompt for i in idx], return_tensors="pt", padding=True)
+            want = max(useful[i] for i in idx)
+            with torch.inference_mode():
+                model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], do_sample=False, max_new_tokens=want, min_new_tokens=want, pad_token_id=0)
+            total += sum(useful[i] for i in idx)
+        return total
+
+    return run
+
+
+def early_stop_line(cfg: EarlyStopConfig, cache_dir: str) -> Line:
+    """W4: flexbatch with refill vs without, and vs transformers at its best batch (useful tokens/s)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = bm.build_checkpoint(cfg.preset, cache_dir)
+    eng = Engine.load(model_dir, dtype="float32")
+    reqs = w4_requests(cfg, eng.spec.vocab_size)
+    record: dict = {}
+    plain, refill = Policy(gbs=cfg.gbs, num_gb=1), Policy(gbs=cfg.gbs, num_gb=1, refill=True)
+    engine_w4_runner(eng, reqs, refill, record, "refill")(0)  # warm-up, and the useful length of every row
+    useful = [c.completion_tokens for c in record["refill"]]
+    runners = {"flexbatch refill": engine_w4_runner(eng, reqs, refill, record, "refill"),
+               "flexbatch blocks": engine_w4_runner(eng, reqs, plain, record, "blocks")}
+    tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    runners |= {f"transformers bs {b}": hf_w4_runner(hf, tok, reqs, useful, b) for b in cfg.hf_batches}
+    res = side_by_side(runners, 0, cfg.repeats, warmup=False)
+    exact = [a.token_ids for a in record["refill"]] == [b.token_ids for b in record["blocks"]]
+    theirs = {k: v for k, v in res.items() if k.startswith("transformers")}
+    hf_top = best(theirs)
+    ours = res["flexbatch refill"]["tokens_per_s"]
+    stopped = sum(c.finish_reason == "stop" for c in record["refill"])
+    detail = {"tokens_per_s": {k: v["tokens_per_s"] for k, v in res.items()},
+              "runs_tokens_per_s": {k: [r["tokens_per_s"] for r in v["runs"]] for k, v in res.items()},
+              "vs_blocks": ours / res["flexbatch blocks"]["tokens_per_s"], "refill_equals_blocks": exact,
+              "useful_tokens": sum(useful), "rows_stopped": stopped, "schedule": record["refill schedule"],
+              "config": dataclasses.asdict(cfg)}
+    return Line("early-stop", f"W4 {cfg.prompts} rows: flexbatch refill vs {hf_top} (vs blocks: "
+                f"{detail['vs_blocks']:.2f}x, tokens equal: {exact})", "useful tokens/s", ours,
+                theirs[hf_top]["tokens_per_s"], 1.5, detail)
+
