@@ -21,11 +21,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.quant import DEFAULT_CONFIG, dequantize, int4_linear, pack_int4, quantize
+from engine.quant import DEFAULT_CONFIG, PACKED_DTYPE, dequantize, int4_linear, pack_int4, quantize
 from engine.quant_int8 import dequantize_int8, int8_linear, quantize_int8
 
 log = logging.getLogger(__name__)
 ROWS = (1, 4, 16, 64, 256, 1024)
+VERSION = 2  # of the kernels measured: entries of another version are measured again
 DEFAULT_PATH = Path.home() / ".cache" / "flexbatch" / "kernel_rates.json"
 _lock = threading.Lock()
 _memo: dict[tuple[Path, str], int] = {}
@@ -50,7 +51,7 @@ def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
         w8 = quantize_int8(w)
         return (lambda x: int8_linear(x, w8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
     qt = quantize(w.to(dtype), DEFAULT_CONFIG)
-    packed = pack_int4(qt, dtype)
+    packed = pack_int4(qt, PACKED_DTYPE)
     return (lambda x: int4_linear(x, packed)), (lambda x: F.linear(x, dequantize(qt, dtype=dtype)))
 
 
@@ -88,7 +89,7 @@ def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int 
 def max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, path: Path | None = None) -> int:
     """`max_rows` for this shape, from the cache or measured now (and cached)."""
     path = path or DEFAULT_PATH
-    key = f"{machine_key()}|{fmt}|{str(dtype).removeprefix('torch.')}|{n}x{k}"
+    key = f"{machine_key()}|v{VERSION}|{fmt}|{str(dtype).removeprefix('torch.')}|{n}x{k}"
     with _lock:
         if (path, key) in _memo:
             return _memo[(path, key)]

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from engine.kernel_rates import max_rows
 from engine.qlinear import QLinear, QWeight
-from engine.quant import INT4_GROUP_SIZES, pack_int4
+from engine.quant import INT4_GROUP_SIZES, PACKED_DTYPE, pack_int4
 from engine.quant_int8 import Int8Weight
 from engine.rope import apply_rope, cos_sin
 from engine.weights import LayerWeights
@@ -83,4 +83,4 @@ def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:
         return QWeight(w, w, max_rows("int8", n, k, dtype))
     n, k = w.shape
     rows = max_rows("int4", n, k, dtype) if pack and w.config.group_size in INT4_GROUP_SIZES else 0
-    return QWeight(w, pack_int4(w, dtype) if rows else None, rows)
+    return QWeight(w, pack_int4(w, PACKED_DTYPE) if rows else None, rows)
