@@ -8,6 +8,7 @@ are absent take the job's options (`--max-new-tokens`, `--temperature`, ...), no
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,30 +53,27 @@ class BatchLine:
 
 def batch_lines(location: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, str]]:
     """(row, text) of the non-blank lines `start <= row < stop` of a local file or a URI."""
-    if is_uri(location):
-        fs, path = filesystem(location)
-        with fs.open_input_stream(path) as f:
-            text = f.read().decode("utf-8", errors="replace")
-        lines = iter(text.splitlines())
-    else:
-        try:
-            handle = open(location, encoding="utf-8", errors="replace")  # noqa: SIM115 (closed below)
-        except OSError as e:
-            raise InputError(f"{location}: cannot read the batch file ({e.strerror})") from e
-        lines = handle
     row = 0
-    try:
+    with _open_text(location) as lines:
         for text in lines:
             if not text.strip():
                 continue
-            if row >= start and (stop is None or row < stop):
-                yield row, text
-            row += 1
             if stop is not None and row >= stop:
                 return
-    finally:
-        if not is_uri(location):
-            handle.close()
+            if row >= start:
+                yield row, text
+            row += 1
+
+
+def _open_text(location: str):
+    if is_uri(location):
+        fs, path = filesystem(location)
+        with fs.open_input_stream(path) as f:
+            return io.StringIO(f.read().decode("utf-8", errors="replace"))
+    try:
+        return open(location, encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise InputError(f"{location}: cannot read the batch file ({e.strerror})") from e
 
 
 def scan_batch_file(location: str) -> tuple[int, tuple[int, ...], int]:

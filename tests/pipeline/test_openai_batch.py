@@ -158,3 +158,13 @@ def test_neutral_fields_are_accepted_and_choices_get_their_own_seeds():
     assert seeds[0] == 11 and len(set(seeds)) == 3 and all(r.params.max_new_tokens == 5 for r in line.requests)
     off = parse_line(_line("c", CHAT, {"messages": ASK}), 0, "f", SamplingParams(), duplicate=False, chat=False)
     assert "--chat off" in off.error["message"]
+
+
+def test_batch_files_on_a_filesystem_uri(tmp_path, batch):
+    (tmp_path / "small.jsonl").write_text("\n".join(LINES[:4]) + "\n")
+    config = RunConfig(model=batch, input=f"file://{tmp_path}/small.jsonl", output=f"file://{tmp_path}/uri-out",
+                       dtype="float32", use_ray=False, params=SamplingParams(max_new_tokens=3))
+    summary = run_job(config)
+    out = [json.loads(t) for t in (tmp_path / "uri-out" / "small.jsonl").read_text().splitlines()]
+    assert summary.rows == 4 and [o["custom_id"] for o in out] == ["chat-1", "text-1", None, "ids-1"]
+    assert [o["error"] is None for o in out] == [True, True, False, True]
