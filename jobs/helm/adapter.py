@@ -11,6 +11,7 @@ answer is the right choice's letter; the request's `output_mapping` maps letters
 from __future__ import annotations
 
 from jobs.helm.errors import SpecError
+from jobs.helm.fit import PromptWindow, fit_prompt
 from jobs.helm.scenarios import CORRECT_TAG, sample_train
 from jobs.helm.spec import AdapterSpec
 
@@ -77,9 +78,10 @@ def helm_request(adapter: AdapterSpec, prompt: str, model: str) -> dict:
     return request
 
 
-def adapt(adapter: AdapterSpec, instances: list[dict], model: str) -> list[dict]:
+def adapt(adapter: AdapterSpec, instances: list[dict], model: str, window: PromptWindow | None = None) -> list[dict]:
     """HELM request states, trial by trial: each trial draws its few-shot examples from the train split (seeded
-    by the trial index, shared by every evaluated instance) and makes one request per evaluated instance."""
+    by the trial index, shared by every evaluated instance) and makes one request per evaluated instance. With
+    a `window`, each prompt is fitted to the model's context as HELM does (fewer examples, then cut)."""
     train = [inst for inst in instances if inst["split"] == "train"]
     evals = [inst for inst in instances if inst["split"] in adapter.splits_evaluated]
     if not evals:
@@ -101,7 +103,12 @@ def adapt(adapter: AdapterSpec, instances: list[dict], model: str) -> list[dict]
             state = {"instance": inst, "train_trial_index": trial}
             if adapter.method == "multiple_choice_joint":
                 state["output_mapping"] = output_mapping(adapter, inst)
-            state["request"] = helm_request(adapter, prompt_text(adapter, shots, inst), model)
-            state.update(num_train_instances=len(shots), prompt_truncated=False, num_conditioning_tokens=0)
+            if window is None:
+                prompt, kept, truncated = prompt_text(adapter, shots, inst), len(shots), False
+            else:
+                prompt, kept, truncated = fit_prompt(window, adapter.max_tokens,
+                                                     lambda examples, i=inst: prompt_text(adapter, examples, i), shots)
+            state["request"] = helm_request(adapter, prompt, model)
+            state.update(num_train_instances=kept, prompt_truncated=truncated, num_conditioning_tokens=0)
             states.append(state)
     return states

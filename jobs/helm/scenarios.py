@@ -161,14 +161,17 @@ def _choice_references(choices, references: list[dict], where: str) -> list[dict
 
 
 def downsample_eval(instances: list[dict], max_eval_instances: int | None, eval_splits: tuple[str, ...]) -> list[dict]:
-    """All train instances, and at most `max_eval_instances` evaluation instances drawn with a fixed seed; a
-    smaller draw is a subset of a larger one. File order is kept."""
+    """All train instances, then at most `max_eval_instances` evaluation instances: HELM's draw
+    (`downsample_eval_instances`: numpy's `choice` without replacement after `seed(0)`, in the order drawn), so
+    a run evaluates the same instances as HELM's run of the same scenario."""
+    import numpy as np
+
     train = [inst for inst in instances if inst["split"] == "train"]
     evals = [inst for inst in instances if inst["split"] in eval_splits]
     if max_eval_instances is not None and len(evals) > max_eval_instances:
-        order = list(range(len(evals)))
-        random.Random(0).shuffle(order)
-        evals = [evals[i] for i in sorted(order[:max_eval_instances])]
+        # a RandomState of seed 0 draws as numpy's global generator after np.random.seed(0), without touching it
+        picked = np.random.RandomState(0).choice(len(evals), max_eval_instances, replace=False)
+        evals = [evals[int(i)] for i in picked]
     return train + evals
 
 

@@ -20,6 +20,7 @@ from jobs.helm.adapter import adapt
 from jobs.helm.errors import SpecError
 from jobs.helm.evaluate import evaluate
 from jobs.helm.execute import EngineOptions, attach_results, read_completions, run_requests
+from jobs.helm.fit import load_window
 from jobs.helm.metrics import EXACT_MATCH_METRICS
 from jobs.helm.output import (
     INFO_FILE,
@@ -124,7 +125,7 @@ def _prepare_from_scenario(entry: RunEntry, run_dir: Path) -> PreparedRun:
     adapter = dataclasses.replace(entry.adapter, model=entry.adapter.model or label,
                                   model_deployment=entry.adapter.model_deployment or label)
     instances = downsample_eval(load_instances(entry.scenario), adapter.max_eval_instances, adapter.splits_evaluated)
-    states = adapt(adapter, instances, label)
+    states = adapt(adapter, instances, label, load_window(entry.model))
     metrics = entry.metrics or EXACT_MATCH_METRICS
     path = scenario_path(entry.scenario)
     builtin = BUILTIN.get(entry.scenario)
