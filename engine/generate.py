@@ -56,7 +56,8 @@ class Engine:
     @property
     def layers(self) -> list[LayerWeights]:
         """Every layer's weights as computed on the CPU (loads disk layers; for inspection and tests)."""
-        return [self.weights.get(i, "cpu") for i in range(self.spec.num_layers)]
+        # copies: a disk layer read with O_DIRECT is a view of a buffer that the next read reuses
+        return [{k: v.clone() for k, v in self.weights.get(i, "cpu").items()} for i in range(self.spec.num_layers)]
 
     @classmethod
     def load(cls, model_dir: str | Path, dtype: str = "auto", policy: Policy | None = None,

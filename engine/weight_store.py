@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from engine.disk_read import DirectReader, use_direct
 from engine.fuse import LAYOUT, fuse_projections
 from engine.kernels import NativeKernels
 from engine.offload import layer_path, offload_root, stored_layer, write_layer
@@ -99,6 +100,10 @@ class WeightStore:
         folder = self._offload_folder(reader, offload_dir) if "disk" in self.placement else None
         for i, tier in enumerate(self.placement):
             self._place(reader, i, tier, folder)
+        disk = sum(n for n, t in zip(self.layer_bytes, self.placement) if t == "disk")
+        self.direct = DirectReader() if disk and use_direct(disk) else None  # else page-cached reads
+        if disk:
+            log.info("disk tier: %d MiB read %s", disk >> 20, "with O_DIRECT" if self.direct else "buffered")
 
     def _place(self, reader: CheckpointReader, i: int, tier: str, folder: Path | None) -> None:
         kept = stored_layer(folder, i) if tier == "disk" else None
@@ -140,8 +145,11 @@ class WeightStore:
     def _load(self, i: int, device: str) -> tuple[LayerWeights, tuple]:
         """Layer i ready to compute on `device` (read from disk if needed, moved, then decompressed there), and
         the staging set and codec buffers it occupies until it is handed back."""
-        tier = self.placement[i]
-        if tier == "disk":
+        tier, disk_buf = self.placement[i], None
+        if tier == "disk" and self.direct is not None:
+            (stored, disk_buf), src = self.direct.read(self.files[i]), "cpu"
+            self.devices.links.add("disk", "cpu", self.layer_bytes[i])
+        elif tier == "disk":
             stored, src = load_file(str(self.files[i])), "cpu"
             self.devices.links.add("disk", "cpu", self.layer_bytes[i])
         else:
@@ -153,7 +161,7 @@ class WeightStore:
         else:
             moved = {k: self.devices.move(v, src, device) for k, v in stored.items()}
         weights, buffers = self.kernels.ready(moved, self.meta[i], self.codec, device)
-        return weights, (staging, buffers)
+        return weights, (staging, buffers, disk_buf)
 
     def _slot(self, staging: dict, name: str, like: torch.Tensor) -> torch.Tensor:
         """The staging buffer for tensor `name` on the GPU, made on first use (every layer has the same shapes)."""
@@ -183,7 +191,9 @@ class WeightStore:
         else:
             weights, held = self._load(i, device)
         if self._in_use is not None:
-            staging, buffers = self._in_use
+            staging, buffers, disk_buf = self._in_use
+            if disk_buf is not None:  # the layer's tensors were views of it
+                self.direct.release(disk_buf)
             if staging is not None:
                 self._staging_free.append(staging)
             if buffers is not None:
