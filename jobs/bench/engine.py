@@ -10,7 +10,9 @@ interleaved repeat by repeat, with the median of the repeats quoted:
   4. compressed (4-bit weights and KV cache) vs uncompressed: tokens/s and peak memory;
   5. with --backends: kernel backends' prefill and decode tokens/s and peak memory (`jobs/bench/backends.py`);
   6. W4, rows that finish early: useful tokens/s with refill vs transformers and vs no refill
-     (`jobs/bench/early_stop.py`)."""
+     (`jobs/bench/early_stop.py`);
+  7. with --memory-limit: each side a whole process in its own memory cgroup below the model size, flexbatch vs
+     HF Accelerate at its best surviving batch, decode-heavy and prefill-heavy (`jobs/bench/memory_limit.py`)."""
 
 from __future__ import annotations
 
@@ -26,12 +28,14 @@ import click
 import torch
 import torch.nn.functional as F
 
+from engine.errors import FlexbatchError
 from engine.generate import Engine
-from engine.policy import Policy
+from engine.policy import Policy, parse_bytes
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
 from jobs.bench.backends import backend_lines, parse_backends
 from jobs.bench.early_stop import EarlyStopConfig, early_stop_line
+from jobs.bench.memory_limit import CgroupUnavailable, MemoryLimitConfig, check_cgroups, memory_limit_lines
 from jobs.bench.report import Line, run_and_save
 from jobs.bench.runs import DTYPE, best, block_name, engine_runner, hf_runner, memory_probe, side_by_side
 from jobs.common import setup_logging
@@ -56,6 +60,7 @@ class BenchConfig:
     backends: tuple[str, ...] = ()  # kernel backends to compare (line 5); empty: no comparison
     cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
     early_stop: EarlyStopConfig = EarlyStopConfig()  # W4, line 6
+    memory_limit: MemoryLimitConfig | None = None  # line 7, with --memory-limit
 
 
 # ---- the four lines --------------------------------------------------------------------------------------
@@ -198,6 +203,8 @@ def run_engine_bench(cfg: BenchConfig) -> dict:
         lines += backend_lines(cfg, model_dir, prompts, block)
     if "early-stop" not in cfg.skip:
         lines.append(early_stop_line(cfg.early_stop, cfg.cache_dir))
+    if cfg.memory_limit is not None:
+        lines += memory_limit_lines(cfg.memory_limit, model_dir)
     return {"config": dataclasses.asdict(cfg), "machine": bm.machine_info(),
             "model": {"dir": str(model_dir), "preset": dataclasses.asdict(bm.PRESETS[cfg.preset]),
                       "linear_params": bm.linear_params(spec), "flops_formula": bm.FLOPS_FORMULA},
@@ -238,6 +245,18 @@ def format_table(report: dict) -> str:
 _D = BenchConfig()
 
 
+def _memory_limit(text: str | None) -> MemoryLimitConfig | None:
+    """The --memory-limit config, refused up front where memory groups cannot be made."""
+    if text is None:
+        return None
+    try:
+        limit = int(parse_bytes(text, "--memory-limit"))
+        check_cgroups()
+    except (FlexbatchError, CgroupUnavailable) as e:
+        raise click.UsageError(str(e)) from None
+    return MemoryLimitConfig(limit)
+
+
 @click.command("engine")
 @click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=_D.preset, show_default=True,
               help="Random-weight Llama to build (once, under --cache-dir) and run.")
@@ -258,10 +277,12 @@ _D = BenchConfig()
               help="Rows of the W4 line (early-stop).")
 @click.option("--w4-gbs", type=click.IntRange(min=1), default=_D.early_stop.gbs, show_default=True,
               help="GPU batch of flexbatch in the W4 line.")
+@click.option("--memory-limit", metavar="SIZE", help="Also run each side of the disk line in its own cgroup v1 "
+              "memory group of this size (e.g. 700MiB; needs root), decode- and prefill-heavy.")
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)
 def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, w4_prompts,
-                   w4_gbs, **kw):
+                   w4_gbs, memory_limit, **kw):
     """The engine vs a bf16 GEMM, transformers generate, and HF Accelerate disk offload; 4-bit vs bf16."""
     setup_logging()
     if threads:
@@ -272,6 +293,7 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
     cfg = BenchConfig(blocks=_blocks(blocks), hf_batches=_ints(hf_batches), offload_blocks=_blocks(offload_blocks),
                       accelerate_batches=_ints(accelerate_batches), skip=tuple(skip),
                       backends=parse_backends(kw.pop("backends")),
+                      memory_limit=_memory_limit(memory_limit),
                       early_stop=dataclasses.replace(_D.early_stop, prompts=w4_prompts, gbs=w4_gbs,
                                                      repeats=kw["repeats"]), **kw)
     report = run_and_save(run_engine_bench, cfg, output)
