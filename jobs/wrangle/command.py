@@ -199,7 +199,8 @@ _TEMPLATE_HELP = ("Prompt template: paper (the paper's wording, rows as 'attr: v
 @click.option("--data", default=None, type=click.Path(path_type=Path),
               help="Bundled-table mode: folder with the task's tables (Parquet or CSV).")
 @click.option("--output", required=True, type=click.Path(path_type=Path),
-              help="Folder for prompts.parquet, completions/, predictions.parquet and metrics.json.")
+              help="Folder for prompts.parquet, completions/, predictions.parquet and metrics.json "
+                   "(and with --data-dir summary.tsv and helm/).")
 @click.option("--split", default="test", show_default=True, metavar="SPLIT", help="Split to score: valid or test.")
 @click.option("--template", default=None, metavar="NAME", help=_TEMPLATE_HELP)
 @click.option("--k-shot", type=int, default=0, show_default=True, metavar="N",

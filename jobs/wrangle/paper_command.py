@@ -25,7 +25,8 @@ PAPER_OPTIONS = {
                    help="Trials (trial t draws with seed + t); mean and std reported.  [default: 1]")),
     "add_task_instruction": (("--add-task-instruction",), dict(is_flag=True,
                              help="Put the dataset's task instruction before the prompt.")),
-    "task_instruction_idx": (("--task-instruction-idx",), dict(type=int, default=None, help="[default: 0]")),
+    "task_instruction_idx": (("--task-instruction-idx",), dict(type=int, default=None,
+                             help="Only 0: each dataset has one instruction.  [default: 0]")),
     "sep_tok": (("--sep-tok",), dict(default=None, help="Separator of attr: value pairs.  [default: .]")),
     "nan_tok": (("--nan-tok",), dict(default=None, help="Text of a blank cell (the paper's runs use '' for "
                                                         "matching).  [default: nan]")),

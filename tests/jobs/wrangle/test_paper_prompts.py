@@ -7,6 +7,7 @@ random_state 42; they were checked against the paper's own read_data on these fi
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -123,7 +124,9 @@ def test_manual_prompts_from_the_papers_constants_file(tmp_path):
                    "HospitalName: marshxll medical center?",
                    "Is there a x spelling error in Address1: 1 main st? No\n\nIs there a x spelling error in "
                    "Address1: 2505 us highway 431?"]
-    assert load_manual_prompts(constants)["Beer"].endswith("Yes\n")
+    as_json = tmp_path / "prompts.json"
+    as_json.write_text(json.dumps(load_manual_prompts(constants)))
+    assert prompts(HOSPITAL, sample_method="manual", manual_prompts=as_json, num_run=2)[0] == got
     with pytest.raises(WrangleInputError, match="no Hospital prompt for col_name = 'City'"):
         prompts(HOSPITAL, sample_method="manual", manual_prompts=constants, num_run=3)
 
@@ -155,6 +158,8 @@ def test_datasets_are_found_by_folder_name():
     assert len(DATASETS) == 12
     with pytest.raises(WrangleInputError, match="is not one of the paper's datasets"):
         dataset_of(ROOT)
+    with pytest.raises(WrangleInputError, match="--all found no dataset under"):
+        find_datasets(BEER)
 
 
 def test_the_script_makes_the_bundled_tables(tmp_path):
