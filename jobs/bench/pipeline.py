@@ -1,5 +1,6 @@
 """`flexbatch bench pipeline`: the job pipeline (local Ray, Parquet in and out, manifest commits) against the bare
-engine on the same rows and the same policy, and 1 engine x 2 threads against 2 engines x 1 thread.
+engine on the same rows and the same policy, 1 engine x 2 threads against 2 engines x 1 thread, and the same rows
+as an OpenAI Batch file (JSONL in and out) against Parquet.
 
 Each round runs, in turn: the bare engine (`Engine.generate` over every row, in this process), the pipeline with
 one engine, and the pipeline with two; the median over rounds is quoted. Two times are compared:
@@ -56,6 +57,17 @@ def write_rows(folder: Path, rows: int) -> Path:
     return path
 
 
+def write_batch_file(folder: Path, data: Path) -> Path:
+    """The rows of `data` as an OpenAI Batch file of /v1/completions requests (custom_id = the row's id)."""
+    import json
+
+    rows = pq.read_table(data, columns=["id", "prompt"]).to_pylist()
+    path = folder / "rows.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": r["id"], "method": "POST", "url": "/v1/completions",
+                                        "body": {"prompt": r["prompt"]}}) + "\n" for r in rows))
+    return path
+
+
 def plan_once(model_dir: Path, data: Path, cfg: PipelineBenchConfig) -> Policy:
     """The policy the planner picks for one engine on this machine; every run below uses it."""
     from pipeline.runner import RunConfig, choose, plan_job
@@ -106,10 +118,19 @@ def pipeline_run(model_dir: Path, data: Path, out: Path, policy: Policy, cfg: Pi
     wall = time.perf_counter() - t0
     if not summary.ok or summary.skipped_shards:
         raise RuntimeError(f"the pipeline run was not a clean full run: {summary.failed_shards}")
-    rows = [r for p in summary.parts for r in pq.read_table(p, columns=["id", "completion"]).to_pylist()]
     return ({"steady_s": summary.wall_seconds, "end_to_end_s": wall, "tokens": summary.run_completion_tokens,
              "shards": summary.shards, "threads": [w["threads"] for w in summary.workers]},
-            {r["id"]: r["completion"] for r in rows})
+            dict(pair for p in summary.parts for pair in _completions(Path(p))))
+
+
+def _completions(part: Path) -> list[tuple[str, str]]:
+    """(id, completion) of a Parquet part's rows, or (custom_id, first choice's text) of a JSONL part's lines."""
+    import json
+
+    if part.suffix == ".jsonl":
+        lines = [json.loads(t) for t in part.read_text().splitlines()]
+        return [(o["custom_id"], o["response"]["body"]["choices"][0]["text"]) for o in lines]
+    return [(r["id"], r["completion"]) for r in pq.read_table(part, columns=["id", "completion"]).to_pylist()]
 
 
 def run_pipeline_bench(cfg: PipelineBenchConfig) -> dict:
@@ -117,16 +138,18 @@ def run_pipeline_bench(cfg: PipelineBenchConfig) -> dict:
 
     started = time.perf_counter()
     model_dir = model_dir_for(cfg.model, cfg.cache_dir)
-    runs: dict[str, list[dict]] = {"engine": [], "pipeline 1x2": [], "pipeline 2x1": []}
+    runs: dict[str, list[dict]] = {"engine": [], "pipeline 1x2": [], "pipeline 2x1": [], "openai 1x2": []}
     with tempfile.TemporaryDirectory(prefix="flexbatch-bench-") as tmp:
         data = write_rows(Path(tmp), cfg.rows)
+        batch = write_batch_file(Path(tmp), data)
         policy = plan_once(model_dir, data, cfg)
         for round_ in range(cfg.repeats):
             timing, expected = bare_engine(model_dir, data, policy, cfg)
             runs["engine"].append(timing)
-            for name, workers in (("pipeline 1x2", 1), ("pipeline 2x1", 2)):
-                timing, got = pipeline_run(model_dir, data, Path(tmp) / f"out-{workers}-{round_}", policy, cfg,
-                                           workers)
+            for name, source, workers in (("pipeline 1x2", data, 1), ("pipeline 2x1", data, 2),
+                                          ("openai 1x2", batch, 1)):
+                timing, got = pipeline_run(model_dir, source, Path(tmp) / f"out-{name[:6]}{workers}-{round_}",
+                                           policy, cfg, workers)
                 if sorted(got) != sorted(expected):
                     raise AssertionError(f"{name}: the output ids differ from the input's")
                 timing["same_rows"] = sum(got[k] == expected[k] for k in expected) / len(expected)
@@ -139,13 +162,15 @@ def run_pipeline_bench(cfg: PipelineBenchConfig) -> dict:
 def report(cfg: PipelineBenchConfig, policy: Policy, runs: dict[str, list[dict]], seconds: float) -> dict:
     med = {name: {k: statistics.median(r[k] for r in rs) for k in ("steady_s", "end_to_end_s", "tokens")}
            for name, rs in runs.items()}
-    eng, one, two = med["engine"], med["pipeline 1x2"], med["pipeline 2x1"]
+    eng, one, two, jsonl = med["engine"], med["pipeline 1x2"], med["pipeline 2x1"], med["openai 1x2"]
     lines = [
         _line("overhead-steady", "pipeline 1x2 vs bare engine, steady state (s)", one["steady_s"], eng["steady_s"],
               TARGET_OVERHEAD),
         _line("overhead-e2e", "pipeline 1x2 vs bare engine, end to end (s)", one["end_to_end_s"],
               eng["end_to_end_s"], None),
         _line("workers", "2 engines x 1 thread vs 1 engine x 2 threads, steady state (s)", two["steady_s"],
+              one["steady_s"], None),
+        _line("batch-format", "OpenAI Batch JSONL vs Parquet, pipeline 1x2, steady state (s)", jsonl["steady_s"],
               one["steady_s"], None),
     ]
     same = {name: min(r["same_rows"] for r in rs) for name, rs in runs.items() if name != "engine"}
@@ -185,7 +210,8 @@ _D = PipelineBenchConfig()
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True)
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/pipeline.json"), show_default=True)
 def pipeline_command(output: Path, **kw):
-    """The pipeline on a local Ray vs the bare engine (same rows, same policy); 1x2 vs 2x1 engines x threads."""
+    """The pipeline on a local Ray vs the bare engine (same rows, same policy); 1x2 vs 2x1 engines x threads; the
+    rows as an OpenAI Batch file vs Parquet."""
     setup_logging()
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
