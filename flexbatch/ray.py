@@ -72,21 +72,21 @@ class Processor:
 
     def _load(self, first: list[Request]):
         """The engine, under the given policy or the one planned for batches shaped like the first one."""
-        from engine.dtypes import resolve_dtype
         from engine.generate import Engine
         from engine.spec import load_model_spec
         from engine.tokenizer import load_tokenizer
-        from pipeline.planning import choose_policy, hardware, workload_from_prompts
+        from pipeline.planning import choose_policy, workload_dtype, workload_from_prompts
+        from pipeline.settings import EngineSettings
 
         policy = self.policy
         if policy is None:
             spec = load_model_spec(self.model)
-            dtype = str(resolve_dtype(self.dtype)).removeprefix("torch.")
+            dtype = workload_dtype(self.dtype)
             prompts = [list(r.messages) if r.messages is not None else r.prompt for r in first]
             gen = max([r.params.max_new_tokens for r in first] or [self.defaults.max_new_tokens])
             work = workload_from_prompts(prompts, load_tokenizer(self.model), spec, gen, dtype, max(1, len(first)))
-            pins = {"compress_weight": False, "compress_cache": False}
-            policy = choose_policy(spec, work, hardware(self.hardware), pins, self.budgets).policy
+            settings = EngineSettings(dtype=self.dtype, budgets=self.budgets, hardware=self.hardware)
+            policy = choose_policy(settings, work, spec).policy
         return Engine.load(self.model, dtype=self.dtype, policy=policy, budgets=self.budgets, backend=self.backend)
 
 

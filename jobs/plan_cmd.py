@@ -1,6 +1,6 @@
 """`flexbatch plan` (explain the policy the planner picks for a model, a workload and a machine) and
-`flexbatch profile` (measure this machine into a hardware spec). Also the pins: the policy options a user gave
-on the command line, which the search keeps while it fills in the rest."""
+`flexbatch profile` (measure this machine into a hardware spec). The policy is chosen as `flexbatch run` chooses
+it (`pipeline.planning.choose_policy`), with the same budgets."""
 
 from __future__ import annotations
 
@@ -8,36 +8,19 @@ import json
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 
 from engine.errors import FlexbatchError
-from engine.request import DTYPE_CHOICES
 from jobs.common import demo_model_dir, fail
-from jobs.policy_options import budgets_from_options, policy_options
-
-_GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-_PINNABLE = ("gbs", "num_gb", "compress_weight", "compress_cache", "cpu_attention", "prefill_device",
-             "decode_device", "prefill_split_layer", "decode_split_layer")
-_PERCENT_FIELDS = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu", "act_cpu")
-
-
-def pins_from_context(ctx: click.Context, options: dict) -> dict:
-    """Policy fields the user set on the command line (defaults are not pins)."""
-    given = {name for name in options if ctx.get_parameter_source(name) in _GIVEN}
-    pins = {name: options[name] for name in _PINNABLE if name in given and options[name] is not None}
-    if "batch_size" in given and options["batch_size"] is not None:
-        pins.update(gbs=options["batch_size"], num_gb=1)
-    if "percent" in given and options["percent"]:
-        pins.update({n: p / 100 for n, p in zip(_PERCENT_FIELDS, options["percent"])})
-    return pins
+from jobs.engine_options import engine_options, engine_settings
 
 
 def _workload(model_dir: Path, spec, prompt_len, gen_len, num_prompts, input_, prompt_column, dtype):
-    from engine.dtypes import resolve_dtype
-    from planner.workload import Workload
+    from pipeline.planning import workload_dtype
 
-    dtype_name = str(resolve_dtype(dtype)).removeprefix("torch.")
+    dtype_name = workload_dtype(dtype)
     if input_ is None:
+        from planner.workload import Workload
+
         return Workload(prompt_len, gen_len, num_prompts, dtype=dtype_name)
     from engine.tokenizer import load_tokenizer
     from pipeline.parquet_io import MESSAGES_COLUMN
@@ -61,16 +44,13 @@ def _workload(model_dir: Path, spec, prompt_len, gen_len, num_prompts, input_, p
               help="Input to read the workload from (row counts, a sample of prompt lengths): Parquet, with a "
                    "prompt or a messages column, or an OpenAI Batch file (*.jsonl).")
 @click.option("--prompt-column", default="prompt", show_default=True, help="Prompt column of --input.")
-@click.option("--hardware", type=click.Path(path_type=Path), default=None,
-              help="Hardware spec JSON (e.g. infra/hardware/*.json).  [default: this machine, profiled once]")
-@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto", show_default=True)
 @click.option("--allow-compression", is_flag=True, help="Let the search choose 4-bit weights/cache (lossy).")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Also draw the plan as a PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print the chosen policy as JSON only.")
-@policy_options
+@engine_options(job=False)
 @click.pass_context
-def plan_command(ctx, model, prompt_len, gen_len, num_prompts, input_, prompt_column, hardware, dtype,
-                 allow_compression, plot, as_json, **opts) -> None:
+def plan_command(ctx, model, prompt_len, gen_len, num_prompts, input_, prompt_column, allow_compression, plot,
+                 as_json, **engine_opts) -> None:
     """Search the policy space (FlexGen placement and block shape, FlexInfer compute per phase) with the cost
     model, and explain the choice: the top alternatives, the binding constraint, where tensors live and each
     phase's timeline. Policy options given here are pinned; the search fills in the rest.
@@ -81,18 +61,16 @@ def plan_command(ctx, model, prompt_len, gen_len, num_prompts, input_, prompt_co
         --hardware infra/hardware/h100-80gb-sapphirerapids.json --plot plan.png
     """
     from engine.spec import load_model_spec
-    from pipeline.planning import hardware as hardware_spec
+    from pipeline.planning import choose_policy, hardware
     from planner.explain import explain_text, plot_png
-    from planner.search import search
 
     try:
-        pins = pins_from_context(ctx, opts)
+        settings = engine_settings(ctx, engine_opts)
         model_dir = model or demo_model_dir()
         spec = load_model_spec(model_dir)
-        work = _workload(model_dir, spec, prompt_len, gen_len, num_prompts, input_, prompt_column, dtype)
-        hw = hardware_spec(hardware)
-        plan = search(spec, hw, work, pins=pins, budgets=budgets_from_options(opts),
-                      allow_compression=allow_compression)
+        work = _workload(model_dir, spec, prompt_len, gen_len, num_prompts, input_, prompt_column, settings.dtype)
+        plan = choose_policy(settings, work, spec, allow_compression=allow_compression)
+        hw = hardware(settings.hardware)
     except FlexbatchError as e:
         fail(e)
     if as_json:

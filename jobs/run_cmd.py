@@ -15,10 +15,9 @@ import click
 
 import flexbatch
 from engine.errors import FlexbatchError
-from engine.request import BACKEND_CHOICES, DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
+from engine.request import TRUNCATE_CHOICES, SamplingParams
 from jobs.common import FAILED_SHARDS_EXIT, default_model, fail, setup_logging
-from jobs.plan_cmd import pins_from_context
-from jobs.policy_options import budgets_from_options, policy_from_options, policy_options
+from jobs.engine_options import engine_options, engine_settings
 from pipeline.parquet_io import CHAT_CHOICES, FORMAT_CHOICES, MESSAGES_COLUMN
 from pipeline.runner import JobSummary, RunConfig
 from pipeline.storage import Folder
@@ -61,11 +60,6 @@ _RC = {f.name: f.default for f in fields(RunConfig)}
                    "differ and reruns are identical (per-row column: seed).")
 @click.option("--logprobs", is_flag=True, default=_SP["logprobs"],
               help="Add a logprobs column: the log-probability of each generated token.  [default: off]")
-@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=_RC["dtype"], show_default=True,
-              help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32.")
-@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=_RC["backend"], show_default=True,
-              help="CPU kernels: native (PyTorch); ipex (Intel Extension for PyTorch, in its own torch 2.8 "
-                   "environment: scripts/setup_ipex_venv.sh); auto (ipex where it imports, else native).")
 @click.option("--truncate", type=click.Choice(TRUNCATE_CHOICES), default=_RC["truncate"], show_default=True,
               help="A prompt longer than the context: 'error' fails that row, 'left' keeps its last tokens.")
 @click.option("--show", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
@@ -73,30 +67,15 @@ _RC = {f.name: f.default for f in fields(RunConfig)}
 @click.option("--overwrite", is_flag=True,
               help="Replace the output of another job in --output (removes its Parquet parts).  "
                    "[default: off, such a folder is refused]")
-@click.option("--plan/--no-plan", "plan", default=True, show_default=True,
-              help="Pick the policy with the planner (keeping the policy options given here); --no-plan runs the "
-                   "options as given, with defaults for the rest.")
-@click.option("--hardware", type=click.Path(path_type=Path), default=None,
-              help="Hardware spec for the planner.  [default: this machine, profiled on first use and cached]")
-@click.option("--ray/--no-ray", "use_ray", default=True, show_default=True,
-              help="Run the engines as Ray actors; --no-ray runs one engine in this process (no cluster needed).")
-@click.option("--address", default=None, metavar="ADDR",
-              help="Ray cluster to join (e.g. 10.0.0.5:6379, or auto).  [default: RAY_ADDRESS if set, else a "
-                   "local Ray started for this job]")
-@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Engines on CPU-only nodes, spread over them.  [default: one per CPU node; GPU nodes always "
-                   "get one per GPU]")
 @click.option("--shard-rows", type=click.IntRange(min=1), default=None, metavar="N",
               help="Rows per shard, the unit of work, retry and resume.  [default: up to "
                    "8 planned blocks, and at most each worker's share of the rows]")
 @click.option("--max-shard-retries", type=click.IntRange(min=0), default=_RC["max_shard_retries"],
               show_default=True, help="Tries after the first for a shard whose worker died or that failed.")
-@policy_options
+@engine_options
 @click.pass_context
 def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop,
-        seed, logprobs,
-        dtype, backend, truncate, show, overwrite, plan, hardware, use_ray, address, workers, shard_rows, max_shard_retries,
-        **policy_opts) -> None:
+        seed, logprobs, truncate, show, overwrite, shard_rows, max_shard_retries, **engine_opts) -> None:
     """Complete every prompt (or request) of the input and write parts with the completions.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
@@ -121,15 +100,12 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
     """
     setup_logging()
     try:
-        offload_dir = policy_opts.pop("offload_dir")
-        pins = pins_from_context(ctx, policy_opts)
+        settings = engine_settings(ctx, engine_opts)
         summary = flexbatch.run(
             model or default_model(), input_, output, format=format_, chat=chat, prompt_column=prompt_column,
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=tuple(stop),
-            seed=seed, logprobs=logprobs, dtype=dtype, backend=backend, policy=policy_from_options(policy_opts),
-            budgets=budgets_from_options(policy_opts), offload_dir=offload_dir, truncate=truncate,
-            overwrite=overwrite, plan=plan, pins=pins, hardware=hardware, use_ray=use_ray, address=address,
-            workers=workers, shard_rows=shard_rows, max_shard_retries=max_shard_retries)
+            seed=seed, logprobs=logprobs, truncate=truncate, overwrite=overwrite, shard_rows=shard_rows,
+            max_shard_retries=max_shard_retries, **settings.settings())
     except FlexbatchError as e:
         fail(e)
     _print_summary(summary)

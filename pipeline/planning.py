@@ -13,6 +13,7 @@ from pipeline.parquet_io import InputFile
 from pipeline.storage import open_parquet
 
 if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, not for --help
+    from pipeline.settings import EngineSettings
     from planner.hardware import HardwareSpec
     from planner.predict import Prediction
     from planner.search import Plan
@@ -116,10 +117,22 @@ def hardware(path: Path | None) -> HardwareSpec:
     return load_or_profile()
 
 
-def choose_policy(spec: ModelSpec, work: Workload, hw: HardwareSpec, pins: dict, budgets: dict) -> Plan:
+def workload_dtype(dtype: str) -> str:
+    """The name of the compute dtype `dtype` ("auto", "float32", "bfloat16") resolves to on this machine."""
+    from engine.dtypes import resolve_dtype
+
+    return str(resolve_dtype(dtype)).removeprefix("torch.")
+
+
+def choose_policy(settings: EngineSettings, work: Workload, spec: ModelSpec, allow_compression: bool = False) -> Plan:
+    """The one policy decision, for `flexbatch plan` and for every engine of a job: the fastest policy for `work`
+    on the settings' hardware (this machine's profile by default), within `plan_budgets(settings.budgets)`,
+    keeping the settings' pins and compression; `allow_compression` lets the search choose 4-bit too."""
     from planner.search import search
 
-    plan = search(spec, hw, work, pins=pins, budgets=plan_budgets(budgets))
+    hw = hardware(settings.hardware)
+    plan = search(spec, hw, work, pins=settings.planner_pins(), budgets=plan_budgets(settings.budgets),
+                  allow_compression=allow_compression)
     p = plan.prediction
     log.info("planned for %d prompts (%d tokens typical, %d max) + %d new on %s: %s; predicted %.1f s, "
              "%.1f tokens/s", work.num_prompts, work.prompt_len, work.max_prompt_len, work.gen_len, hw.name,

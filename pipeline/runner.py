@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.policy import Policy
-from engine.request import BACKEND_CHOICES, DEFAULT_BACKEND, DTYPE_CHOICES, TRUNCATE_CHOICES, SamplingParams
+from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
 from pipeline.errors import ConfigError, InputError
@@ -27,7 +27,8 @@ from pipeline.parquet_io import (
     resolve_inputs,
     uses_chat,
 )
-from pipeline.planning import choose_policy, hardware, workload_from_input
+from pipeline.planning import choose_policy, workload_dtype, workload_from_input
+from pipeline.settings import EngineSettings
 from pipeline.storage import file_identity, is_uri
 
 if TYPE_CHECKING:
@@ -36,9 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything a job needs. `params` are the job-wide decoding options; per-row columns override them."""
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(EngineSettings):
+    """Everything a job needs: the engine settings, and the job's input, output, model and decoding options.
+    `params` are the job-wide decoding options; per-row columns override them."""
 
     input: str
     output: Path | str  # a local folder, or a URI of a pyarrow filesystem (s3://bucket/prefix)
@@ -47,19 +49,8 @@ class RunConfig:
     chat: str = "auto"  # rows are conversations (`messages`): on, off, or auto (when there is a messages column)
     format: str = "auto"  # parquet, openai (Batch JSONL), or auto (by the input's extension)
     params: SamplingParams = field(default_factory=SamplingParams)
-    dtype: str = "auto"
-    backend: str = DEFAULT_BACKEND  # CPU kernels (engine/kernels.py): native, ipex or auto
-    policy: Policy = field(default_factory=Policy)
-    budgets: dict = field(default_factory=dict)
-    offload_dir: Path | None = None
     truncate: str = "error"
     overwrite: bool = False
-    plan: bool = True  # pick the policy with the planner, keeping `pins`; False runs `policy` as given
-    pins: dict = field(default_factory=dict)
-    hardware: Path | None = None  # hardware spec file; None: this machine's cached profile
-    use_ray: bool = True  # False: one worker in this process, no Ray
-    address: str | None = None  # Ray cluster to join; None: RAY_ADDRESS, else a local Ray on 127.0.0.1
-    workers: int | None = None  # engines on CPU-only nodes; None: one per node
     shard_rows: int | None = None  # None: derived from the planned block size
     max_shard_retries: int = 2
     progress_seconds: float = 10.0  # log-line interval when stdout is not a terminal
@@ -77,20 +68,18 @@ class RunConfig:
             raise ConfigError(f"--format {self.format!r} is invalid: expected one of {', '.join(FORMAT_CHOICES)}")
         if self.chat not in CHAT_CHOICES:
             raise ConfigError(f"--chat {self.chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
-        if self.dtype not in DTYPE_CHOICES:
-            raise ConfigError(f"--dtype {self.dtype!r} is invalid: expected one of {', '.join(DTYPE_CHOICES)}")
-        if self.backend not in BACKEND_CHOICES:
-            raise ConfigError(f"--backend {self.backend!r} is invalid: expected one of {', '.join(BACKEND_CHOICES)}")
+        super().__post_init__()
         if self.truncate not in TRUNCATE_CHOICES:
             raise ConfigError(f"--truncate {self.truncate!r} is invalid: expected one of {', '.join(TRUNCATE_CHOICES)}")
-        if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"--workers {self.workers} is invalid: expected a positive number of engines")
         if self.shard_rows is not None and self.shard_rows < 1:
             raise ConfigError(f"--shard-rows {self.shard_rows} is invalid: expected a positive number of rows")
         if self.max_shard_retries < 0:
             raise ConfigError(f"--max-shard-retries {self.max_shard_retries} is invalid: expected 0 or more")
-        if not isinstance(self.policy, Policy):
-            raise ConfigError(f"policy {self.policy!r} is invalid: expected an engine.policy.Policy")
+
+    @classmethod
+    def for_job(cls, engine: EngineSettings, **job) -> RunConfig:
+        """A job's configuration: `engine`'s settings and the job's own fields (input, output, model, ...)."""
+        return cls(**engine.settings(), **job)
 
 
 @dataclass(frozen=True)
@@ -222,14 +211,9 @@ def choose(config: RunConfig, plan: JobPlan, num_prompts: int | None = None) -> 
     choice), on this machine or the `--hardware` spec; or the given policy without planning."""
     if not config.plan:
         return config.policy, None
-    from engine.dtypes import resolve_dtype
-
-    dtype = str(resolve_dtype(config.dtype)).removeprefix("torch.")
     work = workload_from_input(plan.files, plan.column, load_tokenizer(config.model), plan.spec,
-                               config.params.max_new_tokens, dtype, num_prompts)
-    pins = {"compress_weight": config.policy.compress_weight, "compress_cache": config.policy.compress_cache,
-            **config.pins}
-    chosen = choose_policy(plan.spec, work, hardware(config.hardware), pins, config.budgets)
+                               config.params.max_new_tokens, workload_dtype(config.dtype), num_prompts)
+    chosen = choose_policy(config, work, plan.spec)
     # the planner prices 4-bit weights; the user's format is kept (int8 moves 2x the bytes of int4)
     return dataclasses.replace(chosen.policy, weight_format=config.policy.weight_format), chosen.prediction
 

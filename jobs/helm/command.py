@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 
 from engine.errors import FlexbatchError
-from engine.request import DTYPE_CHOICES
 from jobs.common import fail, setup_logging
+from jobs.engine_options import engine_options, engine_settings
 
 FAILED_RUNS_EXIT = 1
 
@@ -33,18 +33,10 @@ FAILED_RUNS_EXIT = 1
 @click.option("--skip-completed-runs", is_flag=True,
               help="Skip runs whose folder already holds all of HELM's output files (their results still appear "
                    "in the summary).")
-@click.option("--compress-weight", is_flag=True, help="4-bit group-wise weights in every run.  [default: off]")
-@click.option("--compress-cache", is_flag=True, help="4-bit group-wise KV cache in every run.  [default: off]")
-@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto", show_default=True,
-              help="Compute dtype; auto is bfloat16 on CPUs with native bf16, else float32.")
-@click.option("--ray/--no-ray", "use_ray", default=True, show_default=True,
-              help="Run the engines as Ray actors; --no-ray runs one engine in this process.")
-@click.option("--address", default=None, metavar="ADDR",
-              help="Ray cluster to join.  [default: RAY_ADDRESS if set, else a local Ray for this command]")
-@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Engines on CPU-only nodes.  [default: one per CPU node]")
-def helm_command(spec, scenario_states, suite, output, max_eval_instances, model, skip_completed_runs,
-                 compress_weight, compress_cache, dtype, use_ray, address, workers) -> None:
+@engine_options
+@click.pass_context
+def helm_command(ctx, spec, scenario_states, suite, output, max_eval_instances, model, skip_completed_runs,
+                 **engine_opts) -> None:
     """Run the benchmark runs of --spec (and of each --scenario-state), score them with HELM's metrics, and
     write HELM's run folders, OUTPUT/runs/SUITE/<run>/ with run_spec.json, scenario.json, scenario_state.json,
     per_instance_stats.json and stats.json. Prints the suite summary (metric means with counts, chance, tokens/s
@@ -59,15 +51,15 @@ def helm_command(spec, scenario_states, suite, output, max_eval_instances, model
           --compress-weight --compress-cache
       flexbatch helm --scenario-state benchmark_output/runs/v1/RUN/scenario_state.json --suite rerun --output out/helm
     """
-    from jobs.helm.execute import EngineOptions
     from jobs.helm.suite import HelmOptions, run_suite
 
     setup_logging()
     try:
-        options = HelmOptions(output=output, suite=suite, skip_completed_runs=skip_completed_runs,
-                              engine=EngineOptions(dtype=dtype, use_ray=use_ray, workers=workers, address=address))
-        plan = _load(spec, scenario_states, model, max_eval_instances, compress_weight, compress_cache)
-        result = run_suite(plan, options)
+        engine = engine_settings(ctx, engine_opts)
+        options = HelmOptions(output=output, suite=suite, skip_completed_runs=skip_completed_runs, engine=engine)
+        runs = _load(spec, scenario_states, model, max_eval_instances, engine.policy.compress_weight,
+                     engine.policy.compress_cache)
+        result = run_suite(runs, options)
     except FlexbatchError as e:
         fail(e)
     click.echo(result.table, nl=False)

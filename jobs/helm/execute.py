@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import JobSummary, RunConfig, run_job
 from pipeline.rows import derive_seed
+from pipeline.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +30,6 @@ REQUEST_SCHEMA = pa.schema([
     ("id", pa.string()), ("instance_id", pa.string()), ("prompt", pa.string()), ("max_new_tokens", pa.int64()),
     ("temperature", pa.float64()), ("top_p", pa.float64()), ("stop", pa.list_(pa.string())), ("seed", pa.int64()),
 ])
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """How the pipeline runs the requests: passed through to `RunConfig`."""
-
-    dtype: str = "auto"
-    use_ray: bool = True
-    workers: int | None = None
-    address: str | None = None
-    compress_weight: bool = False
-    compress_cache: bool = False
 
 
 def request_rows(states: list[dict]) -> list[dict]:
@@ -77,17 +64,15 @@ def write_requests(path: Path, rows: list[dict]) -> bool:
     return True
 
 
-def run_requests(run_dir: Path, states: list[dict], model: Path, options: EngineOptions) -> JobSummary:
+def run_requests(run_dir: Path, states: list[dict], model: Path, engine: EngineSettings) -> JobSummary:
     """Complete every request of the run with the pipeline (resuming an interrupted job of the same requests)."""
     rows = request_rows(states)
     if write_requests(run_dir / REQUESTS_FILE, rows):
         log.info("%s: %d requests, %d rows written to %s", run_dir.name, len(states), len(rows), REQUESTS_FILE)
     params = SamplingParams(max_new_tokens=max(r["max_new_tokens"] for r in rows), logprobs=True)
-    config = RunConfig(input=str(run_dir / REQUESTS_FILE), output=run_dir / COMPLETIONS_DIR, model=model,
-                       params=params, dtype=options.dtype,
-                       policy=Policy(compress_weight=options.compress_weight, compress_cache=options.compress_cache),
-                       use_ray=options.use_ray, workers=options.workers, address=options.address,
-                       overwrite=True)  # same config: resume; changed requests or options: redo the run's job
+    config = RunConfig.for_job(engine, input=str(run_dir / REQUESTS_FILE), output=run_dir / COMPLETIONS_DIR,
+                               model=model, params=params,
+                               overwrite=True)  # same config: resume; changed requests or options: redo the run's job
     return run_job(config)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from jobs.helm.adapter import adapt
 from jobs.helm.errors import SpecError
 from jobs.helm.evaluate import evaluate
-from jobs.helm.execute import EngineOptions, attach_results, read_completions, run_requests
+from jobs.helm.execute import attach_results, read_completions, run_requests
 from jobs.helm.fit import load_window
 from jobs.helm.metrics import EXACT_MATCH_METRICS
 from jobs.helm.output import (
@@ -43,6 +43,7 @@ from jobs.helm.state import (
     source_file,
     source_metrics,
 )
+from pipeline.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 class HelmOptions:
     output: Path
     suite: str
-    engine: EngineOptions = field(default_factory=EngineOptions)
+    engine: EngineSettings = field(default_factory=EngineSettings)
     skip_completed_runs: bool = False
 
     def __post_init__(self) -> None:
@@ -179,10 +180,12 @@ def _chance(entry: RunEntry, method: str, states: list[dict]) -> float | None:
     return builtin.chance if builtin else None
 
 
-def execute_run(run: PreparedRun, engine: EngineOptions) -> RunSummary:
+def execute_run(run: PreparedRun, engine: EngineSettings) -> RunSummary:
     """Complete the run's requests, score them, write its HELM files; a run with failed shards writes none."""
     entry = run.entry
-    engine = dataclasses.replace(engine, compress_weight=entry.compress_weight, compress_cache=entry.compress_cache)
+    policy = dataclasses.replace(engine.policy, compress_weight=entry.compress_weight,
+                                 compress_cache=entry.compress_cache)
+    engine = dataclasses.replace(engine, policy=policy)
     log.info("run %s: %d requests of %s on %s", entry.run_name, len(run.states), entry.scenario_label, entry.model)
     summary = run_requests(run.run_dir, run.states, entry.model, engine)
     tokens_per_s, plan = summary.job_tokens_per_s, plan_text(summary.workers)
@@ -197,8 +200,8 @@ def execute_run(run: PreparedRun, engine: EngineOptions) -> RunSummary:
 
     states, usages = attach_results(run.states, read_completions(summary), load_tokenizer(entry.model))
     per_instance, stats = evaluate(states, run.metrics, run.state_head["adapter_spec"], usages)
-    info = {**base, "metrics": list(run.metrics), "dtype": engine.dtype, "compress_weight": engine.compress_weight,
-            "compress_cache": engine.compress_cache, "rows": summary.rows, "prompt_tokens": summary.prompt_tokens,
+    info = {**base, "metrics": list(run.metrics), "dtype": engine.dtype, "compress_weight": policy.compress_weight,
+            "compress_cache": policy.compress_cache, "rows": summary.rows, "prompt_tokens": summary.prompt_tokens,
             "completion_tokens": summary.completion_tokens, "workers": list(summary.workers)}
     write_run(run.run_dir, {"run_spec.json": run.run_spec, "scenario.json": run.scenario,
                             "scenario_state.json": {**run.state_head, "request_states": states},
@@ -216,7 +219,7 @@ def _earlier_measure(run_dir: Path, tokens_per_s: float, plan: str) -> tuple[flo
 
 
 @contextmanager
-def _ray_session(engine: EngineOptions, needed: bool):
+def _ray_session(engine: EngineSettings, needed: bool):
     """One Ray connection for all runs (each run's job then neither starts nor stops Ray)."""
     if not (needed and engine.use_ray):
         yield

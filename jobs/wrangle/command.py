@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -21,8 +21,9 @@ import pyarrow as pa
 from click.core import ParameterSource
 
 from engine.errors import FlexbatchError
-from engine.request import DTYPE_CHOICES, SamplingParams
+from engine.request import SamplingParams
 from jobs.common import FAILED_SHARDS_EXIT, default_model, fail, setup_logging
+from jobs.engine_options import engine_options, engine_settings
 from jobs.wrangle.data import SPLITS, TASKS, Example, WrangleInputError, check_task, load_split
 from jobs.wrangle.files import COMPLETIONS_DIR, read_completions, write_parquet, write_prompts
 from jobs.wrangle.metrics import binary_metrics, imputation_metrics, is_correct
@@ -38,6 +39,7 @@ from jobs.wrangle.tasks import (
     shots_prefix,
 )
 from pipeline import JobSummary, RunConfig, run_job
+from pipeline.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_NEW_TOKENS = 8  # "Yes"/"No" or a short value, then a newline
@@ -62,12 +64,8 @@ class WrangleConfig:
     impute_column: str | None = None
     limit: int | None = None  # the first N rows of the split only
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    dtype: str = "auto"
-    use_ray: bool = True
-    workers: int | None = None
-    address: str | None = None
     overwrite: bool = False
-    plan: bool = True
+    engine: EngineSettings = field(default_factory=EngineSettings)
 
     def __post_init__(self) -> None:
         check_task(self.task)
@@ -157,11 +155,10 @@ def run_wrangle(config: WrangleConfig) -> WrangleResult:
     write_prompts(prompts_path, [e.id for e in examples], prompts, config.overwrite)
     log.info("%s: %d %s rows, template %s, prompts in %s", config.task, len(examples), config.split,
              template.name, prompts_path)
-    summary = run_job(RunConfig(
-        input=str(prompts_path), output=config.output / COMPLETIONS_DIR, model=config.model,
+    summary = run_job(RunConfig.for_job(
+        config.engine, input=str(prompts_path), output=config.output / COMPLETIONS_DIR, model=config.model,
         params=SamplingParams(max_new_tokens=config.max_new_tokens, temperature=0.0, stop=STOP),
-        dtype=config.dtype, use_ray=config.use_ray, workers=config.workers, address=config.address,
-        overwrite=config.overwrite, plan=config.plan))
+        overwrite=config.overwrite))
     rows = _prediction_rows(examples, prompts, read_completions(summary), template)
     metrics = score(config.task, rows)
     predictions = config.output / PREDICTIONS_FILE
@@ -215,15 +212,9 @@ _TEMPLATE_HELP = ("Prompt template: paper (the paper's wording, rows as 'attr: v
               help="Most tokens per answer (generation also stops at a newline).")
 @click.option("--model", type=click.Path(path_type=Path), default=None,
               help="Checkpoint folder.  [default: the demo model in examples/demo-model]")
-@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto", show_default=True, help="Compute dtype.")
-@click.option("--ray/--no-ray", "use_ray", default=True, show_default=True,
-              help="Run the engines as Ray actors; --no-ray runs one engine in this process.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Engines on CPU-only nodes.  [default: one per CPU node]")
-@click.option("--address", default=None, metavar="ADDR",
-              help="Ray cluster to join.  [default: RAY_ADDRESS if set, else a local Ray]")
 @click.option("--overwrite", is_flag=True, help="Replace the completions of another job in --output.")
 @paper_options
+@engine_options
 def wrangle_command(**opts) -> None:
     """Run a data-wrangling task (fm_data_tasks layout) through the pipeline and score the answers.
 
@@ -239,14 +230,15 @@ def wrangle_command(**opts) -> None:
     """
     setup_logging()
     try:
-        engine = {"model": opts["model"] or default_model(), "dtype": opts["dtype"], "use_ray": opts["use_ray"],
-                  "workers": opts["workers"], "address": opts["address"]}
+        settings = engine_settings(click.get_current_context(), opts)
+        model = opts["model"] or default_model()
         _check_mode(opts)
         if opts["data_dir"] is not None:
+            engine = {"model": model, **settings.settings()}
             ok = run_dataset_mode(paper_config(opts, opts["output"], opts["seed"]), engine, opts["overwrite"],
                                   opts["dry_run"])
         else:
-            ok = _run_tables(opts, engine)
+            ok = _run_tables(opts, model, settings)
     except FlexbatchError as e:
         fail(e)
     if not ok:
@@ -279,12 +271,13 @@ def _check_mode(opts: dict) -> None:
         raise WrangleInputError("pass --task and --data (bundled tables) or --data-dir (the paper's datasets)")
 
 
-def _run_tables(opts: dict, engine: dict) -> bool:
+def _run_tables(opts: dict, model: Path, engine: EngineSettings) -> bool:
     task, split, template = opts["task"], opts["split"], opts["template"]
     config = WrangleConfig(task=task, data=opts["data"], output=opts["output"], split=split, template=template,
                            k_shot=opts["k_shot"], prefix=opts["prefix"], seed=opts["seed"] or 0,
                            impute_column=opts["impute_column"], limit=opts["limit"],
-                           max_new_tokens=opts["max_new_tokens"], overwrite=opts["overwrite"], **engine)
+                           max_new_tokens=opts["max_new_tokens"], overwrite=opts["overwrite"], model=model,
+                           engine=engine)
     result = run_wrangle(config)
     for line in metrics_lines(task, split, get_template(task, template).name, result.metrics):
         click.echo(line)

@@ -90,7 +90,6 @@ def test_int8_layers_store_a_quarter_of_float32(checkpoint, tmp_path):
 def test_compress_weight_option_takes_a_format(args, expected):
     import click
     from click.testing import CliRunner
-
     from jobs.policy_options import policy_from_options, policy_options
 
     @click.command()

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from jobs.wrangle.command import WrangleConfig, build_prompts, run_wrangle, wrangle_command
 from jobs.wrangle.tasks import render
+from pipeline.settings import EngineSettings
 
 REPO = Path(__file__).resolve().parents[3]
 DATA = REPO / "examples" / "wrangle"
@@ -78,11 +79,11 @@ def test_few_shot_prefix_is_seeded_and_holds_no_scored_row(tmp_path, demo_model_
     assert not any(line.startswith(q) for line in shots for q in queries)
 
 
-def _config(tmp_path, task, **kw):
+def _config(tmp_path, task, use_ray=False, workers=None, **kw):
     kw.setdefault("impute_column", "country" if task == "data_imputation" else None)
-    kw.setdefault("use_ray", False)
+    engine = EngineSettings(dtype="float32", use_ray=use_ray, workers=workers)
     return WrangleConfig(task=task, data=DATA / task, output=tmp_path / task, model=REPO / "examples" / "demo-model",
-                         dtype="float32", **kw)
+                         engine=engine, **kw)
 
 
 @pytest.mark.parametrize(("task", "limit"), [("entity_matching", 8), ("data_imputation", None),
