@@ -87,16 +87,18 @@ def test_plan_reads_the_workload_from_an_openai_batch_file(demo_model_dir, hw_fi
 def test_plan_and_run_choose_the_same_policy_for_the_same_input(tmp_path, tiny_llama_dir, hw_file, monkeypatch):
     """One decision (pipeline.planning.choose_policy) with one CPU budget default: here a small memory room
     binds, so a command that defaulted the budget otherwise (plan once took the spec's memory) would differ."""
-    room = MemoryRoom(1e6 / pipeline.planning.CPU_BUDGET_SHARE, None, None, None, None)
-    monkeypatch.setattr(planner.memory_room, "memory_room", lambda: room)
     inp = write_parquet(tmp_path / "in.parquet", prompt=[f"prompt {i} " + "word " * (i % 7) for i in range(64)])
     common = ["--model", tiny_llama_dir, "--input", inp, "--hardware", hw_file, "--dtype", "float32"]
-    planned = plan(*common, "--gen-len", 3, "--json")
-    assert planned.exit_code == 0, planned.output
-    unbound = plan(*common, "--gen-len", 3, "--json", "--cpu-mem", "1GiB")
-    assert json.loads(unbound.output) != json.loads(planned.output)  # the default budget does bind
+    plans = {}
+    for room_bytes in (1e12, 1e6):
+        room = MemoryRoom(room_bytes / pipeline.planning.CPU_BUDGET_SHARE, None, None, None, None)
+        monkeypatch.setattr(planner.memory_room, "memory_room", lambda room=room: room)
+        result = plan(*common, "--gen-len", 3, "--json")
+        assert result.exit_code == 0, result.output
+        plans[room_bytes] = json.loads(result.output)
+    assert plans[1e6] != plans[1e12]  # the default budget binds
     ran = CliRunner().invoke(cli.main, ["run", "--no-ray", *map(str, common), "--max-new-tokens", "3",
                                         "--output", str(tmp_path / "out")])
     assert ran.exit_code == 0, ran.output
     job = json.loads((tmp_path / "out" / "_job.json").read_text())
-    assert job["run"]["workers"][0]["policy"] == json.loads(planned.output)
+    assert job["run"]["workers"][0]["policy"] == plans[1e6]
