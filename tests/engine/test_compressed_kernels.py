@@ -90,12 +90,14 @@ def test_int8_layers_store_a_quarter_of_float32(checkpoint, tmp_path):
 def test_compress_weight_option_takes_a_format(args, expected):
     import click
     from click.testing import CliRunner
-    from jobs.policy_options import policy_from_options, policy_options
+
+    from jobs.engine_options import engine_options, engine_settings
 
     @click.command()
-    @policy_options
-    def show(**o):
-        p = policy_from_options(o)
+    @engine_options
+    @click.pass_context
+    def show(ctx, **o):
+        p = engine_settings(ctx, o).policy
         click.echo(f"{p.compress_weight} {p.weight_format} {p.compress_cache}")
 
     assert CliRunner().invoke(show, args).output.split() == [str(e) for e in expected]
