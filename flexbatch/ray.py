@@ -92,9 +92,13 @@ class Processor:
 
 def build_processor(model, **options):
     """`ds.map_batches(**build_processor(model, concurrency=2, batch_size=64, max_new_tokens=32))`: the
-    keyword arguments of a map_batches call that runs `Processor`; `concurrency` and `batch_size` go to Ray Data,
-    every other option to the `Processor`."""
-    stage = {k: options.pop(k) for k in ("concurrency", "batch_size", "num_cpus", "num_gpus") if k in options}
+    keyword arguments of a map_batches call that runs `Processor`; `concurrency` (that many actors, each with its
+    engine), `batch_size`, `num_cpus` and `num_gpus` go to Ray Data, every other option to the `Processor`."""
+    from ray.data import ActorPoolStrategy
+
+    stage = {k: options.pop(k) for k in ("batch_size", "num_cpus", "num_gpus") if k in options}
+    if "concurrency" in options:  # Ray Data >= 2.51 takes the actor count as an ActorPoolStrategy
+        stage["compute"] = ActorPoolStrategy(size=options.pop("concurrency"))
     return {"fn": Processor, "fn_constructor_kwargs": {"model": model, **options}, **stage}
 
 

@@ -32,8 +32,9 @@ def test_processor_rows_follow_ray_data_llm_columns(tmp_path, chat_checkpoint, d
     out = chat({"messages": [[{"role": "user", "content": "hi"}], []], "id": [7, 8]})
     assert out["error"][0] is None and out["num_generated_tokens"][0] == 3 and "empty list" in out["error"][1]
     kwargs = build_processor(demo_model_dir, concurrency=2, batch_size=8, max_new_tokens=3)
-    assert kwargs == {"fn": Processor, "fn_constructor_kwargs": {"model": demo_model_dir, "max_new_tokens": 3},
-                      "concurrency": 2, "batch_size": 8}
+    assert kwargs["compute"].min_size == kwargs["compute"].max_size == 2
+    assert {k: v for k, v in kwargs.items() if k != "compute"} == {
+        "fn": Processor, "fn_constructor_kwargs": {"model": demo_model_dir, "max_new_tokens": 3}, "batch_size": 8}
 
 
 @pytest.mark.slow
