@@ -56,7 +56,9 @@ class WeightCodec:
         tensors, meta = {}, dict(self.metadata())
         for name, t in lw.items():
             if not is_linear_weight(name, t):
-                tensors[name] = t
+                # a copy: a tensor read from safetensors may share the mapping of its whole file, and keeping it
+                # would keep every page read from that file resident (the full-precision weights just compressed)
+                tensors[name] = t.clone()
             elif self.format == "int8":
                 w8 = quantize_int8(t)
                 tensors[f"{name}.q8"], tensors[f"{name}.q8scales"] = w8.codes, w8.scales

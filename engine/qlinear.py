@@ -3,7 +3,8 @@ dense GEMM, a dequantized copy and the dense GEMM elsewhere.
 
 The choice is per weight shape and row count (rows = batch x tokens of the call, so decode and prefill choose
 apart): `max_rows` is the largest row count at which the compressed kernel beat dequantize + GEMM in a
-measurement on this machine (engine/kernel_rates.py); calls with more rows take the dense path. The dense copy
+measurement on this machine (engine/kernel_rates.py); calls with more rows take the dense path, unless the
+kernel still won at the largest row count measured: then it runs on chunks of that many rows. The dense copy
 is made on first need and kept for the rest of the step (one dequantization per layer per step, as before),
 in buffers the weight store hands back when the next layer is taken.
 
@@ -18,8 +19,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine.kernel_rates import ROWS
 from engine.quant import Int4Packed, int4_linear
 from engine.quant_int8 import Int8Weight, int8_linear
+
+LARGEST_MEASURED = ROWS[-1]
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,16 @@ class QLinear:
         return self.weight.fast is not None and rows <= self.weight.max_rows
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        fast = self.weight.fast
-        if not self.uses_fast(x.numel() // x.shape[-1]):
+        rows, w = x.numel() // x.shape[-1], self.weight
+        if self.uses_fast(rows):
+            y = _kernel(x, w.fast)
+        elif w.fast is not None and w.max_rows >= LARGEST_MEASURED:  # still faster at the largest row count
+            x2 = x.reshape(-1, x.shape[-1])  # measured: run the kernel on chunks of that many rows
+            y = torch.cat([_kernel(c, w.fast) for c in x2.split(w.max_rows)]).view(*x.shape[:-1], -1)
+        else:
             return F.linear(x, self.dense(), b)
-        y = int8_linear(x, fast) if isinstance(fast, Int8Weight) else int4_linear(x, fast)
         return y if b is None else y.add_(b)
+
+
+def _kernel(x: torch.Tensor, fast: Int4Packed | Int8Weight) -> torch.Tensor:
+    return int8_linear(x, fast) if isinstance(fast, Int8Weight) else int4_linear(x, fast)

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from engine.disk_read import DirectReader, use_direct
 from engine.fuse import LAYOUT, fuse_projections
+from engine.heap import release_freed_memory
 from engine.kernels import NativeKernels
 from engine.offload import layer_path, offload_root, stored_layer, write_layer
 from engine.policy import Policy
@@ -100,6 +101,7 @@ class WeightStore:
         folder = self._offload_folder(reader, offload_dir) if "disk" in self.placement else None
         for i, tier in enumerate(self.placement):
             self._place(reader, i, tier, folder)
+            release_freed_memory()  # the layer's full-precision copy, before the next is read
         disk = sum(n for n, t in zip(self.layer_bytes, self.placement) if t == "disk")
         self.direct = DirectReader() if disk and use_direct(disk) else None  # else page-cached reads
         if disk:

@@ -108,3 +108,41 @@ def test_unknown_weight_format_names_the_choices():
 
     with pytest.raises(InvalidParamsError, match="weight_format='int3' is invalid: use one of int4, int8"):
         Policy(compress_weight=True, weight_format="int3")
+
+
+def test_rows_beyond_the_measured_range_run_the_kernel_in_chunks(monkeypatch):
+    from engine.qlinear import LARGEST_MEASURED
+    from engine.quant_int8 import int8_linear
+
+    monkeypatch.setattr("engine.kernels.max_rows", lambda f, n, k, dtype: LARGEST_MEASURED)
+    codec, stored, meta = _layer("int8", torch.float32)
+    kernels = NativeKernels()
+    q = kernels.ready(stored, meta, codec, "cpu")[0][NAME]
+    x = torch.randn(2, LARGEST_MEASURED // 2 + 3, 192)  # more rows than measured, in two chunks
+    y = kernels.linear(x, q)
+    assert q._dense is None and torch.equal(y, int8_linear(x, q.weight.fast))  # rows are quantized one by one
+
+
+def test_compressed_load_peaks_at_a_fraction_of_float32(tmp_path):
+    """Layers are quantized one by one as they are read, and the freed full-precision copies go back to the OS:
+    the peak RSS of placing an int8 / int4 model's layers stays well under the float32 model's."""
+    import json
+    import subprocess
+    import sys
+
+    from planner.overhead_probe import write_probe_checkpoint
+    from tests.conftest import REPO
+
+    cfg = dict(model_type="llama", hidden_size=512, intermediate_size=1408, num_attention_heads=8,
+               num_key_value_heads=8, vocab_size=64, max_position_embeddings=128, tie_word_embeddings=True)
+    model = write_probe_checkpoint(tmp_path / "m", 8, cfg)  # 8 layers, 103 MB in float32
+
+    def probe(fmt):
+        out = subprocess.run([sys.executable, "-m", "tests.engine.load_probe", str(model), fmt], cwd=REPO,
+                             capture_output=True, text=True, timeout=300, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    plain, int8, int4 = probe("none"), probe("int8"), probe("int4")
+    assert int8["stored"] < 0.27 * plain["stored"] and int4["stored"] < 0.15 * plain["stored"]
+    assert int8["peak_growth"] < 0.5 * plain["peak_growth"], (int8, plain)
+    assert int4["peak_growth"] < 0.5 * plain["peak_growth"], (int4, plain)
