@@ -45,3 +45,11 @@ def test_chat_lines_on_a_model_without_chat_template_exit_2(tmp_path, tiny_llama
                              "body": {"messages": [{"role": "user", "content": "hi"}]}}) + "\n")
     assert_user_error(invoke("--model", tiny_llama_dir, "--input", f, "--output", tmp_path / "out"),
                       "no chat template", "--chat off")
+
+
+def test_the_bundled_chats_run_on_a_chat_checkpoint_and_are_refused_by_the_demo_model(tmp_path, chat_checkpoint):
+    chats = REPO / "examples" / "chats.parquet"
+    result = invoke("--model", chat_checkpoint("qwen2"), "--input", chats, "--output", tmp_path / "out",
+                    "--max-new-tokens", 2, "--dtype", "float32")
+    assert result.exit_code == 0 and "rows: 6 in 1 files, 0 with errors" in result.stdout, result.output
+    assert_user_error(invoke("--input", chats, "--output", tmp_path / "demo"), "no chat template")
