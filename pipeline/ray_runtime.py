@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.errors import ConfigError
 
@@ -24,9 +26,11 @@ class ActorSpec:
 
 
 def connect(address: str | None) -> tuple[str, bool]:
-    """Join the cluster at `address` (or RAY_ADDRESS); with neither, start a Ray for this job only. Ray's token
-    authentication stays as Ray sets it: on by default for a local Ray in the Ray versions that have it. Returns
-    a description of where the job runs, and whether this call joined or started it (and should leave it)."""
+    """Join the cluster at `address` (or RAY_ADDRESS); with neither, start a Ray for this job only, with token
+    authentication on (its token file private to its owner: `secure_token_file`), every port on 127.0.0.1 (its
+    metrics endpoints answer without authentication), and a watchdog that stops it if this process is killed.
+    Returns a description of where the job runs, and whether this call joined or started it (and should leave
+    it)."""
     import ray
 
     if ray.is_initialized():
@@ -35,15 +39,72 @@ def connect(address: str | None) -> tuple[str, bool]:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every worker's shard lines, not "repeated 2x"
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         log.warning("RAY_AUTH_MODE=disabled: anyone who reaches this cluster's ports can run code on it")
+    else:
+        secure_token_file(create=not target)
     try:
         if target:
             ray.init(address=target, logging_level=logging.WARNING, log_to_driver=True)
             return f"the Ray cluster at {target}", True
+        _on_loopback(ray)
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     except ConnectionError as e:
         raise ConfigError(f"cannot join the Ray cluster at {target!r} ({e}); check --address / RAY_ADDRESS, and "
                           f"for token auth RAY_AUTH_MODE=token with the head's token in ~/.ray/auth_token") from e
+    _watch_local_ray()
     return "a local Ray started for this job", True
+
+
+def _on_loopback(ray) -> None:
+    """Make the local Ray take 127.0.0.1 as its node address, as Ray does for a single machine on macOS: every
+    Ray process then binds its ports (gRPC, agents, Prometheus metrics) to loopback only. Ray reads the switch
+    from the environment in the processes it starts and from its constants module in this one."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if constants is not None and hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        constants.ENABLE_RAY_CLUSTER = False
+    else:
+        log.warning("this Ray version has no loopback switch; its local ports bind every interface")
+
+
+def secure_token_file(create: bool) -> Path | None:
+    """Ray's token file (RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token) readable by its owner only: made so when
+    `create` and it is missing (Ray itself would write it with the umask's mode, often 0644), tightened with a
+    warning when found readable by others. None when the token comes from RAY_AUTH_TOKEN or there is none."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if create and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:  # made meanwhile by another run: checked below
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))  # 256 bits, as `ray get-auth-token --generate` makes
+            log.info("made Ray's token file %s (mode 0600)", path)
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        return None
+    if mode & 0o077:
+        os.chmod(path, 0o600)
+        log.warning("Ray's token file %s was readable by others (mode %04o); set to 0600", path, mode)
+    return path
+
+
+def _watch_local_ray() -> None:
+    import ray
+
+    try:
+        node = ray._private.worker._global_node
+        pids = [i.process.pid for infos in node.all_processes.values() for i in infos if i.process is not None]
+    except AttributeError:  # another Ray version's internals: no watchdog, Ray's own clean-up only
+        log.debug("cannot find the local Ray's processes; it is stopped by Ray alone if this process is killed")
+        return
+    from pipeline.ray_watchdog import start_watchdog
+
+    start_watchdog(pids)
 
 
 def alive_nodes() -> list[dict]:
