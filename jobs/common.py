@@ -12,6 +12,7 @@ from engine.errors import ModelNotFoundError
 
 USER_ERROR_EXIT = 2
 FAILED_SHARDS_EXIT = 1
+OUT_OF_MEMORY_EXIT = 3  # shards failed because their worker was killed for memory
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 

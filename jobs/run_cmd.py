@@ -16,7 +16,7 @@ import click
 import flexbatch
 from engine.errors import FlexbatchError
 from engine.request import TRUNCATE_CHOICES, SamplingParams
-from jobs.common import FAILED_SHARDS_EXIT, default_model, fail, setup_logging
+from jobs.common import FAILED_SHARDS_EXIT, OUT_OF_MEMORY_EXIT, default_model, fail, setup_logging
 from jobs.engine_options import engine_options, engine_settings
 from pipeline.parquet_io import CHAT_CHOICES, FORMAT_CHOICES, MESSAGES_COLUMN
 from pipeline.runner import JobSummary, RunConfig
@@ -89,7 +89,8 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
     The job runs on Ray, one engine per GPU or per CPU node, each planning its own policy. Work is cut into
     shards (row ranges of the input files); each shard's part is committed in _manifest.jsonl, and _SUCCESS
     holds the summary. Rerun the same command to resume: committed shards are skipped. A shard that fails
-    every try is listed in _SUCCESS and the exit code is 1; bad input or options exit with 2.
+    every try is listed in _SUCCESS and the exit code is 1 (3 when a worker was killed for memory: lower
+    --cpu-mem or --shard-rows); bad input or options exit with 2.
 
     \b
     Examples:
@@ -111,7 +112,7 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
     _print_summary(summary)
     _print_rows(summary, show, prompt_column)
     if not summary.ok:
-        sys.exit(FAILED_SHARDS_EXIT)
+        sys.exit(OUT_OF_MEMORY_EXIT if summary.out_of_memory else FAILED_SHARDS_EXIT)
 
 
 def _print_rows(s: JobSummary, n: int, prompt_column: str) -> None:

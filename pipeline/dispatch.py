@@ -24,6 +24,7 @@ class Outcome:
     error: str | None = None
     worker_lost: bool = False  # the worker process died (killed, out of memory, node lost)
     retry: bool = True  # False: another try cannot succeed (the output's filesystem is full or read-only)
+    out_of_memory: bool = False  # the worker was killed for memory (the kernel's OOM killer, Ray's monitor)
 
 
 class InlineDispatcher:
@@ -68,6 +69,9 @@ class RayDispatcher:
         self._plan, self._specs, self._rows, self._leave_ray = plan, list(specs), planned_rows, leave_ray
         self._actors = [start_actor(s, plan, i, s.num_cpus, planned_rows) for i, s in enumerate(self._specs)]
         self._inflight: dict = {}  # object ref -> (worker, shard)
+        from planner.memory_room import oom_kills
+
+        self._oom_kills = oom_kills()
         self.replaced = 0
 
     def start(self) -> list[dict]:
@@ -111,9 +115,28 @@ class RayDispatcher:
                 retry = not isinstance(e.cause, OutputWriteError)
                 outcomes.append(Outcome(worker, shard, error=_cause(e), retry=retry))
             except ray.exceptions.RayError as e:  # actor died, node lost, object lost
-                outcomes.append(Outcome(worker, shard, error=_cause(e), worker_lost=True))
+                memory = self._killed_for_memory(e)
+                error = (f"worker {worker} was killed for memory ({memory}); lower --cpu-mem or --shard-rows "
+                         f"(now {shard.num_rows} rows)" if memory else _cause(e))
+                outcomes.append(Outcome(worker, shard, error=error, worker_lost=True, out_of_memory=bool(memory)))
                 self._replace(worker)
         return outcomes
+
+    def _killed_for_memory(self, e: BaseException) -> str | None:
+        """Why a lost worker was killed for memory, or None: Ray's memory monitor says so itself; the kernel's
+        OOM killer is seen in the oom_kill count of this process's memory cgroup, which a local Ray's workers
+        share (a kill on another node is not seen)."""
+        import ray
+
+        from planner.memory_room import oom_kills
+
+        if isinstance(e, ray.exceptions.OutOfMemoryError) or "low on memory" in str(e):
+            return "Ray's memory monitor"
+        seen, kills = self._oom_kills, oom_kills()
+        self._oom_kills = kills
+        if kills is not None and seen is not None and kills > seen:
+            return "the kernel's OOM killer, at this memory cgroup's limit"
+        return None
 
     def _replace(self, worker: int) -> None:
         """A new actor in the dead one's slot, on the same node if it is still there, else anywhere."""

@@ -151,7 +151,7 @@ def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int, 
                 if tries > config.max_shard_retries or not o.retry:
                     log.error("shard %d (%s) %s on try %d, giving up: %s", o.shard.index, o.shard.part_name, what,
                               tries, o.error)
-                    failed.append(_failure(o.shard, o.error, tries))
+                    failed.append({**_failure(o.shard, o.error, tries), "out_of_memory": o.out_of_memory})
                     if not o.retry:  # every other shard would fail the same way
                         failed += [_failure(s, f"not started: {o.error}", 0) for s in queue]
                         queue.clear()

@@ -111,6 +111,11 @@ class JobSummary:
         return not self.failed_shards
 
     @property
+    def out_of_memory(self) -> bool:
+        """Whether a shard was given up because its worker was killed for memory."""
+        return any(f.get("out_of_memory") for f in self.failed_shards)
+
+    @property
     def tokens_per_s(self) -> float:
         """This run's completion tokens per second of engine time, summed over workers (reading and writing
         Parquet not counted): the speed of one engine."""

@@ -120,3 +120,25 @@ def _v2(folder: Path, root: Path) -> tuple[float | None, float | None]:
         return None, None
     usage = _read_int(folder / "memory.current") or 0.0
     return min(limits), max(0.0, usage - _stat(folder / "memory.stat").get("inactive_file", 0.0))
+
+
+def oom_kills(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """How many processes the kernel has killed for memory in this process's memory cgroup (v1
+    `memory.oom_control`, v2 `memory.events`, both `oom_kill N`), or None where it cannot be read."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return _counter(_folder(cgroup_root / "memory", path) / "memory.oom_control", "oom_kill")
+    for line in lines:
+        if line.startswith("0::"):
+            return _counter(_folder(cgroup_root, line[3:]) / "memory.events", "oom_kill")
+    return None
+
+
+def _counter(path: Path, key: str) -> int | None:
+    value = _stat(path).get(key)
+    return None if value is None else int(value)
