@@ -2,7 +2,6 @@
 
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from pipeline.planning import CPU_BUDGET_SHARE, plan_budgets
 from planner.memory_room import MemoryRoom, memory_room
+from tests.cgroups import memory_cgroup, remove_cgroup, run_in_cgroup
 
 MIB = 2**20
 
@@ -69,27 +69,6 @@ def test_the_budget_is_a_share_of_the_room_and_a_larger_cpu_mem_is_lowered(caplo
     assert plan_budgets({"cpu": 10 * MIB}, room)["cpu"] == 10 * MIB
 
 
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
-
-
-def memory_cgroup(name: str, limit_bytes: int) -> Path:
-    """A fresh cgroup v1 memory group (root only); the caller removes it. Skips where that is not possible."""
-    if not (CGROUP_V1 / "cgroup.procs").exists() or not os.access(CGROUP_V1, os.W_OK):
-        pytest.skip("needs a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory (root)")
-    group = CGROUP_V1 / f"{name}-{os.getpid()}"
-    try:
-        group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
-    except OSError as e:
-        pytest.skip(f"cannot make a memory cgroup at {group}: {e}")
-    return group
-
-
-def run_in_cgroup(group: Path, args: list[str], **kw) -> subprocess.CompletedProcess:
-    script = f'echo $$ > {group}/cgroup.procs && exec "$@"'
-    return subprocess.run(["sh", "-c", script, "sh", *args], capture_output=True, text=True, **kw)
-
-
 def test_the_budget_inside_a_real_memory_cgroup_fits_its_limit():
     group = memory_cgroup("flexbatch-budget", 600 * MIB)
     try:
@@ -102,7 +81,7 @@ def test_the_budget_inside_a_real_memory_cgroup_fits_its_limit():
         assert limit == 600 * MIB and 0 < used < limit  # torch alone is part of the cgroup's use
         assert budget == pytest.approx(CPU_BUDGET_SHARE * (limit - used)) and budget < mem_available / 4
     finally:
-        group.rmdir()
+        remove_cgroup(group)
 
 
 @pytest.mark.slow
@@ -122,7 +101,7 @@ def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(
                              env={**os.environ, "OMP_NUM_THREADS": "1"})
         kills = (group / "memory.oom_control").read_text()
     finally:
-        group.rmdir()
+        remove_cgroup(group)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # was 137: killed at the limit
     assert "oom_kill 0" in kills and "memory cgroup limit 500 MiB" in done.stderr
     assert "rows: 1000 in 1 files, 0 with errors" in done.stdout
