@@ -13,6 +13,7 @@ from pathlib import Path
 from jobs.helm.evaluate import evaluate
 from jobs.helm.execute import attach_results
 from jobs.helm.output import RunSummary, helm_metric_specs, metric_summaries, write_run, write_summary
+from jobs.helm.schema import run_groups, write_suite_schema
 from jobs.wrangle.datasets import HELM_GROUP
 from jobs.wrangle.paper_job import PaperConfig, PaperRun
 
@@ -45,30 +46,34 @@ def _states(config: PaperConfig, run: PaperRun, model: str) -> list[dict]:
     return states
 
 
+def _write_run(config: PaperConfig, run: PaperRun, done: dict[str, dict], model: Path, suite_dir: Path
+               ) -> RunSummary:
+    group = HELM_GROUP.get(run.dataset.task, run.dataset.task)
+    name = f"{group}:dataset={run.dataset.name},model={model.name}"
+    missing = {"completion": None, "finish_reason": "error", "error": "its shard failed every try; rerun",
+               "prompt_tokens": 0, "completion_tokens": 0}
+    rows = {f"{j}.0": {**missing, **done.get(row_id, {}), "logprobs": None} for j, row_id in enumerate(run.ids)}
+    adapter = _adapter(config, run, model.name)
+    states, usages = attach_results(_states(config, run, model.name), rows)
+    per_instance, stats = evaluate(states, METRICS, adapter, usages)
+    scenario = {"name": group, "description": f"{run.dataset.name} ({run.dataset.task}) of fm_data_tasks",
+                "tags": [run.dataset.task], "definition_path": str(run.folder)}
+    run_spec = {"name": name, "scenario_spec": {"class_name": "fm_data_tasks", "args": {"dataset": run.dataset.name}},
+                "adapter_spec": adapter, "metric_specs": helm_metric_specs(METRICS), "groups": [group]}
+    errors = sum(r["finish_reason"] == "error" for r in rows.values())
+    write_run(suite_dir / name, {"run_spec.json": run_spec, "scenario.json": scenario,
+                                 "scenario_state.json": {"adapter_spec": adapter, "request_states": states},
+                                 "stats.json": stats, "per_instance_stats.json": per_instance},
+              {"name": name, "model": str(model), "dataset": run.dataset.name, "error_rows": errors})
+    return RunSummary(name=name, model=str(model), status="done", error_rows=errors,
+                      metrics=metric_summaries(per_instance, METRICS), instances=run.n)
+
+
 def write_helm_runs(config: PaperConfig, runs: list[PaperRun], done: dict[str, dict], model: Path) -> Path:
-    """One HELM run folder per dataset and the suite summary; returns the suite folder."""
+    """One HELM run folder per dataset, the suite summary, and the suite's schema for `helm-summarize
+    --schema-path`; returns the suite folder."""
     suite_dir = config.output / "helm" / "runs" / SUITE
-    summaries = []
-    for run in runs:
-        group = HELM_GROUP.get(run.dataset.task, run.dataset.task)
-        name = f"{group}:dataset={run.dataset.name},model={model.name}"
-        missing = {"completion": None, "finish_reason": "error", "error": "its shard failed every try; rerun",
-                   "prompt_tokens": 0, "completion_tokens": 0}
-        rows = {f"{j}.0": {**missing, **done.get(row_id, {}), "logprobs": None} for j, row_id in enumerate(run.ids)}
-        states, usages = attach_results(_states(config, run, model.name), rows)
-        per_instance, stats = evaluate(states, METRICS, _adapter(config, run, model.name), usages)
-        scenario = {"name": group, "description": f"{run.dataset.name} ({run.dataset.task}) of fm_data_tasks",
-                    "tags": [run.dataset.task], "definition_path": str(run.folder)}
-        run_spec = {"name": name, "scenario_spec": {"class_name": "fm_data_tasks", "args": {
-            "dataset": run.dataset.name}}, "adapter_spec": _adapter(config, run, model.name),
-            "metric_specs": helm_metric_specs(METRICS), "groups": [group]}
-        errors = sum(r["finish_reason"] == "error" for r in rows.values())
-        write_run(suite_dir / name, {"run_spec.json": run_spec, "scenario.json": scenario,
-                                     "scenario_state.json": {"adapter_spec": run_spec["adapter_spec"],
-                                                             "request_states": states},
-                                     "stats.json": stats, "per_instance_stats.json": per_instance},
-                  {"name": name, "model": str(model), "dataset": run.dataset.name, "error_rows": errors})
-        summaries.append(RunSummary(name=name, model=str(model), status="done", error_rows=errors,
-                                    metrics=metric_summaries(per_instance, METRICS), instances=run.n))
+    summaries = [_write_run(config, run, done, model, suite_dir) for run in runs]
     write_summary(suite_dir, SUITE, summaries)
+    write_suite_schema(suite_dir, run_groups([suite_dir / s.name for s in summaries]))
     return suite_dir

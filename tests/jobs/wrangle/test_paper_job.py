@@ -4,6 +4,8 @@ demo model (in this process) scored the paper's way, and --all as one job with o
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -54,7 +56,7 @@ def test_mode_errors_are_one_line(tmp_path, no_model_load, args, fragment):
 
 
 def test_all_datasets_one_job_scored_the_papers_way_and_resumable(tmp_path, demo_model_dir):
-    args = ["--data-dir", ROOT, "--all", "--k", "1", "--num-trials", "2", "--num-run", "2", "--no-ray",
+    args = ["--data-dir", ROOT, "--all", "--k", "1", "--num-trials", "2", "--num-run", "2", "--do-test", "--no-ray",
             "--dtype", "float32", "--output", tmp_path]
     first = invoke(*args)
     assert first.exit_code == 0, (first.output, first.exception)
@@ -98,3 +100,21 @@ def _check_helm_runs(suite: Path, names: list[str], preds: list[dict]) -> None:
         want = sum((r["completion"] or "").strip() == r["gold"] for r in rows) / len(rows)
         assert exact.count == 4 and exact.mean == pytest.approx(want)
     assert "entity_matching:dataset=Beer,model=demo-model" in (suite / "flexbatch_summary.md").read_text()
+    _check_helm_summarize(suite)
+
+
+def _check_helm_summarize(suite: Path) -> None:
+    """crfm-helm's helm-summarize (installed by `make venv`) puts each dataset in its group's table with our
+    exact_match."""
+    summarize = Path(sys.executable).with_name("helm-summarize")
+    assert summarize.is_file(), f"{summarize} is missing: `make venv` installs crfm-helm"
+    done = subprocess.run([str(summarize), "--suite", "wrangle", "-o", str(suite.parent.parent), "--schema-path",
+                           str(suite / "schema_flexbatch.yaml")], capture_output=True, text=True, cwd=suite,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tables = json.loads((suite / "groups" / "entity_matching.json").read_text())
+    [beer] = [t for t in tables if t["title"] == "dataset: Beer"]
+    cells = {h["value"]: c.get("value") for h, c in zip(beer["header"], beer["rows"][0])}
+    ours = json.loads((suite / "entity_matching:dataset=Beer,model=demo-model" / "stats.json").read_text())
+    want = next(s["mean"] for s in ours if s["name"] == {"name": "exact_match", "split": "test"})
+    assert cells["Model"] == "demo-model" and cells["EM"] == pytest.approx(want) and cells["# eval"] == 2
