@@ -146,17 +146,29 @@ def block_rows(policy: Policy, work: Workload) -> int:
 
 
 def predict(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Policy) -> Prediction:
-    """Price `policy` (its fractions rounded as the engine rounds them) for the whole job."""
+    """Price `policy` (its fractions rounded as the engine rounds them) for the whole job; tokens/s counts the
+    tokens rows are expected to generate (`Workload.expected_gen_len`)."""
     policy = realized_policy(policy, model.num_layers)
     rows = block_rows(policy, work)
     blk = Block(model, hw, work, policy, rows)
     block_s, pre, dec = block_seconds(blk)
     full, rest = divmod(work.num_prompts, rows)
-    total = full * block_s + (block_seconds(Block(model, hw, work, policy, rest))[0] if rest else 0.0)
+    if policy.refill:
+        total = refill_seconds(work, rows, pre.step_s, dec.step_s)
+    else:
+        total = full * block_s + (block_seconds(Block(model, hw, work, policy, rest))[0] if rest else 0.0)
     handoff = kv_handoff_s(blk, pre.layers)
     return Prediction(policy, work, rows, full + (1 if rest else 0), pre, dec, block_s, total,
-                      work.num_prompts * work.gen_len / total, memory_need(model, hw, work, policy, rows),
+                      work.num_prompts * work.expected_gen_len / total, memory_need(model, hw, work, policy, rows),
                       handoff)
+
+
+def refill_seconds(work: Workload, rows: int, prefill_s: float, decode_step_s: float) -> float:
+    """With refill, every slot stays busy until the rows run out: each row's prefill (priced as its share of a
+    block's), n * E / rows decode steps for the n * E expected tokens, and a drain at the end while the last rows
+    finish (gen_len - E steps: the longest-lived rows outlast the average)."""
+    n, E = work.num_prompts, work.expected_gen_len
+    return n / rows * prefill_s + (n * E / rows + work.gen_len - E) * decode_step_s
 
 
 def kv_handoff_s(blk: Block, layers: dict) -> float:

@@ -186,13 +186,21 @@ class _Solver:
         bounds = count_bounds(self.model, self.hw, self.pins, template.gbs, template)
         solution = self.program.solve(blk, *bounds, self.capacity)
         self.solves += 1
-        pred = solution and predict(self.model, self.hw, self.work, solution.policy(template, self.model.num_layers))
+        pred = solution and self._priced(solution.policy(template, self.model.num_layers))
         if pred is None or shortfalls(pred.peak_bytes, self.capacity):
             self.seen[key] = float("inf")
             return self.seen[key]
         self.ranked[key] = (pred.total_s, self.solves, pred, solution)
         self.seen[key] = pred.total_s
         return pred.total_s
+
+
+    def _priced(self, policy: Policy) -> Prediction:
+        """The prediction of `policy` with refill on or off, whichever is faster (or as pinned): refill changes
+        the time a job takes (rows that finish early free their slots), not the memory it needs."""
+        choices = (self.pins["refill"],) if "refill" in self.pins else (False, True)
+        preds = [predict(self.model, self.hw, self.work, replace(policy, refill=r)) for r in choices]
+        return min(preds, key=lambda p: p.total_s)
 
 
 def search(model: ModelSpec, hw: HardwareSpec, work: Workload, pins: dict | None = None,

@@ -19,13 +19,17 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 @dataclass(frozen=True)
 class Workload:
     """prompt_len is the typical padded prompt length of a block (it prices time); max_prompt_len the longest
-    (it sizes memory: the largest block must fit). gen_len is max_new_tokens: rows are assumed to run to it."""
+    (it sizes memory: the largest block must fit). gen_len is the largest max_new_tokens (it sizes the KV cache);
+    expected_gen_len the tokens a row generates on average (its own max_new_tokens, or fewer where a stop string
+    or EOS ends it; measured on the first blocks when known; gen_len when not given): without refill a block
+    runs until its last row ends, with refill a finished row's slot takes the next row (engine/refill.py)."""
 
     prompt_len: int
     gen_len: int
     num_prompts: int
     max_prompt_len: int | None = None
     dtype: str = "bfloat16"
+    expected_gen_len: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("prompt_len", "gen_len", "num_prompts"):
@@ -37,6 +41,11 @@ class Workload:
             raise InvalidParamsError(f"max_prompt_len={longest!r} is invalid: expected an integer >= prompt_len "
                                      f"({self.prompt_len})")
         object.__setattr__(self, "max_prompt_len", longest)
+        expected = self.gen_len if self.expected_gen_len is None else self.expected_gen_len
+        if isinstance(expected, bool) or not isinstance(expected, (int, float)) or not 1 <= expected <= self.gen_len:
+            raise InvalidParamsError(f"expected_gen_len={expected!r} is invalid: expected a number in [1, gen_len "
+                                     f"= {self.gen_len}]")
+        object.__setattr__(self, "expected_gen_len", float(expected))
         if self.dtype not in DTYPE_BYTES:
             raise InvalidParamsError(f"dtype={self.dtype!r} is invalid: use one of {', '.join(DTYPE_BYTES)}")
 

@@ -135,3 +135,12 @@ def test_a_split_with_its_gpu_layers_resident_stages_nothing_on_the_gpu():
     for phase in ("prefill", "decode"):
         gap = mm.working_bytes(SMALL, WORK, streamed, phase)["gpu"] - mm.working_bytes(SMALL, WORK, resident, phase)["gpu"]
         assert gap == 2 * mm.layer_bytes(SMALL, 2, compressed=False)
+
+
+def test_expected_gen_len_is_checked():
+    from engine.errors import InvalidParamsError
+    from planner.workload import Workload
+
+    assert Workload(8, 16, 4).expected_gen_len == 16.0
+    with pytest.raises(InvalidParamsError, match="expected_gen_len=20"):
+        Workload(8, 16, 4, expected_gen_len=20)

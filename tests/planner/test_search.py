@@ -1,5 +1,7 @@
 """The search: known optima, pins, feasibility without solving, infeasibility, monotonicity."""
 
+from dataclasses import replace
+
 import pytest
 
 from engine.errors import InvalidParamsError
@@ -107,3 +109,17 @@ def test_a_pinned_split_gets_its_layer_from_the_search():
 
     plan = search(LLAMA_300M, load_hardware(SPR_H100), WORK, pins={"decode_device": "split"})
     assert plan.policy.decode_device == "split" and 1 <= plan.policy.decode_split_layer < 20
+
+
+def test_refill_is_chosen_when_rows_finish_early_and_not_otherwise():
+    from planner.predict import predict
+
+    model, hw = LLAMA_300M, server_cpu()
+    early = Workload(64, 256, 512, expected_gen_len=40.0)
+    full = Workload(64, 256, 512)
+    assert search(model, hw, early).policy.refill
+    assert not search(model, hw, full).policy.refill
+    plan = search(model, hw, early)
+    blocks = predict(model, hw, early, replace(plan.policy, refill=False))
+    assert plan.prediction.total_s < 0.5 * blocks.total_s  # 40 of 256 steps per row busy: far fewer steps
+    assert not search(model, hw, early, pins={"refill": False}).policy.refill
