@@ -234,9 +234,8 @@ def wrangle_command(**opts) -> None:
         model = opts["model"] or default_model()
         _check_mode(opts)
         if opts["data_dir"] is not None:
-            engine = {"model": model, **settings.settings()}
-            ok = run_dataset_mode(paper_config(opts, opts["output"], opts["seed"]), engine, opts["overwrite"],
-                                  opts["dry_run"])
+            ok = run_dataset_mode(paper_config(opts, opts["output"], opts["seed"]), model, settings,
+                                  opts["overwrite"], opts["dry_run"])
         else:
             ok = _run_tables(opts, model, settings)
     except FlexbatchError as e:

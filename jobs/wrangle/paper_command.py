@@ -10,6 +10,7 @@ import click
 from jobs.wrangle.helm_output import write_helm_runs
 from jobs.wrangle.paper_job import PROMPTS_FILE, PaperConfig, run_paper, summary_lines
 from jobs.wrangle.paper_prompts import SAMPLE_METHODS
+from pipeline.settings import EngineSettings
 
 # name -> (click option arguments, keyword arguments); defaults are run_inference's
 PAPER_OPTIONS = {
@@ -57,14 +58,15 @@ def paper_config(opts: dict, output: Path, seed: int | None) -> PaperConfig:
                        do_test=opts["do_test"], **({"seed": seed} if seed is not None else {}), **given)
 
 
-def run_dataset_mode(config: PaperConfig, engine: dict, overwrite: bool, dry_run: bool) -> bool:
+def run_dataset_mode(config: PaperConfig, model: Path, engine: EngineSettings, overwrite: bool,
+                     dry_run: bool) -> bool:
     """Run and print; False when some shards failed."""
-    runs, rows, summary, done = run_paper(config, engine, overwrite, dry_run)
+    runs, rows, summary, done = run_paper(config, model, engine, overwrite, dry_run)
     if dry_run:
         click.echo(f"{sum(len(r.ids) for r in runs)} prompts of {len(runs)} datasets: {config.output / PROMPTS_FILE}")
         return True
     for line in summary_lines(rows):
         click.echo(line)
     click.echo(f"metrics: {config.output / 'metrics.json'}")
-    click.echo(f"HELM runs: {write_helm_runs(config, runs, done, Path(engine['model']))}")
+    click.echo(f"HELM runs: {write_helm_runs(config, runs, done, Path(model))}")
     return summary.ok

@@ -31,6 +31,7 @@ from jobs.wrangle.paper_prompts import (
     random_prefix,
 )
 from pipeline import JobSummary, RunConfig, run_job
+from pipeline.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 PROMPTS_FILE = "prompts.parquet"
@@ -186,18 +187,18 @@ def score_runs(config: PaperConfig, runs: list[PaperRun], summary: JobSummary) -
     return rows, done
 
 
-def run_paper(config: PaperConfig, engine: dict, overwrite: bool = False, dry_run: bool = False):
-    """Build and write the prompts; unless `dry_run`, complete them as one job and score them. `engine`: the
-    RunConfig fields of the engine (model, dtype, use_ray, workers, address, plan)."""
+def run_paper(config: PaperConfig, model: Path, engine: EngineSettings, overwrite: bool = False,
+              dry_run: bool = False):
+    """Build and write the prompts; unless `dry_run`, complete them with `model` as one job and score them.
+    Returns the runs, the summary rows, the job's summary and the completions by id."""
     runs = build_runs(config)
     path = write_all_prompts(config, runs, overwrite)
     log.info("%d prompts of %d datasets (%s split, %d trials) in %s", sum(len(r.ids) for r in runs), len(runs),
              config.split, config.num_trials, path)
     if dry_run:
         return runs, None, None, {}
-    summary = run_job(RunConfig(
-        input=str(path), output=config.output / COMPLETIONS_DIR, overwrite=overwrite,
-        params=SamplingParams(max_new_tokens=config.max_tokens, temperature=0.0, stop=(config.stop_token,)),
-        **engine))
+    summary = run_job(RunConfig.for_job(
+        engine, input=str(path), output=config.output / COMPLETIONS_DIR, model=model, overwrite=overwrite,
+        params=SamplingParams(max_new_tokens=config.max_tokens, temperature=0.0, stop=(config.stop_token,))))
     rows, done = score_runs(config, runs, summary)
     return runs, rows, summary, done
