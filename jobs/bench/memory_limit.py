@@ -113,7 +113,7 @@ def memory_limit_runs(model_dir: Path, limit_bytes: int, rows: int, prompt_len: 
                       flex_batches: tuple[int, ...], acc_batches: tuple[int, ...], timeout_s: float) -> dict:
     """Every side and batch, back to back, each in a fresh group; the best surviving run of each side."""
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    room = max(0, limit_bytes - BASELINE_BYTES)
+    room = max(0, limit_bytes - BASELINE_BYTES // 2)  # each side then measures its own room in its group
     runs = []
     with tempfile.TemporaryDirectory(prefix="flexbatch-memlimit-") as tmp:
         for name, batches in (("flexbatch", flex_batches), ("accelerate", acc_batches)):

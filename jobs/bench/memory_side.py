@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,8 +18,8 @@ DTYPE = "bfloat16"
 
 
 def flexbatch_policy(side: Side):
-    """Whole layers kept in CPU memory as far as the budget allows after the embeddings, the block's KV cache and
-    activations and two staged disk layers; the rest on disk."""
+    """Under the CPU budget, after the embeddings, the activations and two staged disk layers: whole layers kept
+    in memory first, then as much of the KV cache as fits; the rest of both on disk."""
     from engine.policy import Policy
     from engine.spec import load_model_spec
     from engine.weights import CheckpointReader
@@ -28,10 +29,12 @@ def flexbatch_policy(side: Side):
     layer = sum(t.numel() * 2 for t in reader.layer(0, torch.bfloat16).values())
     glob = sum(t.numel() * 2 for t in reader.globals(torch.bfloat16).values())
     T = side.prompt_len + side.gen_len
-    kv_act = side.batch * (spec.kv_bytes_per_token(2) * T + side.prompt_len * spec.hidden_size * 4)
-    room = side.cpu_bytes - glob - kv_act - 2 * layer
+    kv = side.rows * spec.kv_bytes_per_token(2) * T
+    room = side.cpu_bytes - glob - 2 * layer - side.batch * side.prompt_len * spec.hidden_size * 4
     resident = max(0, min(spec.num_layers, int(room // layer)))
-    return Policy(gbs=side.batch, num_gb=1, weight_cpu=resident / spec.num_layers)
+    cache_cpu = max(0.0, min(1.0, (room - resident * layer) / kv))
+    return Policy(gbs=side.batch, num_gb=max(1, side.rows // side.batch), weight_cpu=resident / spec.num_layers,
+                  cache_cpu=round(cache_cpu, 3), act_cpu=1.0)
 
 
 def run_flexbatch(side: Side, prompts) -> tuple[int, float, dict]:
@@ -67,14 +70,24 @@ def run_accelerate(side: Side, prompts) -> tuple[int, float, dict]:
     return tokens, gen_s, {"device_map": on}
 
 
+MARGIN_BYTES = 64 << 20  # left free in the group: Python's own growth, the tokenizer, the generate loop
+
+
 def main(arg: str) -> None:
+    """The CPU memory either side may fill is measured here, in the group, after the imports: the group's room
+    less a margin (capped by the Side's), so both sides get the same."""
+    import transformers  # noqa: F401  (both sides' baseline includes it)
+
+    from engine.disk_read import memory_room_bytes
+
     side = Side(**json.loads(arg))
+    side = replace(side, cpu_bytes=max(16 << 20, min(side.cpu_bytes, memory_room_bytes() - MARGIN_BYTES)))
     vocab = json.loads((Path(side.model_dir) / "config.json").read_text())["vocab_size"]
     prompts = bm.prompt_ids(side.rows, side.prompt_len, vocab)
     t0 = time.perf_counter()
     run = run_flexbatch if side.side == "flexbatch" else run_accelerate
     tokens, gen_s, info = run(side, prompts)
-    print(json.dumps({"tokens": tokens, "gen_s": gen_s, "tokens_per_s": tokens / gen_s,
+    print(json.dumps({"tokens": tokens, "gen_s": gen_s, "tokens_per_s": tokens / gen_s, "cpu_bytes": side.cpu_bytes,
                       "process_s": time.perf_counter() - t0, **info}))
 
 
