@@ -1,4 +1,5 @@
-"""Compute dtype selection: bfloat16 where the CPU has native bf16 (AMX or AVX512-BF16), else float32."""
+"""Compute dtype selection: bfloat16 where the CPU has native bf16 (AMX or AVX512-BF16), else float32; and what
+the CPU is (/proc/cpuinfo), read once here for every caller."""
 
 from __future__ import annotations
 
@@ -14,11 +15,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @cache
-def cpu_has_native_bf16() -> bool:
+def cpu_info(field: str) -> str | None:
+    """A field of the first processor in /proc/cpuinfo ("model name", "flags"); None where it cannot be read."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == field:
+                return line.split(":", 1)[1].strip()
     except OSError:
-        return False
+        pass
+    return None
+
+
+@cache
+def cpu_has_native_bf16() -> bool:
+    flags = (cpu_info("flags") or "").split()
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 

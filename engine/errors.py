@@ -20,6 +20,3 @@ class WeightFormatError(FlexbatchError):
 class InvalidParamsError(FlexbatchError, ValueError):
     """A generation parameter has a bad value."""
 
-
-class PromptTooLongError(FlexbatchError):
-    """A prompt does not fit the model's context with the requested number of new tokens."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine.dtypes import cpu_info
 from engine.quant import DEFAULT_CONFIG, PACKED_DTYPE, dequantize, int4_linear, pack_int4, quantize
 from engine.quant_int8 import dequantize_int8, int8_linear, quantize_int8
 
@@ -33,14 +34,7 @@ _memo: dict[tuple[Path, str], int] = {}
 
 
 def machine_key() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_info("model name") or platform.processor() or platform.machine()
     return f"{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}"
 
 

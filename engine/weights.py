@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -71,11 +70,6 @@ class CheckpointReader:
     def globals(self, dtype: torch.dtype) -> LayerWeights:
         items = [(name, loc) for (li, name), loc in self._where.items() if li is None]
         return self._read(items, dtype)
-
-    def layers(self, dtype: torch.dtype) -> Iterator[LayerWeights]:
-        for i in range(self.spec.num_layers):
-            yield self.layer(i, dtype)
-
 
 def _weight_files(model_dir: Path) -> list[Path]:
     """The files named by `model.safetensors.index.json` when present, else every *.safetensors file."""

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from engine.attention import attend, prefill_mask
-from engine.dtypes import resolve_dtype
+from engine.dtypes import cpu_info, resolve_dtype
 from engine.quant import dequantize, quantize
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
 from planner.microbench import attention_report, dequant_timings, median_seconds
@@ -290,14 +290,7 @@ def profile_this_machine(offload_dir: Path | None = None, dtype: str = "auto") -
 
 def machine_key() -> str:
     """What a cached profile must match: CPU model, torch threads, torch version, CUDA device, profile version."""
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_info("model name") or "unknown"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no gpu"
     return f"{cpu}; {torch.get_num_threads()} threads; torch {torch.__version__}; {gpu}; v{PROFILE_VERSION}"
 

@@ -43,9 +43,8 @@ FIGURES = ("prefill latency", "decode latency", "total latency", "prefill throug
 def spec_for(preset: str):
     """The engine's ModelSpec of an OPT preset, from its config alone (no weights needed)."""
     from engine.spec import spec_from_config
-    from jobs.bench.gpu_models import hf_config
 
-    return spec_from_config(hf_config(GPU_PRESETS[preset]).to_dict() | {"model_type": "opt"})
+    return spec_from_config(GPU_PRESETS[preset].hf_config().to_dict() | {"model_type": "opt"})
 
 
 def placement(args) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tests.checkpoints import _TEXT, _perturb_norms, llama_config
+from tests.checkpoints import _TEXT, llama_config, perturb_norms
 
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
@@ -76,7 +76,7 @@ def make_chat_tokenizer(out: Path, style: str):
 
 def make_chat_checkpoint(out: Path, style: str, seed: int = 0) -> Path:
     """A random-weight checkpoint of `style` ("llama3", "qwen2", "mistral") with its chat template."""
-    from transformers import AutoModelForCausalLM
+    from jobs.bench.models import save_random_model
 
     s = STYLES[style]
     out.mkdir(parents=True, exist_ok=True)
@@ -84,10 +84,7 @@ def make_chat_checkpoint(out: Path, style: str, seed: int = 0) -> Path:
     cfg = llama_config(len(tok), s["variant"])
     cfg.bos_token_id = tok.bos_token_id
     cfg.eos_token_id = tok.eos_token_id
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    _perturb_norms(model, seed)
-    model.save_pretrained(out, safe_serialization=True)
+    save_random_model(out, cfg, torch.float32, seed, adjust=lambda model: perturb_norms(model, seed))
     set_generation_eos(out, [tok.convert_tokens_to_ids(t) for t in s["gen_eos"]])
     return out
 

@@ -81,20 +81,16 @@ VARIANTS = ("opt", "opt350m", "llama_gqa_llama3", "llama_linear", "llama_tied", 
 
 def make_checkpoint(out: Path, variant: str, seed: int = 0) -> Path:
     """Write a random-weight checkpoint of `variant` to `out` and return it."""
-    from transformers import AutoModelForCausalLM
+    from jobs.bench.models import save_random_model
 
     out.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(out)
     vocab = len(tok)
     cfg = opt_config(vocab, variant) if variant.startswith("opt") else llama_config(vocab, variant)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    _perturb_norms(model, seed)
-    model.save_pretrained(out, safe_serialization=True)
-    return out
+    return save_random_model(out, cfg, torch.float32, seed, adjust=lambda model: perturb_norms(model, seed))
 
 
-def _perturb_norms(model, seed: int) -> None:
+def perturb_norms(model, seed: int) -> None:
     """Norm weights and biases start at 1 and 0; random values make a wrong norm or bias path visible."""
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

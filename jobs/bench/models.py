@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from engine.dtypes import cpu_info
 from engine.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,9 @@ FLOPS_FORMULA = (
 
 @dataclass(frozen=True)
 class Preset:
-    """A Llama shape. Embeddings are tied (as in most ~300M Llama-family models): untied 32000-word
-    embeddings plus head would alone be 20 % of the weights, more than the CPU budget of the disk line
-    leaves once two layers are staged."""
+    """A model shape of every benchmark: `family` "llama" or "opt", and the config's sizes. Llama embeddings are
+    tied (as in most ~300M Llama-family models): untied 32000-word embeddings plus head would alone be 20 % of
+    the weights, more than the CPU budget of the disk line leaves once two layers are staged."""
 
     hidden_size: int
     intermediate_size: int
@@ -42,6 +43,22 @@ class Preset:
     vocab_size: int
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = True
+    family: str = "llama"
+
+    def hf_config(self):
+        """The `transformers` config. No EOS: every row generates exactly max_new_tokens, as HF's
+        min_new_tokens makes its rows do."""
+        from transformers import LlamaConfig, OPTConfig
+
+        common = dict(hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
+                      num_attention_heads=self.num_attention_heads, vocab_size=self.vocab_size,
+                      max_position_embeddings=self.max_position_embeddings, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=0)
+        if self.family == "opt":
+            return OPTConfig(ffn_dim=self.intermediate_size, word_embed_proj_dim=self.hidden_size,
+                             do_layer_norm_before=True, **common)
+        return LlamaConfig(intermediate_size=self.intermediate_size, num_key_value_heads=self.num_key_value_heads,
+                           tie_word_embeddings=self.tie_word_embeddings, **common)
 
 
 # tiny has 10 layers because weights 4x the CPU budget must still leave room for two staged layers and the
@@ -54,25 +71,34 @@ PRESETS = {
 }
 
 
-def build_checkpoint(preset: str, cache_dir: str | Path | None = None) -> Path:
-    """The folder of preset `preset`'s bf16 random-weight checkpoint, built on first use."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    p = PRESETS[preset]
-    out = Path(cache_dir or DEFAULT_CACHE_DIR) / preset
+def build_checkpoint(preset: str | Preset, cache_dir: str | Path | None = None, folder: str | None = None) -> Path:
+    """The folder (cache_dir/`folder`, default the preset's name) of a preset's bf16 random-weight checkpoint
+    with a word-level tokenizer, built on first use."""
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    out = Path(cache_dir or DEFAULT_CACHE_DIR) / (folder or str(preset))
     done = out / "complete.json"
     if done.is_file() and json.loads(done.read_text()) == asdict(p):
         return out
     out.mkdir(parents=True, exist_ok=True)
-    log.info("building the %s checkpoint in %s", preset, out)
+    log.info("building the %s checkpoint in %s", folder or preset, out)
     make_word_tokenizer(out, p.vocab_size)
-    # No EOS: every row generates exactly max_new_tokens, as HF's min_new_tokens makes its rows do.
-    cfg = LlamaConfig(**asdict(p), bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(out, safe_serialization=True)
+    save_random_model(out, p.hf_config(), torch.bfloat16)
     done.write_text(json.dumps(asdict(p)))
+    return out
+
+
+def save_random_model(out: Path, cfg, dtype: torch.dtype, seed: int = 0, adjust=None) -> Path:
+    """Seeded random weights of a `transformers` config, `adjust(model)` applied, saved with `save_pretrained`
+    (safetensors) into `out`; the generation config stops on the config's EOS (none: never). The one writer
+    of the benchmarks' and the tests' random checkpoints."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.generation_config.eos_token_id = cfg.eos_token_id
+    if adjust is not None:
+        adjust(model)
+    model.save_pretrained(out, safe_serialization=True)
     return out
 
 
@@ -151,12 +177,7 @@ def reset_peak_rss() -> bool:
 def machine_info() -> dict:
     import transformers
 
-    cpu = "unknown"
-    try:
-        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-        cpu = m.group(1).strip() if m else cpu
-    except OSError:
-        pass
+    cpu = cpu_info("model name") or "unknown"
     try:
         import accelerate
 

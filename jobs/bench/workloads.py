@@ -25,6 +25,7 @@ import click
 import torch
 import torch.nn.functional as F
 
+from engine.dtypes import cpu_info
 from engine.generate import Engine
 from engine.policy import Policy
 from engine.spec import load_model_spec
@@ -50,10 +51,7 @@ class WorkloadConfig:
 
 
 def cpu_flags() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return line.split(":", 1)[1].strip()
-    return ""
+    return cpu_info("flags") or ""
 
 
 def loaded(make):
