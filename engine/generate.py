@@ -62,10 +62,12 @@ class Engine:
     @classmethod
     def load(cls, model_dir: str | Path, dtype: str = "auto", policy: Policy | None = None,
              budgets: dict[str, float | None] | None = None, simulate_gpu: bool = False,
-             offload_dir: str | Path | None = None, backend: str = DEFAULT_BACKEND) -> Engine:
+             offload_dir: str | Path | None = None, backend: str = DEFAULT_BACKEND, tokenizer: bool = True) -> Engine:
         """Load a checkpoint and place it by `policy` (everything on the CPU by default). `budgets` caps each
         tier in bytes; `simulate_gpu` makes the gpu tier a separate CPU pool (tests on machines without CUDA).
-        `backend` picks the CPU kernels (engine/kernels.py): "native", "ipex", or "auto" (ipex if it imports)."""
+        `backend` picks the CPU kernels (engine/kernels.py): "native", "ipex", or "auto" (ipex if it imports).
+        `tokenizer=False` loads none: the engine then only runs token ids through `executor` (the planner's
+        probe of the engine's own costs)."""
         spec = load_model_spec(model_dir)
         policy = policy or Policy()
         torch_dtype = resolve_dtype(dtype)
@@ -83,7 +85,7 @@ class Engine:
                               kernels=kernels)
         log.info("loaded %s (%d layers, %s, layers on %s, %s kernels) in %.2fs", model_dir, spec.num_layers,
                  torch_dtype, "/".join(weights.placement), kernels.name, time.perf_counter() - t0)
-        return cls(spec, load_tokenizer(model_dir), gw, weights, torch_dtype, _eos_ids(model_dir, spec), policy,
+        return cls(spec, load_tokenizer(model_dir) if tokenizer else None, gw, weights, torch_dtype, _eos_ids(model_dir, spec), policy,
                    devices, kvcodec, kernels)
 
     def generate(self, requests: list[Request], batch_size: int | None = None,
@@ -104,7 +106,7 @@ class Engine:
                 results[n] = row
             else:
                 ready.append((n, row))
-        executor = self._executor(policy)
+        executor = self.executor(policy)
         blocks = self._blocks(ready, policy)
         self._check_budgets(executor, blocks)
         for block, waiting in blocks:
@@ -131,7 +133,10 @@ class Engine:
         ready = sorted(ready, key=lambda item: -len(item[1].prompt_ids))
         return [(ready[: policy.block_size], ready[policy.block_size :])] if ready else []
 
-    def _executor(self, policy: Policy) -> BlockExecutor:
+    def executor(self, policy: Policy | None = None) -> BlockExecutor:
+        """The block executor of this engine's weights under `policy` (the engine's own by default): it runs a
+        block of `RowState`s through every layer, the zig-zag schedule."""
+        policy = policy or self.policy
         pad = self.eos_ids[0] if self.eos_ids else 0
         return BlockExecutor(self.spec, self.model, self.gw, self.weights, self.devices, policy, self.dtype,
                              self.tokenizer, pad, kv_codec=self.kv_codec, kernels=self.kernels)

@@ -23,8 +23,9 @@ from engine.quant import (
 )
 
 
-def median_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
-    """Median wall time of fn() over `repeats` calls, after `warmup` untimed calls."""
+def timings(fn, repeats: int = 5, warmup: int = 1) -> list[float]:
+    """Wall times of `repeats` calls of fn(), after `warmup` untimed calls: the one timer of the profiler,
+    the probes and the benchmarks."""
     for _ in range(warmup):
         fn()
     times = []
@@ -32,7 +33,17 @@ def median_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of fn() over `repeats` calls, after `warmup` untimed calls."""
+    return statistics.median(timings(fn, repeats, warmup))
+
+
+def best_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
+    """The fastest of `repeats` timed calls of fn(), after `warmup` untimed ones."""
+    return min(timings(fn, repeats, warmup))
 
 
 def gflops(rows: int, n: int, k: int, seconds: float) -> float:

@@ -15,16 +15,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.generate import codecs_for
-from engine.models import family_for
+from engine.generate import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from engine.rows import RowState
-from engine.schedule import BlockExecutor
-from engine.spec import load_model_spec
-from engine.tiers import Devices
-from engine.weight_store import WeightStore
-from engine.weights import CheckpointReader
+from planner.microbench import best_seconds
 
 PROBE_LAYERS = 5
 PROBE_CONFIG = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=2,
@@ -55,23 +50,19 @@ def write_probe_checkpoint(folder: Path, layers: int, config: dict | None = None
 def block_seconds(folder: Path, dtype: torch.dtype, policy: Policy, repeats: int = 5, prompt: int = PROMPT,
                   steps: int = STEPS) -> float:
     """Fewest seconds of one block of policy.gbs rows (`prompt` tokens, `steps` steps) through the executor."""
-    spec, rows = load_model_spec(folder), policy.gbs
-    reader, devices = CheckpointReader(folder, spec), Devices(offload_dir=folder / "offload")
-    weight_codec, kv_codec = codecs_for(policy, dtype)
-    store = WeightStore(reader, policy, devices, dtype, codec=weight_codec, offload_dir=folder / "offload")
-    executor = BlockExecutor(spec, family_for(spec, dtype), reader.globals(dtype), store, devices, policy, dtype,
-                             tokenizer=None, pad=0, kv_codec=kv_codec)
-    params = SamplingParams(max_new_tokens=steps)
+    engine = Engine.load(folder, dtype=str(dtype).removeprefix("torch."), policy=policy,
+                         offload_dir=folder / "offload", tokenizer=False)
+    executor, params = engine.executor(), SamplingParams(max_new_tokens=steps)
     times = []
     try:
         for _ in range(repeats + 1):
-            block = [RowState(Request(str(i), "", params), [1] * prompt, ()) for i in range(rows)]
+            block = [RowState(Request(str(i), "", params), [1] * prompt, ()) for i in range(policy.gbs)]
             t0 = time.perf_counter()
             with torch.inference_mode():
                 executor.run(block)
             times.append(time.perf_counter() - t0)
     finally:
-        store.close()
+        engine.weights.close()
     return min(times[1:])
 
 
@@ -121,13 +112,7 @@ def elementwise_bytes_per_s(dtype: torch.dtype, tokens: int = 1024, hidden: int 
         return x + rms_norm(x, w, 1e-5), torch.nn.functional.silu(gate) * up
 
     with torch.inference_mode():
-        layer_elementwise()
-        seconds = min(_timed_once(layer_elementwise) for _ in range(5))
+        seconds = best_seconds(layer_elementwise, 5)
     per_token = ELEMENTWISE_PASSES_H * hidden + ELEMENTWISE_PASSES_F * ffn
     return tokens * per_token * torch.empty((), dtype=dtype).element_size() / seconds
 
-
-def _timed_once(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0

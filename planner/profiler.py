@@ -27,7 +27,7 @@ from engine.attention import attend, prefill_mask
 from engine.dtypes import cpu_info, resolve_dtype
 from engine.quant import dequantize, quantize
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
-from planner.microbench import attention_report, dequant_timings, median_seconds
+from planner.microbench import attention_report, best_seconds, dequant_timings, median_seconds
 from planner.overhead_probe import call_seconds, elementwise_bytes_per_s
 
 log = logging.getLogger(__name__)
@@ -68,18 +68,6 @@ def last_level_cache_bytes() -> float:
         unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
         sizes.append(float(text.rstrip("KMG")) * unit)
     return max(sizes, default=0.0)
-
-
-def best_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:
-    """The fastest of `repeats` timed calls of fn(), after `warmup` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _timed(fn, device: torch.device, repeats: int) -> float:

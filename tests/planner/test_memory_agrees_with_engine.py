@@ -25,7 +25,7 @@ def test_home_bytes_match_the_engine(tmp_path, tiny_llama_dir, policy):
     eng = Engine.load(tiny_llama_dir, dtype="float32", policy=policy, simulate_gpu=True, offload_dir=tmp_path)
     try:
         rows, S, T = policy.block_size, 7, 12
-        engine_bytes = eng._executor(policy).block_bytes(rows, S, T)
+        engine_bytes = eng.executor(policy).block_bytes(rows, S, T)
         for tier in TIERS:
             engine_bytes[tier] += eng.devices.tiers[tier].used  # weights and globals placed at load
         work = Workload(prompt_len=S, gen_len=T - S, num_prompts=rows, dtype="float32")
