@@ -8,6 +8,7 @@ import importlib
 
 import click
 
+from jobs.helm.batch_command import helm_batch_command
 from jobs.helm.command import helm_command
 from jobs.plan_cmd import plan_command, profile_command
 from jobs.run_cmd import run
@@ -52,6 +53,7 @@ main.add_command(plan_command)
 main.add_command(profile_command)
 main.add_command(submit_command)
 main.add_command(helm_command)
+main.add_command(helm_batch_command)
 main.add_command(wrangle_command)
 main.add_command(verify_command)
 

@@ -12,9 +12,9 @@ Aggregation (HELM's `Metric.evaluate`): per train trial, the instances' stats ar
 `bits_per_byte` and `logprob_per_byte` are derived per context; each trial then contributes its means.
 `num_instances` is the number of instances per context, averaged over trials.
 
-Not written: `training_co2_cost` / `training_energy_cost` and `inference_idealized_runtime` (HELM looks them
-up in its tables of known models, which hold none of ours), calibration (`ece_*`, `platt_*`, `selective_*`)
-and the worst-case robustness/fairness stats.
+`training_co2_cost` and `training_energy_cost` have no value (count 0), as HELM writes them for a model its
+tables do not know. Not written: `inference_idealized_runtime` (HELM's table of known models), calibration
+(`ece_*`, `platt_*`, `selective_*`) and the worst-case robustness/fairness stats.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def efficiency_stats(state: dict, usage: dict) -> list[Stat]:
     completion_tokens = sum(len(c.get("tokens") or []) for c in result.get("completions") or [])
     stats = [Stat({"name": "num_prompt_tokens"}).add(usage.get("prompt_tokens", 0)),
              Stat({"name": "num_completion_tokens"}).add(completion_tokens),
-             Stat({"name": "num_output_tokens"}).add(completion_tokens)]
+             Stat({"name": "num_output_tokens"}).add(completion_tokens),
+             # HELM looks these up in its tables of known models; none of ours is there: no value, count 0
+             Stat({"name": "training_co2_cost"}), Stat({"name": "training_energy_cost"})]
     runtime, batch_size = result.get("request_time"), 1 if result.get("request_time") is not None else None
     if result.get("batch_request_time") is not None and result.get("batch_size") is not None:
         runtime, batch_size = result["batch_request_time"], result["batch_size"]
@@ -131,7 +133,7 @@ def evaluate(states: list[dict], names: tuple[str, ...], adapter_spec: dict,
         for s in derived_stats(trial_stats):
             merge(trial_stats, s)
         for s in trial_stats.values():  # each trial contributes its means, as in HELM
-            merge(overall, Stat(dict(s.name)).add(s.mean))
+            merge(overall, Stat(dict(s.name)).add(s.mean) if s.count else s)
     for s in instances_per_context(states):
         merge(overall, s)
     return per_instance, [s.to_json() for s in overall.values()]

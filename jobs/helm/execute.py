@@ -33,7 +33,10 @@ REQUEST_SCHEMA = pa.schema([
 
 
 def request_rows(states: list[dict]) -> list[dict]:
-    """One row per (request, output index); each output of a request gets its own seed."""
+    """One row per (request, output index). Each output of a request gets its own seed, derived from the
+    request's content (prompt and `random`) and the output index: as in HELM, where identical requests share
+    one cached result, the same request gets the same outputs wherever it is run (`flexbatch helm` or
+    `helm-batch`)."""
     rows = []
     for i, state in enumerate(states):
         request = state["request"]
@@ -43,7 +46,7 @@ def request_rows(states: list[dict]) -> list[dict]:
                 "id": row_id, "instance_id": str(state["instance"].get("id")), "prompt": request["prompt"],
                 "max_new_tokens": request.get("max_tokens", 100), "temperature": float(request.get("temperature", 1)),
                 "top_p": float(request.get("top_p", 1)), "stop": list(request.get("stop_sequences") or []),
-                "seed": derive_seed(0, f"{request.get('random') or ''}\x00{row_id}"),
+                "seed": derive_seed(0, f"{request.get('random') or ''}\x00{request['prompt']}\x00{k}"),
             })
     return rows
 

@@ -95,7 +95,9 @@ class Stat:
     min: float | None = None
     max: float | None = None
 
-    def add(self, value: float) -> Stat:
+    def add(self, value: float | None) -> Stat:
+        if value is None:  # HELM skips missing values (a count of 0 says none was known)
+            return self
         value = float(value)
         self.count += 1
         self.sum += value

@@ -1,0 +1,56 @@
+"""The flexbatch model deployment for HELM (HELM's `model_deployments.yaml` mechanism): `helm-run
+--local-path DIR` reads DIR/model_deployments.yaml, model_metadata.yaml and tokenizer_configs.yaml, so writing
+an entry named `flexbatch/<model folder>` there lets a run entry say `model=flexbatch/<model folder>`. Its client
+(jobs/helm/client.py) answers from a `helm-batch` store; its tokenizer is the checkpoint's own (HELM's
+HuggingFaceTokenizer on the folder), and its context the checkpoint's, so HELM's adapters fit prompts as the
+engine counts them. Entries of other names in those files are kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CLIENT = "jobs.helm.client.FlexbatchClient"
+HF_TOKENIZER = "helm.tokenizers.huggingface_tokenizer.HuggingFaceTokenizer"
+
+
+def deployment_name(model_dir: Path) -> str:
+    return f"flexbatch/{Path(model_dir).name}"
+
+
+def write_deployment(local_path: Path, model_dir: Path, store: Path) -> str:
+    """Write (or replace) the deployment, model and tokenizer entries of `model_dir`; returns the name."""
+    from engine.spec import load_model_spec
+    from engine.tokenizer import load_tokenizer
+
+    name, model_dir = deployment_name(model_dir), Path(model_dir).resolve()
+    tokenizer = load_tokenizer(model_dir)
+    context = load_model_spec(model_dir).max_position_embeddings
+    entries = {
+        "model_deployments.yaml": ("model_deployments", {
+            "name": name, "model_name": name, "tokenizer_name": name, "max_sequence_length": context,
+            "client_spec": {"class_name": CLIENT, "args": {"store": str(Path(store).resolve())}}}),
+        "model_metadata.yaml": ("models", {
+            "name": name, "display_name": model_dir.name, "description": f"{model_dir}, run by flexbatch",
+            "creator_organization_name": "flexbatch", "access": "open",
+            "tags": ["TEXT_MODEL_TAG", "FULL_FUNCTIONALITY_TEXT_MODEL_TAG"]}),
+        "tokenizer_configs.yaml": ("tokenizer_configs", {
+            "name": name, "tokenizer_spec": {"class_name": HF_TOKENIZER,
+                                             "args": {"pretrained_model_name_or_path": str(model_dir)}},
+            "end_of_text_token": tokenizer.eos_token or "", "prefix_token": tokenizer.bos_token or ""}),
+    }
+    Path(local_path).mkdir(parents=True, exist_ok=True)
+    for file, (section, entry) in entries.items():
+        _replace_entry(Path(local_path) / file, section, entry)
+    return name
+
+
+def _replace_entry(path: Path, section: str, entry: dict) -> None:
+    import yaml
+
+    data = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
+    kept = [e for e in data.get(section) or [] if isinstance(e, dict) and e.get("name") != entry["name"]]
+    data[section] = kept + [entry]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
