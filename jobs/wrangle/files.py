@@ -27,9 +27,9 @@ def write_prompts(path: Path, ids: list[str], prompts: list[str], overwrite: boo
         except (OSError, pa.ArrowException):
             pass  # unreadable: written again below
         if not overwrite and (path.parent / COMPLETIONS_DIR / JOB_FILE).is_file():
-            raise OutputFolderError(f"{path.parent} holds the completions of other prompts (another task, data, "
-                                    f"split, template, prefix or limit); pass --overwrite to replace them, or "
-                                    f"choose another --output")
+            raise OutputFolderError(f"{path.parent} holds the completions of other prompts (other data, split or "
+                                    f"prompt options); pass --overwrite to replace them, or choose another "
+                                    f"--output")
     write_parquet(table, path)
 
 
