@@ -30,8 +30,8 @@ class Outcome:
 class InlineDispatcher:
     """One `ShardWorker` in this process; a shard runs when `wait` is called."""
 
-    def __init__(self, plan, threads: int | None = None):
-        self._worker = ShardWorker(plan, 0, threads=threads)
+    def __init__(self, job, threads: int | None = None):
+        self._worker = ShardWorker(job, 0, threads=threads)
         self._pending: Shard | None = None
 
     def start(self) -> list[dict]:
@@ -63,11 +63,11 @@ class InlineDispatcher:
 class RayDispatcher:
     """One `ShardWorker` actor per `ActorSpec`, at most one shard in flight on each."""
 
-    def __init__(self, plan, specs, planned_rows: int, leave_ray: bool = False):
+    def __init__(self, job, specs, planned_rows: int, leave_ray: bool = False):
         from pipeline.ray_runtime import start_actor
 
-        self._plan, self._specs, self._rows, self._leave_ray = plan, list(specs), planned_rows, leave_ray
-        self._actors = [start_actor(s, plan, i, s.num_cpus, planned_rows) for i, s in enumerate(self._specs)]
+        self._job, self._specs, self._rows, self._leave_ray = job, list(specs), planned_rows, leave_ray
+        self._actors = [start_actor(s, job, i, s.num_cpus, planned_rows) for i, s in enumerate(self._specs)]
         self._inflight: dict = {}  # object ref -> (worker, shard)
         from planner.memory_room import oom_kills
 
@@ -147,7 +147,7 @@ class RayDispatcher:
         ray.kill(self._actors[worker], no_restart=True)
         spec = self._specs[worker]
         log.warning("worker %d died; starting a replacement", worker)
-        self._actors[worker] = start_actor(spec, self._plan, worker, spec.num_cpus, self._rows, soft=True)
+        self._actors[worker] = start_actor(spec, self._job, worker, spec.num_cpus, self._rows, soft=True)
         self.replaced += 1
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ from pipeline.manifest import append_manifest, read_manifest, write_success
 from pipeline.output_dir import JOB_FILES, check_output, open_output
 from pipeline.output_lock import lock_output
 from pipeline.progress import Progress
-from pipeline.runner import JobPlan, JobSummary, RunConfig, plan_job
+from pipeline.runner import JobSetup, JobSummary, RunConfig, prepare_job
 from pipeline.shards import Shard, make_shards
 from pipeline.storage import Folder, temp_target
 
@@ -31,53 +31,53 @@ _WAIT_SECONDS = 1.0
 def run_job(config: RunConfig) -> JobSummary:
     """Check, lock the output folder, start the engines, complete every shard not yet committed, write
     `_SUCCESS`."""
-    plan = plan_job(config)
+    job = prepare_job(config)
     lock = lock_output(config.output)
     try:  # the folder as it is now that no other run can change it
-        plan = dataclasses.replace(plan, output=check_output(config.output, plan.record, config.overwrite))
-        return _run_locked(plan, lock)
+        job = dataclasses.replace(job, output=check_output(config.output, job.record, config.overwrite))
+        return _run_locked(job, lock)
     finally:
         lock.release()
 
 
-def _run_locked(plan: JobPlan, lock) -> JobSummary:
-    config = plan.config
-    total = sum(f.num_rows for f in plan.files)
-    log.info("%d rows in %d files; model %s (%s)", total, len(plan.files), config.model, plan.spec.model_type)
-    shards = _recorded_shards(plan) or (make_shards(plan.files, config.shard_rows) if config.shard_rows else None)
-    committed = read_manifest(config.output, plan.record["config_hash"]) if plan.output.action == "reuse" else {}
+def _run_locked(job: JobSetup, lock) -> JobSummary:
+    config = job.config
+    total = sum(f.num_rows for f in job.files)
+    log.info("%d rows in %d files; model %s (%s)", total, len(job.files), config.model, job.spec.model_type)
+    shards = _recorded_shards(job) or (make_shards(job.files, config.shard_rows) if config.shard_rows else None)
+    committed = read_manifest(config.output, job.record["config_hash"]) if job.output.action == "reuse" else {}
     if shards is not None and all(s.part_name in committed for s in shards):
         log.info("every shard of this job is already committed in %s", config.output)
-        return _finish(plan, shards, committed, {}, [], [], 0.0)
-    dispatcher, infos = _start_workers(config, plan, total)
+        return _finish(job, shards, committed, {}, [], [], 0.0)
+    dispatcher, infos = _start_workers(config, job, total)
     try:
         if shards is None:
-            shards = make_shards(plan.files, derived_shard_rows(total, infos))
-        plan.record["shards"] = [s.to_dict() for s in shards]
-        plan.record["run"]["workers"] = infos
-        open_output(plan.output, plan.record)
+            shards = make_shards(job.files, derived_shard_rows(total, infos))
+        job.record["shards"] = [s.to_dict() for s in shards]
+        job.record["run"]["workers"] = infos
+        open_output(job.output, job.record)
         pending = [s for s in shards if s.part_name not in committed]
         log.info("%d shards: %d committed by an earlier run, %d to do", len(shards), len(shards) - len(pending),
                  len(pending))
         started = time.perf_counter()
-        new, failed = _dispatch(dispatcher, plan, pending, total - sum(r["rows"] for r in committed.values()),
+        new, failed = _dispatch(dispatcher, job, pending, total - sum(r["rows"] for r in committed.values()),
                                 lock)
         seconds = time.perf_counter() - started
     finally:
         dispatcher.close()
     lock.check()
-    return _finish(plan, shards, committed, new, failed, infos, seconds)
+    return _finish(job, shards, committed, new, failed, infos, seconds)
 
 
-def _recorded_shards(plan: JobPlan) -> list[Shard] | None:
+def _recorded_shards(job: JobSetup) -> list[Shard] | None:
     """The shard layout of an earlier run of this job (kept so that its committed parts stay valid)."""
-    old = plan.output.old_record if plan.output.action == "reuse" else None
+    old = job.output.old_record if job.output.action == "reuse" else None
     recorded = (old or {}).get("shards") or []
     try:
         shards = [Shard.from_dict(d) for d in recorded]
     except (KeyError, TypeError):
         return None
-    files = {str(f.path): f.num_rows for f in plan.files}
+    files = {str(f.path): f.num_rows for f in job.files}
     covered = Counter()
     for s in shards:
         covered[s.path] += s.num_rows
@@ -93,11 +93,11 @@ def derived_shard_rows(total_rows: int, infos: list[dict]) -> int:
     return max(1, min(block * BLOCKS_PER_SHARD, per_worker))
 
 
-def _start_workers(config: RunConfig, plan: JobPlan, total: int):
+def _start_workers(config: RunConfig, job: JobSetup, total: int):
     from pipeline.dispatch import InlineDispatcher, RayDispatcher
 
     if not config.use_ray:
-        dispatcher = InlineDispatcher(plan)
+        dispatcher = InlineDispatcher(job)
     else:
         from pipeline.ray_runtime import actor_specs, alive_nodes, connect
 
@@ -112,7 +112,7 @@ def _start_workers(config: RunConfig, plan: JobPlan, total: int):
             raise
         log.info("running on %s: %d engines (%s)", where, len(specs),
                  ", ".join(f"{s.node_ip} {s.num_cpus} CPU {s.num_gpus} GPU" for s in specs))
-        dispatcher = RayDispatcher(plan, specs, math.ceil(total / len(specs)), leave_ray=joined)
+        dispatcher = RayDispatcher(job, specs, math.ceil(total / len(specs)), leave_ray=joined)
     try:
         infos = dispatcher.start()
     except BaseException:
@@ -126,13 +126,13 @@ def _start_workers(config: RunConfig, plan: JobPlan, total: int):
     return dispatcher, infos
 
 
-def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int, lock):
+def _dispatch(dispatcher, job: JobSetup, pending: list[Shard], rows_to_do: int, lock):
     """Keep every idle worker busy until each pending shard is committed or has failed every try."""
-    config = plan.config
+    config = job.config
     queue, attempts = deque(pending), Counter()
     new: dict[str, dict] = {}
     failed: list[dict] = []
-    total = sum(f.num_rows for f in plan.files)
+    total = sum(f.num_rows for f in job.files)
     progress = Progress(total, total - rows_to_do, config.progress_seconds)
     try:
         while queue or dispatcher.busy():
@@ -142,7 +142,7 @@ def _dispatch(dispatcher, plan: JobPlan, pending: list[Shard], rows_to_do: int, 
             for o in dispatcher.wait(_WAIT_SECONDS):
                 if o.result is not None:
                     lock.check()
-                    new[o.shard.part_name] = _commit(config.output, plan.record["config_hash"], o.shard, o.result)
+                    new[o.shard.part_name] = _commit(config.output, job.record["config_hash"], o.shard, o.result)
                     progress.add(o.result.rows, o.result.completion_tokens)
                     continue
                 attempts[o.shard.index] += 1
@@ -182,9 +182,9 @@ def _commit(folder: Path, config_hash: str, shard: Shard, result) -> dict:
     return record
 
 
-def _finish(plan: JobPlan, shards, committed: dict, new: dict, failed: list, infos: list, seconds: float):
+def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, infos: list, seconds: float):
     """Remove temporaries, write `_SUCCESS` and return the summary (of the whole job, earlier runs included)."""
-    folder = plan.config.output
+    folder = job.config.output
     where = Folder(folder)
     ours = {s.part_name for s in shards} | set(JOB_FILES)
     for name, is_file in where.entries():
@@ -193,7 +193,7 @@ def _finish(plan: JobPlan, shards, committed: dict, new: dict, failed: list, inf
     done = {**committed, **new}
     predictions = [i["predicted"]["seconds"] for i in infos if i.get("predicted")]
     summary = JobSummary(
-        output=folder, files=len(plan.files), rows=sum(r["rows"] for r in done.values()),
+        output=folder, files=len(job.files), rows=sum(r["rows"] for r in done.values()),
         error_rows=sum(r["error_rows"] for r in done.values()),
         prompt_tokens=sum(r["prompt_tokens"] for r in done.values()),
         completion_tokens=sum(r["completion_tokens"] for r in done.values()),

@@ -123,7 +123,7 @@ class JobSummary:
 
 
 @dataclass(frozen=True)
-class JobPlan:
+class JobSetup:
     """A job whose inputs, model folder and output folder have been checked; nothing is loaded or written yet."""
 
     config: RunConfig
@@ -144,7 +144,7 @@ class JobPlan:
         return MESSAGES_COLUMN if self.chat else self.config.prompt_column
 
 
-def plan_job(config: RunConfig) -> JobPlan:
+def prepare_job(config: RunConfig) -> JobSetup:
     """All checks that need no model weights: Parquet footers, config.json, the chat template when rows are
     conversations, the output folder."""
     files, chat = _inspect(config)
@@ -158,7 +158,7 @@ def plan_job(config: RunConfig) -> JobPlan:
     record = job_record(_job_config(config, files, chat))
     record["run"] = {"input": config.input, "policy": config.policy.to_dict()}  # recorded, not hashed
     check = check_output(config.output, record, config.overwrite)
-    return JobPlan(config=config, files=files, spec=spec, record=record, output=check, chat=chat)
+    return JobSetup(config=config, files=files, spec=spec, record=record, output=check, chat=chat)
 
 
 def _inspect(config: RunConfig) -> tuple[tuple[InputFile, ...], bool]:
@@ -211,14 +211,14 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
     }
 
 
-def choose(config: RunConfig, plan: JobPlan, num_prompts: int | None = None) -> tuple[Policy, Prediction | None]:
+def choose(config: RunConfig, job: JobSetup, num_prompts: int | None = None) -> tuple[Policy, Prediction | None]:
     """The planner's policy for this job, or `num_prompts` of its rows (keeping the user's pins and compression
     choice), on this machine or the `--hardware` spec; or the given policy without planning."""
     if not config.plan:
         return config.policy, None
-    work = workload_from_input(plan.files, plan.column, load_tokenizer(config.model), plan.spec,
+    work = workload_from_input(job.files, job.column, load_tokenizer(config.model), job.spec,
                                config.params.max_new_tokens, workload_dtype(config.dtype), num_prompts)
-    chosen = choose_policy(config, work, plan.spec)
+    chosen = choose_policy(config, work, job.spec)
     # the planner prices 4-bit weights; the user's format is kept (int8 moves 2x the bytes of int4)
     return dataclasses.replace(chosen.policy, weight_format=config.policy.weight_format), chosen.prediction
 

@@ -20,7 +20,7 @@ from pipeline.openai_output import choices_by_line, jsonl_bytes, output_lines
 from pipeline.parquet_io import output_table, write_part_atomic
 from pipeline.planning import prediction_record
 from pipeline.rows import build_requests, row_ids
-from pipeline.runner import JobPlan, choose, load_engine
+from pipeline.runner import JobSetup, choose, load_engine
 from pipeline.shards import Shard, read_shard
 from pipeline.storage import Folder
 
@@ -49,24 +49,24 @@ class ShardResult:
 
 
 class ShardWorker:
-    def __init__(self, plan: JobPlan, worker_id: int, threads: int | None = None, planned_rows: int | None = None):
+    def __init__(self, job: JobSetup, worker_id: int, threads: int | None = None, planned_rows: int | None = None):
         """Load the model once and plan the policy for this node and `planned_rows` rows (this worker's share)."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        self.plan, self.worker_id = plan, worker_id
+        self.job, self.worker_id = job, worker_id
         self._setup_error: FlexbatchError | None = None
         try:
             self._setup(planned_rows)
-        except FlexbatchError as e:  # a user error (model, budget, plan): reported by info(), not a dead actor
+        except FlexbatchError as e:  # a user error (model, budget, job): reported by info(), not a dead actor
             self._setup_error = e
 
     def _setup(self, planned_rows: int | None) -> None:
         started = time.perf_counter()
-        self.policy, predicted = choose(self.plan.config, self.plan, planned_rows)
-        self.engine = load_engine(self.plan.config, self.policy)
+        self.policy, predicted = choose(self.job.config, self.job, planned_rows)
+        self.engine = load_engine(self.job.config, self.policy)
         warm_up(self.engine)
         self._info = {
             "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
@@ -85,7 +85,7 @@ class ShardWorker:
         started = time.perf_counter()
         log.info("worker %d (pid %d) starts shard %d: %s rows %d-%d", self.worker_id, os.getpid(), shard.index,
                  os.path.basename(shard.path), shard.row_start, shard.row_stop)
-        run = self._batch_part if self.plan.format == "openai" else self._parquet_part
+        run = self._batch_part if self.job.format == "openai" else self._parquet_part
         (size, sha256), rows, seconds = run(shard)
         return ShardResult(
             shard=shard.index, part=shard.part_name, bytes=size, sha256=sha256, rows=len(rows),
@@ -97,13 +97,13 @@ class ShardWorker:
 
     def _parquet_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:
         """Complete a Parquet shard and write its part: (bytes, SHA-256), each row's completion, seconds."""
-        config = self.plan.config
+        config = self.job.config
         table = read_shard(shard)
         if table.num_rows != shard.num_rows:
             raise InputError(f"{shard.path}: expected {shard.num_rows} rows at {shard.row_start}, read "
                              f"{table.num_rows}; was the file modified during the job?")
         ids = row_ids(table, shard.part_stem, offset=shard.row_start)
-        items = build_requests(table, ids, config.prompt_column, config.params, chat=self.plan.chat)
+        items = build_requests(table, ids, config.prompt_column, config.params, chat=self.job.chat)
         completions, seconds = self._complete(items, shard)
         check_one_per_row(completions, ids)
         out = output_table(table, completions, ids, config.params.logprobs)
@@ -112,14 +112,14 @@ class ShardWorker:
     def _batch_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:
         """Complete a shard of an OpenAI Batch file and write its JSONL part: (bytes, SHA-256), each line's
         choices, seconds."""
-        config = self.plan.config
-        file = next(f for f in self.plan.files if str(f.path) == shard.path)
-        lines = read_batch_shard(shard, file, config.params, self.plan.chat)
+        config = self.job.config
+        file = next(f for f in self.job.files if str(f.path) == shard.path)
+        lines = read_batch_shard(shard, file, config.params, self.job.chat)
         items = line_completions(lines)
         completions, seconds = self._complete(items, shard)
         check_one_per_row(completions, [item.id for item in items])
         rows = choices_by_line(lines, completions)
-        objects = output_lines(lines, rows, self.engine.tokenizer, config.model.name, self.plan.record["config_hash"])
+        objects = output_lines(lines, rows, self.engine.tokenizer, config.model.name, self.job.record["config_hash"])
         folder, data = Folder(config.output), jsonl_bytes(objects)
         folder.write_bytes(shard.part_name, data)
         log.info("wrote %s (%d lines)", folder.child(shard.part_name), len(objects))
@@ -135,7 +135,7 @@ class ShardWorker:
         for start in range(0, len(slots), per_call):
             chunk = slots[start : start + per_call]
             began = time.perf_counter()
-            out = self.engine.generate([items[i] for i in chunk], truncate=self.plan.config.truncate)
+            out = self.engine.generate([items[i] for i in chunk], truncate=self.job.config.truncate)
             seconds += time.perf_counter() - began
             if len(out) != len(chunk):
                 raise RuntimeError(f"engine returned {len(out)} completions for {len(chunk)} requests")

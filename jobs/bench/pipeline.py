@@ -70,11 +70,11 @@ def write_batch_file(folder: Path, data: Path) -> Path:
 
 def plan_once(model_dir: Path, data: Path, cfg: PipelineBenchConfig) -> Policy:
     """The policy the planner picks for one engine on this machine; every run below uses it."""
-    from pipeline.runner import RunConfig, choose, plan_job
+    from pipeline.runner import RunConfig, choose, prepare_job
 
     config = RunConfig(input=str(data), output=data.parent / "plan-only", model=model_dir, dtype=cfg.dtype,
                        params=SamplingParams(max_new_tokens=cfg.gen_len))
-    policy, predicted = choose(config, plan_job(config))
+    policy, predicted = choose(config, prepare_job(config))
     log.info("policy for the benchmark: %s (predicted %.1f s)", policy.to_json(), predicted.total_s)
     return policy
 

@@ -6,7 +6,7 @@ import pytest
 
 from engine.generate import Engine
 from engine.request import Request, SamplingParams
-from pipeline import RunConfig, plan_job, run_job
+from pipeline import RunConfig, prepare_job, run_job
 from pipeline.errors import ConfigError, InputError
 from pipeline.rows import build_requests
 from tests.pipeline.parquet_files import read_rows, write_parquet
@@ -47,13 +47,13 @@ def test_chat_rows_complete_like_the_engine_and_bad_rows_fail_alone(tmp_path, ch
 def test_chat_off_reads_the_prompt_column_and_on_needs_messages(tmp_path, chat_checkpoint, no_model_load):
     model = chat_checkpoint("llama3")
     write_parquet(tmp_path / "in" / "a.parquet", messages=_messages([GOOD[0]]), prompt=["plain text"])
-    assert plan_job(_config(tmp_path, model)).chat
-    assert plan_job(_config(tmp_path, model)).column == "messages"
-    assert plan_job(_config(tmp_path, model, chat="off")).column == "prompt"
+    assert prepare_job(_config(tmp_path, model)).chat
+    assert prepare_job(_config(tmp_path, model)).column == "messages"
+    assert prepare_job(_config(tmp_path, model, chat="off")).column == "prompt"
     write_parquet(tmp_path / "in2" / "b.parquet", prompt=["plain text"])
-    assert not plan_job(_config(tmp_path, model, input=str(tmp_path / "in2"))).chat
+    assert not prepare_job(_config(tmp_path, model, input=str(tmp_path / "in2"))).chat
     with pytest.raises(InputError, match="no prompt column 'messages'.*--chat off"):
-        plan_job(_config(tmp_path, model, input=str(tmp_path / "in2"), chat="on"))
+        prepare_job(_config(tmp_path, model, input=str(tmp_path / "in2"), chat="on"))
     with pytest.raises(ConfigError, match="--chat 'yes'"):
         _config(tmp_path, model, chat="yes")
 
@@ -62,7 +62,7 @@ def test_mixed_files_under_auto_are_refused(tmp_path, chat_checkpoint, no_model_
     write_parquet(tmp_path / "in" / "a.parquet", messages=_messages([GOOD[0]]))
     write_parquet(tmp_path / "in" / "b.parquet", prompt=["x"])
     with pytest.raises(InputError, match="pass --chat on or --chat off"):
-        plan_job(_config(tmp_path, chat_checkpoint("llama3")))
+        prepare_job(_config(tmp_path, chat_checkpoint("llama3")))
 
 
 def test_a_checkpoint_without_chat_template_is_refused_before_loading(tmp_path, tiny_llama_dir, no_model_load):
@@ -86,7 +86,7 @@ def test_the_planner_sees_rendered_chat_prompt_lengths(tmp_path, chat_checkpoint
 
     model = chat_checkpoint("llama3")
     write_parquet(tmp_path / "in" / "a.parquet", messages=_messages([GOOD[1]] * 3))
-    plan = plan_job(_config(tmp_path, model))
+    job = prepare_job(_config(tmp_path, model))
     tok = load_tokenizer(model)
-    work = workload_from_input(plan.files, plan.column, tok, plan.spec, 4, "float32")
+    work = workload_from_input(job.files, job.column, tok, job.spec, 4, "float32")
     assert work.prompt_len == len(chat_prompt_ids(tok, GOOD[1])) > 20 and work.num_prompts == 3

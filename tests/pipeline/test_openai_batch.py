@@ -10,7 +10,7 @@ import pytest
 
 from engine.generate import Engine
 from engine.request import Request, SamplingParams
-from pipeline import RunConfig, plan_job, run_job
+from pipeline import RunConfig, prepare_job, run_job
 from pipeline.errors import ConfigError
 from pipeline.manifest import MANIFEST_FILE
 
@@ -125,9 +125,9 @@ def test_a_resumed_batch_job_redoes_only_uncommitted_parts(tmp_path, batch):
 def test_chat_lines_need_a_chat_template_before_any_load(tmp_path, tiny_llama_dir, no_model_load):
     (tmp_path / "requests.jsonl").write_text(_line("a", CHAT, {"messages": ASK}) + "\n")
     with pytest.raises(ConfigError, match="no chat template"):
-        plan_job(_config(tmp_path, tiny_llama_dir))
-    plan = plan_job(_config(tmp_path, tiny_llama_dir, chat="off"))  # chat lines then fail one by one
-    assert plan.format == "openai" and not plan.chat and plan.files[0].part_name == "requests.jsonl"
+        prepare_job(_config(tmp_path, tiny_llama_dir))
+    job = prepare_job(_config(tmp_path, tiny_llama_dir, chat="off"))  # chat lines then fail one by one
+    assert job.format == "openai" and not job.chat and job.files[0].part_name == "requests.jsonl"
 
 
 @pytest.mark.parametrize(("body", "problem"), [

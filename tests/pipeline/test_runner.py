@@ -6,7 +6,7 @@ import pytest
 from engine.generate import Engine
 from engine.policy import Policy
 from engine.request import SamplingParams
-from pipeline import RunConfig, plan_job, run_job
+from pipeline import RunConfig, prepare_job, run_job
 from pipeline.errors import ConfigError, InputError, OutputFolderError
 from tests.pipeline.parquet_files import read_rows, write_parquet
 
@@ -39,9 +39,9 @@ def test_an_input_inside_the_output_folder_is_refused(tmp_path, tiny_llama_dir, 
 
 def test_plan_checks_everything_without_loading_or_writing(tmp_path, tiny_llama_dir, no_model_load):
     write_parquet(tmp_path / "in" / "a.parquet", prompt=["x", "y"])
-    plan = plan_job(_config(tmp_path, tiny_llama_dir))
-    assert [f.num_rows for f in plan.files] == [2] and plan.spec.model_type == "llama"
-    assert plan.output.action == "create" and not (tmp_path / "out").exists()
+    job = prepare_job(_config(tmp_path, tiny_llama_dir))
+    assert [f.num_rows for f in job.files] == [2] and job.spec.model_type == "llama"
+    assert job.output.action == "create" and not (tmp_path / "out").exists()
 
 
 def test_job_over_several_files_keeps_every_row(tmp_path, tiny_llama_dir):
