@@ -21,6 +21,9 @@ from engine.sampling import chosen_logprobs, next_tokens
 ACT_DTYPE = torch.float32  # the residual stream between layers (see engine/models/llama.py)
 
 
+COMPACT_SLOTS = 64  # with refill, shift the cache once at least this many (and T/4) leading slots are dead
+
+
 class GpuBatch:
     """One GPU batch of a block: its rows (left-padded to the block's prompt length S), KV cache and
     activations, the last cache slot written (-1 before prefill) and each row's next position."""
@@ -55,13 +58,22 @@ class GpuBatch:
         return self.last.view(-1, 1), StepContext(self.next_pos, mask, slot, cache)
 
     def take_refill(self, waiting: list[RowState]) -> None:
-        """Give finished rows' slots to waiting rows that fit (shifting the cache when that makes room)."""
-        free = [b for b, r in enumerate(self.rows) if r.done]
-        if self.slot < 0 or not free or not waiting:
+        """Give finished rows' slots to waiting rows that fit (shifting the cache when that makes room). Also
+        drop the slots before the oldest live row's first once they are many: refilled rows keep the cursor
+        from ever returning to the start, and decode attention walks every slot from 0."""
+        if self.slot < 0:
             return
         live = [b for b, r in enumerate(self.rows) if not r.done]
         next_slot = self.slot + 1
         oldest = min((int(self.valid[b].nonzero()[0]) for b in live), default=next_slot)
+        longest = max((len(r.prompt_ids) for r in waiting[:1]), default=1)  # waiting rows: longest first
+        dead = min(oldest, next_slot + 1 - longest)  # leave room before the cursor for the next prompt
+        if live and dead >= max(COMPACT_SLOTS, self.T // 4):  # decode attention reads every slot from 0
+            self.shift(dead)
+            next_slot, oldest = self.slot + 1, oldest - dead
+        free = [b for b, r in enumerate(self.rows) if r.done]
+        if not free or not waiting:
+            return
         rows, shift = choose_refill(free, waiting, next_slot, oldest, self.T)
         if not rows:
             return
@@ -125,9 +137,9 @@ class BlockExecutor:
     def run(self, rows: list[RowState], waiting: list[RowState] | None = None) -> None:
         """Complete `rows` (one block); with `waiting`, finished rows' slots take rows from it (refill), which
         are popped as they enter."""
-        p, waiting = self.policy, waiting if waiting is not None else []
+        p, refill = self.policy, waiting is not None
         S = max(len(r.prompt_ids) for r in rows)
-        T = self.total_slots(rows + waiting)
+        T = self.total_slots(rows + (waiting or []))
         batches = [GpuBatch(rows[i : i + p.gbs], S, T, self.pad) for i in range(0, len(rows), p.gbs)]
         try:
             for b in batches:
@@ -136,7 +148,7 @@ class BlockExecutor:
                 b.acts = PlacedActivations.create(self.devices, acts, (len(b.rows), S, self.spec.hidden_size),
                                                   ACT_DTYPE)
             while True:
-                for b in batches:
+                for b in batches if refill else ():
                     self._refill(b, waiting)
                 live = [b for b in batches if not b.done]
                 if not live:
