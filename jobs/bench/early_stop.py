@@ -95,8 +95,8 @@ def early_stop_line(cfg: EarlyStopConfig, cache_dir: str) -> Line:
     useful = [c.completion_tokens for c in record["refill"]]
     runners = {"flexbatch refill": engine_w4_runner(eng, reqs, refill, record, "refill"),
                "flexbatch blocks": engine_w4_runner(eng, reqs, plain, record, "blocks")}
-    tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left", trust_remote_code=False)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=False).eval()
     runners |= {f"transformers bs {b}": hf_w4_runner(hf, tok, reqs, useful, b) for b in cfg.hf_batches}
     res = side_by_side(runners, 0, cfg.repeats, warmup=False)
     exact = [a.token_ids for a in record["refill"]] == [b.token_ids for b in record["blocks"]]

@@ -74,7 +74,7 @@ def throughput_lines(cfg: BenchConfig, model_dir: Path, prompts) -> tuple[list[L
     runners = {block_name(g, n): engine_runner(eng, prompts, g, n) for g, n in cfg.blocks}
     hf = None
     if "transformers" not in cfg.skip:
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, trust_remote_code=False).eval()
         runners |= {f"transformers bs {b}": hf_runner(hf, prompts, b) for b in cfg.hf_batches}
     res = side_by_side(runners, cfg.gen_len, cfg.repeats)
     del eng, hf
@@ -160,7 +160,8 @@ def accelerate_model(model_dir: Path, max_cpu_bytes: int, folder: str):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, device_map="auto",
-                                                 max_memory={"cpu": max_cpu_bytes}, offload_folder=folder)
+                                                 max_memory={"cpu": max_cpu_bytes}, offload_folder=folder,
+                                                 trust_remote_code=False)
     device_map = {k: str(v) for k, v in getattr(model, "hf_device_map", {}).items()}
     log.info("accelerate placed %s", dict(Counter(device_map.values())))
     return model.eval(), device_map
