@@ -23,19 +23,24 @@ time.sleep(600)
 """
 
 
-def _start_time(pid):
+def _stat(pid, field):
+    """A number from /proc/PID/stat, counted from the state (field 0: 1 is the parent, 19 the start time)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
+            return int(f.read().rsplit(")", 1)[1].split()[field])
     except (OSError, ValueError):
         return None
+
+
+def _start_time(pid):
+    return _stat(pid, 19)
 
 
 def _tree(root):
     children = {}
     for name in os.listdir("/proc"):
-        if name.isdigit() and (st := _stat_parent(name)) is not None:
-            children.setdefault(st, []).append(int(name))
+        if name.isdigit() and (parent := _stat(name, 1)) is not None:
+            children.setdefault(parent, []).append(int(name))
     out, todo = {}, [root]
     while todo:
         pid = todo.pop()
@@ -43,14 +48,6 @@ def _tree(root):
             out[pid] = t
             todo += children.get(pid, [])
     return out
-
-
-def _stat_parent(name):
-    try:
-        with open(f"/proc/{name}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError):
-        return None
 
 
 def _listening_beyond_loopback(pids):
