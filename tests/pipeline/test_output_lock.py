@@ -81,9 +81,22 @@ def quick_lease(monkeypatch):
 
 
 def _lease(folder, **holder):
+    """Write a lease as another run would: one whole write that readers see before or after."""
     record = {"owner": "u", "host": "elsewhere", "pid": 1, "started": "then", "heartbeat": time.time(),
               "token": "t", **holder}
-    (folder / LEASE_FILE).write_text(json.dumps(record))
+    tmp = folder / (LEASE_FILE + ".other")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, folder / LEASE_FILE)
+
+
+def _read_lease(folder) -> dict:
+    """The lease as a reader sees it once a heartbeat's write is complete (a file:// write is not atomic)."""
+    for _ in range(100):
+        try:
+            return json.loads((folder / LEASE_FILE).read_text())
+        except ValueError:
+            time.sleep(0.01)
+    raise AssertionError("the lease never read as a whole record")
 
 
 def test_a_live_lease_refuses_and_a_stale_one_is_taken_over(tmp_path, quick_lease, caplog):
@@ -105,12 +118,13 @@ def test_a_live_lease_refuses_and_a_stale_one_is_taken_over(tmp_path, quick_leas
 def test_a_lease_taken_over_while_running_stops_further_commits(tmp_path, quick_lease):
     lease = lock_output(f"file://{tmp_path}")
     time.sleep(0.2)
-    assert json.loads((tmp_path / LEASE_FILE).read_text())["heartbeat"] > time.time() - 1  # renewed
-    _lease(tmp_path, token="someone else")
+    assert _read_lease(tmp_path)["heartbeat"] > time.time() - 1  # renewed
     deadline = time.time() + 5
     while lease.lost is None and time.time() < deadline:
+        # a heartbeat that confirmed just before the takeover may write over it once; the taker writes again
+        _lease(tmp_path, token="someone else")
         time.sleep(0.05)
     with pytest.raises(OutputLockedError, match="pid 1 of u on elsewhere"):
         lease.check()
     lease.release()
-    assert json.loads((tmp_path / LEASE_FILE).read_text())["token"] == "someone else"  # not ours to remove
+    assert _read_lease(tmp_path)["token"] == "someone else"  # not ours to remove
