@@ -59,12 +59,12 @@ class DeviceSpec:
     attention_4bit_bytes_per_s: float
     dequant_bytes_per_s: float
     elementwise_bytes_per_s: float
-    layer_call_s: float = 0.0
-    step_call_s: float = 0.0
-    dequant_call_s: float = 0.0
-    cache_codec_call_s: float = 0.0
-    disk_layer_call_s: float = 0.0
-    split_call_s: float = 0.0
+    layer_call_s: float = 0.0  # per layer call on one GPU batch
+    step_call_s: float = 0.0  # per step, outside the layers
+    dequant_call_s: float = 0.0  # added by 4-bit weights, per layer per step
+    cache_codec_call_s: float = 0.0  # added by a 4-bit cache, per layer call
+    disk_layer_call_s: float = 0.0  # added by a layer read from disk, per layer per step
+    split_call_s: float = 0.0  # added by a cache or activations split over tiers, per layer call
     matmul_widths: tuple[int, ...] = ()
     attention_prefill_lens: tuple[int, ...] = ()
     attention_prefill_gflop_per_s: tuple[float, ...] = ()

@@ -68,17 +68,19 @@ class PhaseCost:
 
 @dataclass(frozen=True)
 class Prediction:
+    """What `policy` costs on `workload`: each phase's step, a block, the whole job, and the memory it peaks at."""
+
     policy: Policy
     workload: Workload
-    block_rows: int
+    block_rows: int  # rows in one block: min(gbs * num_gb, num_prompts)
     num_blocks: int
     prefill: PhaseCost
     decode: PhaseCost
-    block_s: float
-    total_s: float
-    tokens_per_s: float
-    peak_bytes: dict
-    kv_handoff_s: float
+    block_s: float  # seconds of one block: its prefill, then gen_len - 1 decode steps
+    total_s: float  # seconds of the whole job: every block, or the refilled slots and their drain
+    tokens_per_s: float  # expected generated tokens per second of total_s
+    peak_bytes: dict  # peak bytes per phase and tier (memory_need)
+    kv_handoff_s: float  # prefill's seconds storing the new KV cache away from its compute device (FlexInfer)
 
     @property
     def prefill_s(self) -> float:

@@ -49,10 +49,10 @@ class Plan:
     prediction: Prediction
     alternatives: tuple[Prediction, ...]
     memory_use: dict  # (phase, tier) -> share of capacity at the solution
-    capacity: dict
-    pins: dict
-    solves: int
-    seconds: float
+    capacity: dict  # tier -> bytes it may hold
+    pins: dict  # Policy fields the caller fixed
+    solves: int  # integer programs solved
+    seconds: float  # wall time of the search
 
     @property
     def policy(self) -> Policy:
