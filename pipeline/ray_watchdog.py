@@ -68,17 +68,22 @@ def _note_tree(known: dict[int, int]) -> None:
                 todo.append(child)
 
 
-def _stop(known: dict[int, int]) -> None:
-    alive = lambda: [p for p, t in known.items() if _start_time(p) == t]  # noqa: E731
-    for sig, wait in ((signal.SIGTERM, KILL_AFTER_SECONDS), (signal.SIGKILL, 0.0)):
+def stop_processes(alive, grace_s: float) -> None:
+    """SIGTERM the processes `alive()` lists, then SIGKILL those it still lists after `grace_s` seconds; wait
+    up to `grace_s` for them to go."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in alive():
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + grace_s
         while alive() and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def _stop(known: dict[int, int]) -> None:
+    stop_processes(lambda: [p for p, t in known.items() if _start_time(p) == t], KILL_AFTER_SECONDS)
 
 
 def main(head_pids: list[int]) -> None:

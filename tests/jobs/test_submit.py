@@ -3,7 +3,6 @@
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from jobs.submit import (
     load_runtime_env,
     submit_command,
 )
+from pipeline.ray_watchdog import stop_processes
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "examples" / "prompts.parquet"
@@ -166,15 +166,7 @@ def _stop_head(sid: int, temp: Path, grace_s: float = 5.0) -> None:
     def left():
         return _session_pids(sid) + _job_driver_pids(temp)
 
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in left():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while left() and time.monotonic() < deadline:
-            time.sleep(0.2)
+    stop_processes(left, grace_s)
     assert not left(), f"Ray processes left: {left()}"
 
 
