@@ -21,8 +21,9 @@ from tests.cgroups import memory_cgroup, remove_cgroup, run_in_cgroup
 from tests.pipeline.test_driver_ray import _inputs, _output_rows, _start_job
 
 pytestmark = pytest.mark.slow
-SEED = 3  # an actor, then the driver, then an actor of the resumed run
+SEED = 3  # which faults and when: the same choices every run (where they land depends on the machine's speed)
 KILLS = 3
+SHARDS = 45  # enough that each planned fault finds work left on a fast, idle machine
 
 
 def _actor_pids(lines) -> set[int]:
@@ -49,11 +50,11 @@ def _disrupt(rng: random.Random, proc, lines, out, shards: int) -> str | None:
     done = _committed(out)
     if shards - done < 3:
         return None
-    target = done + rng.randint(1, min(4, shards - done - 2))
+    target = done + rng.randint(1, max(1, min(4, (shards - done) // 3)))  # most of the work left after the fault
     deadline = time.monotonic() + 240
     while _committed(out) < target and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(rng.uniform(0.0, 0.3))
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.0, 0.05))
     if proc.poll() is not None:
         return None
     actors = sorted(p for p in _actor_pids(lines) if _alive(p))
@@ -66,7 +67,7 @@ def _disrupt(rng: random.Random, proc, lines, out, shards: int) -> str | None:
 
 def test_random_kills_of_actors_and_the_driver_never_lose_or_duplicate_a_row(tmp_path, tiny_llama_dir):
     rng = random.Random(SEED)
-    ids = _inputs(tmp_path / "in", files=3, rows=10)
+    ids = _inputs(tmp_path / "in", files=3, rows=2 * SHARDS // 3)
     out = tmp_path / "out"
     args = ("--workers", "2", "--shard-rows", "2", "--max-new-tokens", "16", "--max-shard-retries", "5")
     done, kills, runs = None, [], 0
@@ -74,7 +75,7 @@ def test_random_kills_of_actors_and_the_driver_never_lose_or_duplicate_a_row(tmp
         proc, lines = _start_job(tmp_path, tiny_llama_dir, *args)
         runs += 1
         while len(kills) < KILLS and proc.poll() is None:
-            what = _disrupt(rng, proc, lines, out, 15)
+            what = _disrupt(rng, proc, lines, out, SHARDS)
             if what is None:
                 break
             kills.append(what)
@@ -92,7 +93,7 @@ def test_random_kills_of_actors_and_the_driver_never_lose_or_duplicate_a_row(tmp
     report = verify_output(out)
     assert report.ok and report.rows == len(ids), report.problems
     parts = [json.loads(line)["part"] for line in (out / MANIFEST_FILE).read_text().splitlines() if line.endswith("}")]
-    assert len(parts) == len(set(parts)) == 15  # each shard committed exactly once, across every run
+    assert len(parts) == len(set(parts)) == SHARDS  # each shard committed exactly once, across every run
 
 
 def test_an_actor_killed_at_its_memory_cgroups_limit_is_reported_with_exit_3(tmp_path):
