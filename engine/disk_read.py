@@ -18,49 +18,17 @@ from pathlib import Path
 
 import torch
 
+from engine.memory_room import memory_room
+
 log = logging.getLogger(__name__)
 ALIGN = 4096
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "U8": torch.uint8,
            "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
 
 
-def _cgroup_memory_file(name_v1: str, name_v2: str) -> Path | None:
-    """This process's memory cgroup file (v1 `memory` controller or v2 unified), if readable."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            f = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / name_v1
-            return f if f.is_file() else None
-        if controllers == "":
-            f = Path("/sys/fs/cgroup") / path.lstrip("/") / name_v2
-            return f if f.is_file() else None
-    return None
-
-
-def _read_int(path: Path | None) -> int | None:
-    try:
-        text = path.read_text().strip() if path else "max"
-    except OSError:
-        return None
-    return None if text == "max" or int(text) >= 1 << 60 else int(text)
-
-
 def memory_room_bytes() -> int:
-    """Memory this process may still fill, page cache included: the machine's available memory, or less where
-    its memory cgroup's limit leaves less."""
-    avail = 0
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            avail = int(line.split()[1]) * 1024
-    limit = _read_int(_cgroup_memory_file("memory.limit_in_bytes", "memory.max"))
-    usage = _read_int(_cgroup_memory_file("memory.usage_in_bytes", "memory.current"))
-    if limit is not None:
-        avail = min(avail, limit - (usage or 0))
-    return max(0, avail)
+    """Memory this process may still fill (`engine.memory_room`: MemAvailable or its memory cgroup's room)."""
+    return int(memory_room().available_bytes or 0)
 
 
 def use_direct(disk_bytes: int) -> bool:

@@ -69,7 +69,7 @@ class RayDispatcher:
         self._job, self._specs, self._rows, self._leave_ray = job, list(specs), planned_rows, leave_ray
         self._actors = [start_actor(s, job, i, s.num_cpus, planned_rows) for i, s in enumerate(self._specs)]
         self._inflight: dict = {}  # object ref -> (worker, shard)
-        from planner.memory_room import oom_kills
+        from engine.memory_room import oom_kills
 
         self._oom_kills = oom_kills()
         self.replaced = 0
@@ -128,7 +128,7 @@ class RayDispatcher:
         share (a kill on another node is not seen)."""
         import ray
 
-        from planner.memory_room import oom_kills
+        from engine.memory_room import oom_kills
 
         if isinstance(e, ray.exceptions.OutOfMemoryError) or "low on memory" in str(e):
             return "Ray's memory monitor"

@@ -84,10 +84,10 @@ def prompt_length(tokenizer, prompt) -> int:
 
 def plan_budgets(budgets: dict, room=None) -> dict:
     """The tiers' capacities for planning: the user's budgets, and for a CPU without one CPU_BUDGET_SHARE of
-    the memory this process may still take (`planner.memory_room`: MemAvailable or the memory cgroup's room,
+    the memory this process may still take (`engine.memory_room`: MemAvailable or the memory cgroup's room,
     whichever is smaller). A --cpu-mem above that room is lowered to it, with a warning: the kernel would kill
     the process (or thrash its page cache) before the budget is reached."""
-    from planner.memory_room import memory_room
+    from engine.memory_room import memory_room
 
     out = dict(budgets or {})
     room = room or memory_room()

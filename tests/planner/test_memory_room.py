@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.memory_room import MemoryRoom, memory_room
 from pipeline.planning import CPU_BUDGET_SHARE, plan_budgets
-from planner.memory_room import MemoryRoom, memory_room
 from tests.cgroups import memory_cgroup, remove_cgroup, run_in_cgroup
 
 MIB = 2**20
@@ -72,7 +72,7 @@ def test_the_budget_is_a_share_of_the_room_and_a_larger_cpu_mem_is_lowered(caplo
 def test_the_budget_inside_a_real_memory_cgroup_fits_its_limit():
     group = memory_cgroup("flexbatch-budget", 600 * MIB)
     try:
-        code = ("import torch, json; from pipeline.planning import plan_budgets; from planner.memory_room import "
+        code = ("import torch, json; from pipeline.planning import plan_budgets; from engine.memory_room import "
                 "memory_room; r = memory_room(); print(json.dumps([plan_budgets({}, r)['cpu'], r.cgroup_limit_bytes, "
                 "r.cgroup_used_bytes, r.mem_available_bytes]))")
         done = run_in_cgroup(group, [sys.executable, "-c", code], timeout=120)

@@ -5,12 +5,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
+import engine.memory_room
 import pipeline.planning
-import planner.memory_room
+from engine.memory_room import MemoryRoom
 from jobs import cli
 from planner import profiler
 from planner.hardware import load_hardware, save_hardware
-from planner.memory_room import MemoryRoom
 from tests.pipeline.parquet_files import write_parquet
 from tests.planner.specs import cpu_machine, server_cpu
 
@@ -92,7 +92,7 @@ def test_plan_and_run_choose_the_same_policy_for_the_same_input(tmp_path, tiny_l
     plans = {}
     for room_bytes in (1e12, 1e6):
         room = MemoryRoom(room_bytes / pipeline.planning.CPU_BUDGET_SHARE, None, None, None, None)
-        monkeypatch.setattr(planner.memory_room, "memory_room", lambda room=room: room)
+        monkeypatch.setattr(engine.memory_room, "memory_room", lambda room=room: room)
         result = plan(*common, "--gen-len", 3, "--json")
         assert result.exit_code == 0, result.output
         plans[room_bytes] = json.loads(result.output)
