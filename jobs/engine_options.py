@@ -13,7 +13,7 @@ from click.core import ParameterSource
 
 from engine.policy import PHASE_DEVICES, WEIGHT_FORMATS, Policy, parse_bytes
 from engine.request import BACKEND_CHOICES, DTYPE_CHOICES
-from pipeline.settings import EngineSettings
+from pipeline.settings import REFILL_CHOICES, EngineSettings
 
 _P = {f.name: f.default for f in fields(Policy) if f.init}
 _E = {f.name: f.default for f in fields(EngineSettings)}
@@ -92,6 +92,10 @@ def _policy_options() -> list:
                      default=None, help="Compressed weights: int4 (the default when given alone: 4-bit group-wise, "
                                         "group 64) or int8 (row-wise, int8 x int8 GEMMs)."),
         click.option("--compress-cache", is_flag=True, help="4-bit group-wise KV cache (group 64)."),
+        click.option("--refill", type=click.Choice(REFILL_CHOICES), default=REFILL_CHOICES[0], show_default=True,
+                     help="Finished rows' slots take waiting rows: auto lets the planner decide from the rows' "
+                          "max_new_tokens and stop strings, then from what rows really generate; off with "
+                          "--no-plan unless on."),
         click.option("--cpu-attention/--no-cpu-attention", default=_P["cpu_attention"], show_default=True,
                      help="Decode attention runs where the KV cache lives."),
         click.option("--prefill-device", type=click.Choice(PHASE_DEVICES), default=_P["prefill_device"],
@@ -117,6 +121,8 @@ def _pins(ctx: click.Context, options: dict) -> dict:
     pins = {name: options[name] for name in _PINNABLE if name in given and options[name] is not None}
     if "compress_weight" in pins:  # the option names a format; the planner pins whether weights are compressed
         pins["compress_weight"] = True
+    if options.get("refill", REFILL_CHOICES[0]) != REFILL_CHOICES[0]:
+        pins["refill"] = options["refill"] == "on"
     if "batch_size" in given and options["batch_size"] is not None:
         pins.update(gbs=options["batch_size"], num_gb=1)
     if "percent" in given and options["percent"]:
@@ -135,6 +141,7 @@ def _policy(o: dict) -> Policy:
     kw = dict(gbs=gbs or _P["gbs"], num_gb=num_gb or _P["num_gb"], compress_weight=o["compress_weight"] is not None,
               weight_format=o.pop("compress_weight") or "int4",
               compress_cache=o.pop("compress_cache"), cpu_attention=o.pop("cpu_attention"),
+              refill=o.pop("refill") == "on",
               prefill_device=o.pop("prefill_device"), decode_device=o.pop("decode_device"),
               prefill_split_layer=o.pop("prefill_split_layer"), decode_split_layer=o.pop("decode_split_layer"))
     percent = o.pop("percent")

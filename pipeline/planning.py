@@ -4,6 +4,7 @@ must fit, turned into the `Policy` the engine runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ from pipeline.parquet_io import InputFile
 from pipeline.storage import open_parquet
 
 if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, not for --help
+    from engine.policy import Policy
     from pipeline.settings import EngineSettings
     from planner.hardware import HardwareSpec
     from planner.predict import Prediction
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 SAMPLE_PROMPTS = 256
 CPU_BUDGET_SHARE = 0.8  # of the memory this process may still take (the rest: its working set grows)
 TYPICAL_QUANTILE = 0.75  # blocks are length-bucketed; a block pads to about this quantile of its lengths
+STOP_PRIOR = 0.5  # share of its max_new_tokens a row with a stop string is expected to generate, until measured
 
 
 def sample_prompts(files: tuple[InputFile, ...], column: str, limit: int = SAMPLE_PROMPTS) -> list:
@@ -47,12 +50,61 @@ def sample_prompts(files: tuple[InputFile, ...], column: str, limit: int = SAMPL
 
 
 def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len: int, dtype: str,
-                        num_prompts: int | None = None) -> Workload:
+                        num_prompts: int | None = None, stop: tuple[str, ...] = ()) -> Workload:
     """prompt_len: the TYPICAL_QUANTILE of the sampled token lengths; max_prompt_len: the longest sampled, both
     capped at what the context leaves after gen_len tokens; num_prompts: every row of `files` unless given
-    (a worker plans for its share)."""
+    (a worker plans for its share). gen_len and stop are the job's; the sampled rows' own max_new_tokens and
+    stop columns give the generation lengths (`generation_lengths`)."""
     rows = num_prompts or sum(f.num_rows for f in files)
-    return workload_from_prompts(sample_prompts(files, column), tokenizer, spec, gen_len, dtype, rows)
+    longest, expected = generation_lengths(sample_row_lengths(files, gen_len, stop), spec)
+    work = workload_from_prompts(sample_prompts(files, column), tokenizer, spec, longest, dtype, rows)
+    return dataclasses.replace(work, expected_gen_len=min(expected, work.gen_len))
+
+
+def sample_row_lengths(files: tuple[InputFile, ...], gen_len: int, stop: tuple[str, ...],
+                       limit: int = SAMPLE_PROMPTS) -> list[tuple[int, bool]]:
+    """(max_new_tokens, whether a stop string may end it) of up to `limit` rows of the first Parquet files: each
+    row's own `max_new_tokens` and `stop` columns where present and valid, else the job's. Batch files give
+    the job's (their rows are measured as they finish)."""
+    out: list[tuple[int, bool]] = []
+    for f in files:
+        if f.format == "openai":
+            continue
+        with open_parquet(f.path) as pf:
+            names = [c for c in ("max_new_tokens", "stop") if c in pf.schema_arrow.names]
+            for g in range(pf.num_row_groups):
+                n = pf.metadata.row_group(g).num_rows
+                cols = pf.read_row_group(g, columns=names).to_pydict() if names else {}
+                for m, s in zip(cols.get("max_new_tokens", [None] * n), cols.get("stop", [None] * n)):
+                    ok = isinstance(m, (int, float)) and m >= 1 and float(m).is_integer()
+                    out.append((int(m) if ok else gen_len, bool(s) if s is not None else bool(stop)))
+                if len(out) >= limit:
+                    return out[:limit]
+    return out or [(gen_len, bool(stop))]
+
+
+def generation_lengths(rows: list[tuple[int, bool]], spec: ModelSpec) -> tuple[int, float]:
+    """The largest max_new_tokens of `rows` (it sizes the KV cache) and the tokens a row is expected to generate
+    before any is measured: its own max_new_tokens, STOP_PRIOR of it where a stop string may end it earlier."""
+    longest = min(max(m for m, _ in rows), max(1, spec.max_position_embeddings - 1))
+    expected = sum(min(m, longest) * (STOP_PRIOR if s else 1.0) for m, s in rows) / len(rows)
+    return longest, max(1.0, expected)
+
+
+def measured_workload(work: Workload, rows: int, tokens: int) -> Workload:
+    """`work` with the tokens its finished rows really generated on average (stop strings and EOS included)."""
+    if rows < 1:
+        return work
+    return dataclasses.replace(work, expected_gen_len=min(float(work.gen_len), max(1.0, tokens / rows)))
+
+
+def refill_choice(settings: EngineSettings, work: Workload, spec: ModelSpec, policy: Policy) -> Policy:
+    """`policy` with refill on or off as the planner prices it for `work` (the settings' pin wins): a worker asks
+    again as rows finish, with what they really generated (`measured_workload`)."""
+    from planner.search import with_refill_choice
+
+    chosen = with_refill_choice(spec, hardware(settings.hardware), work, policy, settings.planner_pins())
+    return dataclasses.replace(policy, refill=chosen.policy.refill)
 
 
 def workload_from_prompts(prompts: list, tokenizer, spec: ModelSpec, gen_len: int, dtype: str,

@@ -217,7 +217,8 @@ def choose(config: RunConfig, job: JobSetup, num_prompts: int | None = None) -> 
     if not config.plan:
         return config.policy, None
     work = workload_from_input(job.files, job.column, load_tokenizer(config.model), job.spec,
-                               config.params.max_new_tokens, workload_dtype(config.dtype), num_prompts)
+                               config.params.max_new_tokens, workload_dtype(config.dtype), num_prompts,
+                               config.params.stop)
     chosen = choose_policy(config, work, job.spec)
     # the planner prices 4-bit weights; the user's format is kept (int8 moves 2x the bytes of int4)
     return dataclasses.replace(chosen.policy, weight_format=config.policy.weight_format), chosen.prediction

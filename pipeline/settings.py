@@ -10,6 +10,8 @@ from engine.policy import Policy
 from engine.request import BACKEND_CHOICES, DEFAULT_BACKEND, DTYPE_CHOICES
 from pipeline.errors import ConfigError
 
+REFILL_CHOICES = ("auto", "on", "off")  # --refill; auto (the default): the planner decides, on and off pin it
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -40,6 +42,12 @@ class EngineSettings:
     def settings(self) -> dict:
         """The engine settings by field name (a job's `RunConfig` carries them too)."""
         return {f.name: getattr(self, f.name) for f in fields(EngineSettings)}
+
+    @property
+    def refill(self) -> str:
+        """"on" or "off" where refill is pinned, else "auto": planned, and planned again as rows finish with
+        what they really generated (off with --no-plan)."""
+        return {True: "on", False: "off"}.get(self.pins.get("refill"), REFILL_CHOICES[0])
 
     def planner_pins(self) -> dict:
         """What the planner keeps: the user's pins, and compression where the policy asks for it (compression is

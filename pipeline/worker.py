@@ -18,7 +18,7 @@ from pipeline.errors import InputError
 from pipeline.openai_batch import line_completions, read_batch_shard
 from pipeline.openai_output import choices_by_line, jsonl_bytes, output_lines
 from pipeline.parquet_io import output_table, write_part_atomic
-from pipeline.planning import prediction_record
+from pipeline.planning import measured_workload, prediction_record, refill_choice
 from pipeline.rows import build_requests, row_ids
 from pipeline.runner import JobSetup, choose, load_engine
 from pipeline.shards import Shard, read_shard
@@ -66,6 +66,8 @@ class ShardWorker:
     def _setup(self, planned_rows: int | None) -> None:
         started = time.perf_counter()
         self.policy, predicted = choose(self.job.config, self.job, planned_rows)
+        self.work = predicted.workload if predicted is not None else None  # planned: refill re-chosen as rows finish
+        self._measured = (0, 0)  # rows finished so far, and the tokens they generated
         self.engine = load_engine(self.job.config, self.policy)
         warm_up(self.engine)
         self._info = {
@@ -127,13 +129,13 @@ class ShardWorker:
 
     def _complete(self, items: list[Request | Completion], shard: Shard) -> tuple[list[Completion], float]:
         """Run the requests among `items` through the engine; one completion per item, in order, and the
-        seconds spent generating."""
+        seconds spent generating. Until a block's worth of rows has been measured, calls are one block long."""
         slots = [i for i, item in enumerate(items) if isinstance(item, Request)]
         done = list(items)
-        per_call = self.engine.policy.block_size * _REQUESTS_PER_CALL_PER_BLOCK
-        seconds = 0.0
-        for start in range(0, len(slots), per_call):
-            chunk = slots[start : start + per_call]
+        seconds, start = 0.0, 0
+        while start < len(slots):
+            block = self.engine.policy.block_size
+            chunk = slots[start : start + block * (_REQUESTS_PER_CALL_PER_BLOCK if self._measured[0] >= block else 1)]
             began = time.perf_counter()
             out = self.engine.generate([items[i] for i in chunk], truncate=self.job.config.truncate)
             seconds += time.perf_counter() - began
@@ -141,9 +143,26 @@ class ShardWorker:
                 raise RuntimeError(f"engine returned {len(out)} completions for {len(chunk)} requests")
             for i, completion in zip(chunk, out):
                 done[i] = completion
-            if len(slots) > per_call:
-                log.info("shard %d: %d/%d requests done", shard.index, start + len(chunk), len(slots))
+            start += len(chunk)
+            self._measure(out)
+            if len(slots) > len(chunk):
+                log.info("shard %d: %d/%d requests done", shard.index, start, len(slots))
         return done, seconds
+
+    def _measure(self, completions: list[Completion]) -> None:
+        """Count what finished rows really generated and, when planned without a refill pin, let the planner
+        choose refill again for the rows to come with that measured length."""
+        ok = [c for c in completions if c.finish_reason != "error"]
+        self._measured = (self._measured[0] + len(ok), self._measured[1] + sum(c.completion_tokens for c in ok))
+        config = self.job.config
+        if self.work is None or not ok or config.refill != "auto":
+            return
+        work = measured_workload(self.work, *self._measured)
+        policy = refill_choice(config, work, self.job.spec, self.engine.policy)
+        if policy.refill != self.engine.policy.refill:
+            log.info("refill %s: rows generate %.1f tokens on average (%d measured), of up to %d",
+                     "on" if policy.refill else "off", work.expected_gen_len, self._measured[0], work.gen_len)
+        self.engine.policy = policy
 
 
 def warm_up(engine) -> None:

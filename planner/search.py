@@ -196,11 +196,17 @@ class _Solver:
 
 
     def _priced(self, policy: Policy) -> Prediction:
-        """The prediction of `policy` with refill on or off, whichever is faster (or as pinned): refill changes
-        the time a job takes (rows that finish early free their slots), not the memory it needs."""
-        choices = (self.pins["refill"],) if "refill" in self.pins else (False, True)
-        preds = [predict(self.model, self.hw, self.work, replace(policy, refill=r)) for r in choices]
-        return min(preds, key=lambda p: p.total_s)
+        return with_refill_choice(self.model, self.hw, self.work, policy, self.pins)
+
+
+def with_refill_choice(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Policy,
+                       pins: dict) -> Prediction:
+    """The prediction of `policy` with refill on or off, whichever is faster (or as pinned): refill changes the
+    time a job takes (rows that finish early free their slots), not the memory it needs. A job asks again when
+    it has measured how many tokens its rows really generate (`Workload.expected_gen_len`)."""
+    choices = (pins["refill"],) if "refill" in pins else (False, True)
+    preds = [predict(model, hw, work, replace(policy, refill=r)) for r in choices]
+    return min(preds, key=lambda p: p.total_s)
 
 
 def search(model: ModelSpec, hw: HardwareSpec, work: Workload, pins: dict | None = None,
