@@ -23,17 +23,19 @@ from engine.quant import (
 )
 
 
+def timed_call(fn):
+    """fn()'s result and its wall time in seconds: the one timer of the profiler, the probes and the benchmarks
+    (the calls below repeat it; a benchmark that also needs what fn returns calls it directly)."""
+    t0 = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - t0
+
+
 def timings(fn, repeats: int = 5, warmup: int = 1) -> list[float]:
-    """Wall times of `repeats` calls of fn(), after `warmup` untimed calls: the one timer of the profiler,
-    the probes and the benchmarks."""
+    """Wall times of `repeats` calls of fn(), after `warmup` untimed calls."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
+    return [timed_call(fn)[1] for _ in range(repeats)]
 
 
 def median_seconds(fn, repeats: int = 5, warmup: int = 1) -> float:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import tempfile
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from jobs.bench.early_stop import EarlyStopConfig, early_stop_line
 from jobs.bench.memory_limit import CgroupUnavailable, MemoryLimitConfig, check_cgroups, memory_limit_lines
 from jobs.bench.report import Line, run_and_save
 from jobs.bench.runs import DTYPE, best, block_name, engine_runner, hf_runner, memory_probe, side_by_side
+from jobs.bench.table import Column, format_table
 from jobs.common import setup_logging
 from planner.microbench import median_seconds
 
@@ -189,7 +189,6 @@ def compress_lines(cfg: BenchConfig, model_dir: Path, prompts, block: tuple[int,
 
 def run_engine_bench(cfg: BenchConfig) -> dict:
     """All lines, plus the machine and the config, as a JSON-ready dict."""
-    t0 = time.perf_counter()
     model_dir = bm.build_checkpoint(cfg.preset, cfg.cache_dir)
     spec = load_model_spec(model_dir)
     rows = max([g * n for g, n in (*cfg.blocks, *cfg.offload_blocks)] + [*cfg.hf_batches, *cfg.accelerate_batches])
@@ -209,8 +208,7 @@ def run_engine_bench(cfg: BenchConfig) -> dict:
     return {"config": dataclasses.asdict(cfg), "machine": bm.machine_info(),
             "model": {"dir": str(model_dir), "preset": dataclasses.asdict(bm.PRESETS[cfg.preset]),
                       "linear_params": bm.linear_params(spec), "flops_formula": bm.FLOPS_FORMULA},
-            "lines": [line.to_dict() for line in lines], "sweep": sweep,
-            "wall_seconds": time.perf_counter() - t0}
+            "lines": [line.to_dict() for line in lines], "sweep": sweep}
 
 
 # ---- command line ----------------------------------------------------------------------------------------
@@ -233,14 +231,14 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
 
 
-def format_table(report: dict) -> str:
-    out = [f"{'line':<16} {'ours':>9} {'baseline':>9} {'ratio':>7} {'target':>7} {'met':>4}  unit, what"]
-    for d in report["lines"]:
-        met = {True: "yes", False: "NO", None: "-"}[d["met"]]
-        target = "-" if d["target"] is None else f">={d['target']:g}"
-        out.append(f"{d['id']:<16} {_fmt(d['ours']):>9} {_fmt(d['baseline']):>9} {_fmt(d['ratio']):>7} "
-                   f"{target:>7} {met:>4}  {d['unit']}, {d['what']}")
-    return "\n".join(out)
+COLUMNS = (Column("line", 16, "<"), Column("ours", 9), Column("baseline", 9), Column("ratio", 7),
+           Column("target", 7), Column("met", 4), Column("unit, what", gap=2))
+
+
+def table_text(report: dict) -> str:
+    rows = [(d["id"], _fmt(d["ours"]), _fmt(d["baseline"]), _fmt(d["ratio"]), "-" if d["target"] is None else f">={d['target']:g}",
+             {True: "yes", False: "NO", None: "-"}[d["met"]], f"{d['unit']}, {d['what']}") for d in report["lines"]]
+    return format_table(COLUMNS, rows)
 
 
 _D = BenchConfig()
@@ -298,6 +296,6 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
                       early_stop=dataclasses.replace(_D.early_stop, prompts=w4_prompts, gbs=w4_gbs,
                                                      repeats=kw["repeats"]), **kw)
     report = run_and_save(run_engine_bench, cfg, output)
-    click.echo(format_table(report))
+    click.echo(table_text(report))
     click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads, "
                f"torch {report['machine']['torch']}; {report['wall_seconds']:.0f} s; json: {output}")

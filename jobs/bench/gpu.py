@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import click
@@ -31,8 +31,9 @@ from jobs.bench.gpu_policies import (
     load_key,
 )
 from jobs.bench.gpu_policies import place as place_batch
-from jobs.bench.gpu_report import format_table, headline, summary
+from jobs.bench.gpu_report import headline, summary, table_text
 from jobs.common import setup_logging
+from planner.microbench import timed_call
 
 log = logging.getLogger(__name__)
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
@@ -243,8 +244,7 @@ def run_gpu_bench(cfg: GpuBenchConfig, json_path: Path | None = None) -> dict:
     keeps what it measured)."""
     from planner.workload import Workload
 
-    t0 = time.perf_counter()
-    bench = GpuBench(cfg)
+    bench, wall = timed_call(lambda: GpuBench(cfg))
     report = {"config": asdict(cfg), "machine": {**bm.machine_info(), "gpu": bench.device},
               "hardware": bench.hw.name, "model": {"dir": str(bench.model_dir), "model_type": bench.spec.model_type,
                                                    "layers": bench.spec.num_layers, "weight_bytes": bench.weight_bytes},
@@ -253,11 +253,12 @@ def run_gpu_bench(cfg: GpuBenchConfig, json_path: Path | None = None) -> dict:
               "batches": [], "summary": None}
     try:
         for i, batch in enumerate(sorted(cfg.batch_sizes)):
-            rows = bench.batch_rows(batch, warmup=i == 0)
+            rows, seconds = timed_call(partial(bench.batch_rows, batch, warmup=i == 0))
+            wall += seconds
             work = Workload(cfg.prompt_len, cfg.gen_len, batch, dtype=cfg.dtype)
             report["batches"].append({"batch": batch, "rows": rows, "headline": headline(rows, work)})
             report["summary"] = summary(report["batches"])
-            report["wall_seconds"] = time.perf_counter() - t0
+            report["wall_seconds"] = wall
             if json_path is not None:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
                 json_path.write_text(json.dumps(report, indent=1, default=str))
@@ -355,5 +356,5 @@ def gpu_command(model, batch_sizes, policies, gpu_mem, json_path, **kw):
     except FlexbatchError as e:
         click.echo(f"flexbatch: error: {' '.join(str(e).splitlines())}", err=True)
         raise SystemExit(2) from None
-    click.echo(format_table(report))
+    click.echo(table_text(report))
     click.echo(f"{report['wall_seconds']:.0f} s" + (f"; json: {json_path}" if json_path else ""))

@@ -8,6 +8,7 @@ import statistics
 
 from engine.tiers import human
 from jobs.bench.gpu_policies import BASELINE
+from jobs.bench.table import Column, format_table, num, pct
 
 PLANNER_TARGET = 0.10  # the planner's choice within +10 % of the best other measured policy
 FLEXINFER_CHANGE = -0.75  # FlexInfer's average latency change vs FlexGen-like offloading
@@ -55,51 +56,45 @@ def summary(batches: list[dict]) -> dict:
             "target_planner_vs_best": PLANNER_TARGET}
 
 
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:+.1f}%"
-
-
-def _num(x, fmt: str = ".3f") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def batch_lines(b: dict) -> list[str]:
+def batch_lines(b: dict) -> list[tuple | str]:
+    """One batch size's rows of the table (a policy's cells, or an error), then its verdict lines."""
     base = next((r for r in b["rows"] if r["kind"] == BASELINE and "seconds" in r), None)
     out = []
     for r in b["rows"]:
         name = r["name"] + (" (baseline)" if r["kind"] == BASELINE else "")
         if "seconds" not in r:
-            out.append(f"{b['batch']:>5}  {name:<28}  error: {r.get('error') or 'not run'}")
+            out.append((b["batch"], name, f"error: {r.get('error') or 'not run'}"))
             continue
-        vs = _pct(r["seconds"] / base["seconds"] - 1) if base and r is not base else "-"
-        out.append(f"{b['batch']:>5}  {name:<28} {r['seconds']:>9.3f} {r['tokens_per_s']:>9.1f} {r['prefill_s']:>9.3f} "
-                   f"{r['decode_s']:>9.3f} {_num(r.get('predicted_s')):>8} {vs:>8}")
+        vs = pct(r["seconds"] / base["seconds"] - 1) if base and r is not base else "-"
+        out.append((b["batch"], name, f"{r['seconds']:.3f}", f"{r['tokens_per_s']:.1f}", f"{r['prefill_s']:.3f}",
+                    f"{r['decode_s']:.3f}", num(r.get("predicted_s")), vs))
     h = b["headline"]
     plan = next((r for r in b["rows"] if r["kind"] == "planner" and r.get("description")), None)
     if plan:
         same = f", runs as {h['planner_same_as'][0]}" if h["planner_same_as"] else ""
         out.append(f"       planner chose {plan['description']}{same}")
-    out.append(f"       best {h['best']}: {_pct(h['best_vs_offload'])} vs offload; planner {_pct(h['planner_vs_offload'])}"
-               f" vs offload, {_pct(h['planner_vs_best'])} vs best other ({h['best_other']}; target "
+    out.append(f"       best {h['best']}: {pct(h['best_vs_offload'])} vs offload; planner {pct(h['planner_vs_offload'])}"
+               f" vs offload, {pct(h['planner_vs_best'])} vs best other ({h['best_other']}; target "
                f"<= +{100 * PLANNER_TARGET:.0f}%)")
     return out
 
 
-def format_table(report: dict) -> str:
-    c, m = report["config"], report["model"]
-    out = [f"bench gpu: {m['dir']} ({m['model_type']}, {m['layers']} layers, {human(m['weight_bytes'])} in {report['config']['dtype']}) on "
-           f"{report['machine']['gpu']}; GPU budget {human(report['gpu_budget_bytes'])} "
-           f"({report['gpu_budget_bytes'] / m['weight_bytes']:.2f}x the weights; the baseline keeps "
-           f"{report['baseline_gpu_layers']} of {m['layers']} layers there); prompt {c['prompt_len']}, "
-           f"gen {c['gen_len']}, {c['dtype']}, median of {c['repeats']}; planner's view: {report['hardware']}",
-           f"{'batch':>5}  {'policy (prefill/decode)':<28} {'latency s':>9} {'tokens/s':>9} {'prefill s':>9} "
-           f"{'decode s':>9} {'pred s':>8} {'vs base':>8}"]
-    for b in report["batches"]:
-        out += batch_lines(b)
-    s = report["summary"] or {}
-    out.append(f"headline: latency vs FlexGen-like offloading, mean over {len(report['batches'])} batch sizes: best "
-               f"per-phase choice {_pct(s.get('mean_best_vs_offload'))}, planner "
-               f"{_pct(s.get('mean_planner_vs_offload'))} (FlexInfer: {_pct(FLEXINFER_CHANGE)}); planner vs best other "
-               f"policy: worst {_pct(s.get('worst_planner_vs_best'))}, {s.get('planner_within_target', 0)}/"
+COLUMNS = (Column("batch", 5), Column("policy (prefill/decode)", 28, "<", gap=2), Column("latency s", 9),
+           Column("tokens/s", 9), Column("prefill s", 9), Column("decode s", 9), Column("pred s", 8),
+           Column("vs base", 8))
+
+
+def table_text(report: dict) -> str:
+    c, m, s = report["config"], report["model"], report["summary"] or {}
+    setup = (f"bench gpu: {m['dir']} ({m['model_type']}, {m['layers']} layers, {human(m['weight_bytes'])} in "
+             f"{c['dtype']}) on {report['machine']['gpu']}; GPU budget {human(report['gpu_budget_bytes'])} "
+             f"({report['gpu_budget_bytes'] / m['weight_bytes']:.2f}x the weights; the baseline keeps "
+             f"{report['baseline_gpu_layers']} of {m['layers']} layers there); prompt {c['prompt_len']}, "
+             f"gen {c['gen_len']}, {c['dtype']}, median of {c['repeats']}; planner's view: {report['hardware']}")
+    verdict = (f"headline: latency vs FlexGen-like offloading, mean over {len(report['batches'])} batch sizes: best "
+               f"per-phase choice {pct(s.get('mean_best_vs_offload'))}, planner "
+               f"{pct(s.get('mean_planner_vs_offload'))} (FlexInfer: {pct(FLEXINFER_CHANGE)}); planner vs best other "
+               f"policy: worst {pct(s.get('worst_planner_vs_best'))}, {s.get('planner_within_target', 0)}/"
                f"{s.get('planner_compared', 0)} batch sizes within +{100 * PLANNER_TARGET:.0f}%")
-    return "\n".join(out)
+    rows = [line for b in report["batches"] for line in batch_lines(b)]
+    return format_table(COLUMNS, rows, above=[setup], below=[verdict])

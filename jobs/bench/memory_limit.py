@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from jobs.bench.report import Line
+from planner.microbench import timed_call
 
 log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
@@ -67,14 +68,16 @@ class MemoryGroup:
     def run(self, args: list[str], timeout_s: float) -> dict:
         """Run `args` inside the group: its JSON result (last stdout line), wall seconds, peak bytes, OOM."""
         procs = self.path / "cgroup.procs"
-        t0 = time.perf_counter()
-        try:
-            p = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s,
-                               preexec_fn=lambda: procs.write_text(str(os.getpid())))
-            code, out, err = p.returncode, p.stdout, p.stderr
-        except subprocess.TimeoutExpired as e:
-            code, out, err = None, e.stdout or "", e.stderr or ""
-        wall = time.perf_counter() - t0
+
+        def call():
+            try:
+                p = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s,
+                                   preexec_fn=lambda: procs.write_text(str(os.getpid())))
+                return p.returncode, p.stdout, p.stderr
+            except subprocess.TimeoutExpired as e:
+                return None, e.stdout or "", e.stderr or ""
+
+        (code, out, err), wall = timed_call(call)
         oom = any(line.startswith("oom_kill ") and int(line.split()[1]) > 0
                   for line in (self.path / "memory.oom_control").read_text().splitlines())
         lines = [x for x in str(out).splitlines() if x.startswith("{")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 
 from jobs.bench import models as bm
 from jobs.bench.memory_limit import Side
+from planner.microbench import timed_call
 
 DTYPE = "bfloat16"
 
@@ -46,9 +46,7 @@ def run_flexbatch(side: Side, prompts) -> tuple[int, float, dict]:
                       offload_dir=side.offload_dir)
     reqs = [Request(str(i), bm.prompt_text(ids), SamplingParams(max_new_tokens=side.gen_len))
             for i, ids in enumerate(prompts)]
-    t0 = time.perf_counter()
-    comps = eng.generate(reqs)
-    gen_s = time.perf_counter() - t0
+    comps, gen_s = timed_call(lambda: eng.generate(reqs))
     assert not any(c.error for c in comps), [c.error for c in comps if c.error][:1]
     info = {"weight_cpu": policy.weight_cpu, "disk_direct": eng.weights.direct is not None,
             "phase_seconds": eng.phase_seconds}
@@ -60,10 +58,8 @@ def run_accelerate(side: Side, prompts) -> tuple[int, float, dict]:
     from jobs.bench.runs import hf_runner
 
     model, device_map = accelerate_model(Path(side.model_dir), side.cpu_bytes, side.offload_dir)
-    t0 = time.perf_counter()
-    tokens = sum(hf_runner(model, prompts[i : i + side.batch], side.batch)(side.gen_len)
-                 for i in range(0, len(prompts), side.batch))
-    gen_s = time.perf_counter() - t0
+    tokens, gen_s = timed_call(lambda: sum(hf_runner(model, prompts[i : i + side.batch], side.batch)(side.gen_len)
+                                           for i in range(0, len(prompts), side.batch)))
     on = {}
     for v in device_map.values():
         on[v] = on.get(v, 0) + 1
@@ -84,11 +80,10 @@ def main(arg: str) -> None:
     side = replace(side, cpu_bytes=max(16 << 20, min(side.cpu_bytes, memory_room_bytes() - MARGIN_BYTES)))
     vocab = json.loads((Path(side.model_dir) / "config.json").read_text())["vocab_size"]
     prompts = bm.prompt_ids(side.rows, side.prompt_len, vocab)
-    t0 = time.perf_counter()
     run = run_flexbatch if side.side == "flexbatch" else run_accelerate
-    tokens, gen_s, info = run(side, prompts)
+    (tokens, gen_s, info), process_s = timed_call(lambda: run(side, prompts))
     print(json.dumps({"tokens": tokens, "gen_s": gen_s, "tokens_per_s": tokens / gen_s, "cpu_bytes": side.cpu_bytes,
-                      "process_s": time.perf_counter() - t0, **info}))
+                      "process_s": process_s, **info}))
 
 
 if __name__ == "__main__":

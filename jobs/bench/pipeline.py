@@ -18,7 +18,6 @@ import logging
 import os
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,9 @@ from engine.policy import Policy
 from engine.request import SamplingParams
 from jobs.bench import models as bm
 from jobs.bench.report import run_and_save
+from jobs.bench.table import Column, format_table
 from jobs.common import PROJECT_ROOT, setup_logging
+from planner.microbench import timed_call
 
 log = logging.getLogger(__name__)
 TARGET_OVERHEAD = 0.05
@@ -87,17 +88,18 @@ def bare_engine(model_dir: Path, data: Path, policy: Policy, cfg: PipelineBenchC
 
     table = pq.read_table(data)
     items = build_requests(table, row_ids(table, "rows"), "prompt", SamplingParams(max_new_tokens=cfg.gen_len))
-    t0 = time.perf_counter()
-    eng = Engine.load(model_dir, dtype=cfg.dtype, policy=policy)
-    warm_up(eng)  # as each pipeline worker does in its setup
-    t1 = time.perf_counter()
+    def load():
+        eng = Engine.load(model_dir, dtype=cfg.dtype, policy=policy)
+        warm_up(eng)  # as each pipeline worker does in its setup
+        return eng
+
+    eng, load_s = timed_call(load)
     try:
-        out = eng.generate(items)
+        out, steady_s = timed_call(lambda: eng.generate(items))
     finally:
         eng.weights.close()
-    t2 = time.perf_counter()
     tokens = sum(c.completion_tokens for c in out)
-    return {"steady_s": t2 - t1, "end_to_end_s": t2 - t0, "tokens": tokens}, {c.id: c.text for c in out}
+    return {"steady_s": steady_s, "end_to_end_s": load_s + steady_s, "tokens": tokens}, {c.id: c.text for c in out}
 
 
 def pipeline_run(model_dir: Path, data: Path, out: Path, policy: Policy, cfg: PipelineBenchConfig,
@@ -110,12 +112,10 @@ def pipeline_run(model_dir: Path, data: Path, out: Path, policy: Policy, cfg: Pi
     config = RunConfig(input=str(data), output=out, model=model_dir, dtype=cfg.dtype, policy=policy, plan=False,
                        params=SamplingParams(max_new_tokens=cfg.gen_len), workers=workers,
                        shard_rows=cfg.shard_rows)
-    t0 = time.perf_counter()
     try:
-        summary = run_job(config)
+        summary, wall = timed_call(lambda: run_job(config))
     finally:
         ray.shutdown()
-    wall = time.perf_counter() - t0
     if not summary.ok or summary.skipped_shards:
         raise RuntimeError(f"the pipeline run was not a clean full run: {summary.failed_shards}")
     return ({"steady_s": summary.wall_seconds, "end_to_end_s": wall, "tokens": summary.run_completion_tokens,
@@ -136,7 +136,6 @@ def _completions(part: Path) -> list[tuple[str, str]]:
 def run_pipeline_bench(cfg: PipelineBenchConfig) -> dict:
     from jobs.bench.planner import model_dir_for
 
-    started = time.perf_counter()
     model_dir = model_dir_for(cfg.model, cfg.cache_dir)
     runs: dict[str, list[dict]] = {"engine": [], "pipeline 1x2": [], "pipeline 2x1": [], "openai 1x2": []}
     with tempfile.TemporaryDirectory(prefix="flexbatch-bench-") as tmp:
@@ -156,10 +155,10 @@ def run_pipeline_bench(cfg: PipelineBenchConfig) -> dict:
                 if cfg.dtype == "float32" and timing["same_rows"] < 1:
                     raise AssertionError(f"{name}: {timing['same_rows']:.1%} of the rows equal the bare engine's")
                 runs[name].append(timing)
-    return report(cfg, policy, runs, time.perf_counter() - started)
+    return report(cfg, policy, runs)
 
 
-def report(cfg: PipelineBenchConfig, policy: Policy, runs: dict[str, list[dict]], seconds: float) -> dict:
+def report(cfg: PipelineBenchConfig, policy: Policy, runs: dict[str, list[dict]]) -> dict:
     med = {name: {k: statistics.median(r[k] for r in rs) for k in ("steady_s", "end_to_end_s", "tokens")}
            for name, rs in runs.items()}
     eng, one, two, jsonl = med["engine"], med["pipeline 1x2"], med["pipeline 2x1"], med["openai 1x2"]
@@ -176,7 +175,7 @@ def report(cfg: PipelineBenchConfig, policy: Policy, runs: dict[str, list[dict]]
     same = {name: min(r["same_rows"] for r in rs) for name, rs in runs.items() if name != "engine"}
     return {"config": dataclasses.asdict(cfg), "policy": policy.to_dict(), "lines": lines, "runs": runs,
             "same_rows_as_engine": same,
-            "medians": med, "machine": bm.machine_info(), "wall_seconds": seconds}
+            "medians": med, "machine": bm.machine_info()}
 
 
 def _line(id_: str, what: str, ours: float, baseline: float, target: float | None) -> dict:
@@ -185,13 +184,16 @@ def _line(id_: str, what: str, ours: float, baseline: float, target: float | Non
             "target": target, "met": None if target is None or overhead is None else overhead <= target}
 
 
-def format_table(rep: dict) -> str:
-    out = [f"{'line':<17} {'what':<66} {'ours':>8} {'base':>8} {'change':>8} {'target':>7}"]
-    for line in rep["lines"]:
-        target = "" if line["target"] is None else f"<={line['target']:.0%}" + (" ok" if line["met"] else " MISS")
-        out.append(f"{line['id']:<17} {line['what']:<66} {line['ours']:8.2f} {line['baseline']:8.2f} "
-                   f"{line['overhead']:+8.1%} {target:>7}")
-    return "\n".join(out)
+COLUMNS = (Column("line", 17, "<"), Column("what", 66, "<"), Column("ours", 8), Column("base", 8),
+           Column("change", 8), Column("target", 7))
+
+
+def table_text(rep: dict) -> str:
+    def target(line):
+        return "" if line["target"] is None else f"<={line['target']:.0%}" + (" ok" if line["met"] else " MISS")
+
+    return format_table(COLUMNS, [(line["id"], line["what"], f"{line['ours']:.2f}", f"{line['baseline']:.2f}",
+                                   f"{line['overhead']:+.1%}", target(line)) for line in rep["lines"]])
 
 
 _D = PipelineBenchConfig()
@@ -216,7 +218,7 @@ def pipeline_command(output: Path, **kw):
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
     rep = run_and_save(run_pipeline_bench, PipelineBenchConfig(**kw), output)
-    click.echo(format_table(rep))
+    click.echo(table_text(rep))
     same = ", ".join(f"{k} {v:.1%}" for k, v in rep["same_rows_as_engine"].items())
     click.echo(f"rows identical to the bare engine's ({rep['config']['dtype']}): {same}")
     click.echo(f"{rep['wall_seconds']:.0f} s; json: {output}")

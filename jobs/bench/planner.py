@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -23,9 +22,11 @@ from engine.request import Request, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from jobs.bench import models as bm
 from jobs.bench.report import run_and_save
+from jobs.bench.table import Column, format_table, pct
 from jobs.common import demo_model_dir, setup_logging
 from planner.explain import describe
 from planner.hardware import HardwareSpec, load_hardware
+from planner.microbench import timed_call
 from planner.predict import predict
 from planner.profiler import load_or_profile
 from planner.search import search
@@ -88,9 +89,8 @@ def measure(model_dir: Path, policies: dict[str, Policy], reqs: list[Request], r
                 if round_ == 0:
                     eng.generate([Request(r.id, "", SamplingParams(max_new_tokens=2), r.forced_ids, r.prompt_ids)
                                   for r in reqs[: policy.block_size]])
-                t0 = time.perf_counter()
-                out = eng.generate(reqs)
-                runs[name].append(time.perf_counter() - t0)
+                out, seconds = timed_call(lambda eng=eng: eng.generate(reqs))
+                runs[name].append(seconds)
             finally:
                 eng.weights.close()
             bad = [c for c in out if c.error or c.completion_tokens != reqs[0].params.max_new_tokens]
@@ -144,7 +144,6 @@ def model_rows(cfg: PlannerBenchConfig, name: str, hw: HardwareSpec) -> tuple[li
 
 
 def run_planner_bench(cfg: PlannerBenchConfig) -> dict:
-    t0 = time.perf_counter()
     hw = load_hardware(cfg.hardware) if cfg.hardware else load_or_profile()
     grid, chosen = [], []
     for name in cfg.models:
@@ -155,26 +154,27 @@ def run_planner_bench(cfg: PlannerBenchConfig) -> dict:
                "max_abs_error": max(errors), "target_median_abs_error": 0.15,
                "worst_chosen_vs_best": max(r["vs_best"] for r in chosen), "target_chosen_vs_best": 0.10}
     return {"config": asdict(cfg), "machine": bm.machine_info(), "hardware": hw.to_dict(), "grid": grid,
-            "chosen": chosen, "summary": summary, "wall_seconds": time.perf_counter() - t0}
+            "chosen": chosen, "summary": summary}
 
 
-def format_table(report: dict) -> str:
-    out = [f"{'model':<6} {'P':>4} {'G':>3} {'N':>3}  {'policy':<34} {'pred s':>8} {'meas s':>8} {'err':>7}"]
-    for r in report["grid"] + report["chosen"]:
-        w = r["workload"]
-        out.append(f"{r['model']:<6} {w['prompt_len']:>4} {w['gen_len']:>3} {w['num_prompts']:>3}  "
-                   f"{r['policy_name'][:34]:<34} {r['predicted_s']:>8.3f} {r['measured_s']:>8.3f} "
-                   f"{100 * r['error']:>+6.1f}%")
+COLUMNS = (Column("model", 6, "<"), Column("P", 4), Column("G", 3), Column("N", 3), Column("policy", 34, "<", gap=2),
+           Column("pred s", 8), Column("meas s", 8), Column("err", 7))
+
+
+def table_text(report: dict) -> str:
+    rows = [(r["model"], r["workload"]["prompt_len"], r["workload"]["gen_len"], r["workload"]["num_prompts"],
+             r["policy_name"][:34], f"{r['predicted_s']:.3f}", f"{r['measured_s']:.3f}", pct(r["error"]))
+            for r in report["grid"] + report["chosen"]]
     s = report["summary"]
-    out.append(f"{s['points']} points: median |error| {100 * s['median_abs_error']:.1f}% (target <= 15%), "
-               f"max {100 * s['max_abs_error']:.1f}%")
+    out = [f"{s['points']} points: median |error| {100 * s['median_abs_error']:.1f}% (target <= 15%), "
+           f"max {100 * s['max_abs_error']:.1f}%"]
     for r in report["chosen"]:
         w = r["workload"]
         out.append(f"planner on {r['model']} P{w['prompt_len']} G{w['gen_len']} N{w['num_prompts']}: "
                    f"{r['measured_s']:.3f} s vs best grid point '{r['best_grid']}' {r['best_grid_s']:.3f} s "
-                   f"({100 * r['vs_best']:+.1f}%, target <= +10%)"
+                   f"({pct(r['vs_best'])}, target <= +10%)"
                    + (f"; runs as the grid's '{r['same_as_grid'][0]}' (the gap is noise)" if r["same_as_grid"] else ""))
-    return "\n".join(out)
+    return format_table(COLUMNS, rows, below=out)
 
 
 def _workloads(text: str) -> tuple[tuple[int, int, int], ...]:
@@ -207,5 +207,5 @@ def planner_command(models, workloads, policies, output, **kw):
     cfg = PlannerBenchConfig(models=tuple(models.split(",")), workloads=_workloads(workloads), policies=names, **kw)
 
     report = run_and_save(run_planner_bench, cfg, output)
-    click.echo(format_table(report))
+    click.echo(table_text(report))
     click.echo(f"{report['wall_seconds']:.0f} s; json: {output}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine.errors import FlexbatchError
 from jobs.common import fail
+from planner.microbench import timed_call
 
 
 @dataclass
@@ -36,11 +37,13 @@ class Line:
 
 
 def run_and_save(run, cfg, output: Path) -> dict:
-    """Run a benchmark, write its JSON report to `output` and return it; a user error exits 2."""
+    """Run a benchmark, write its JSON report, with the run's wall seconds, to `output` and return it; a user error
+    exits 2."""
     try:
-        report = run(cfg)
+        report, seconds = timed_call(lambda: run(cfg))
     except FlexbatchError as e:
         fail(e)
+    report["wall_seconds"] = seconds
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=1, default=str))
     return report

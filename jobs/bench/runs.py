@@ -7,7 +7,6 @@ import dataclasses
 import gc
 import logging
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -16,19 +15,19 @@ from engine.generate import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from jobs.bench import models as bm
+from planner.microbench import timed_call
 
 log = logging.getLogger(__name__)
 DTYPE = "bfloat16"
 
 
 def timed(fn, gen_len: int) -> dict:
-    """One call of fn(gen_len) -> generated tokens: wall time, tokens/s and peak RSS growth during the call."""
+    """One call of fn(gen_len) -> generated tokens, on the one timer: wall time, tokens/s and the peak RSS growth
+    during the call."""
     gc.collect()
     reset_ok = bm.reset_peak_rss()
     rss0 = bm.rss_bytes()
-    t0 = time.perf_counter()
-    tokens = fn(gen_len)
-    seconds = time.perf_counter() - t0
+    tokens, seconds = timed_call(lambda: fn(gen_len))
     growth = bm.peak_rss_bytes() - rss0 if reset_ok else None
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rss_growth_bytes": growth}
 

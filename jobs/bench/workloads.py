@@ -32,6 +32,7 @@ from engine.spec import load_model_spec
 from jobs.bench import models as bm
 from jobs.bench.report import run_and_save
 from jobs.bench.runs import engine_runner, side_by_side
+from jobs.bench.table import Column, format_table
 from jobs.common import setup_logging
 from planner.microbench import median_seconds
 
@@ -145,18 +146,18 @@ def run_workloads(cfg: WorkloadConfig) -> dict:
             "gemm_peak_gflops": peak, "workloads": results}
 
 
-def format_table(report: dict) -> str:
-    out = [f"CPU flags: {report['machine']['cpu_flags']}",
-           f"{report['config']['dtype']} GEMM peak (widest layer, 1024 rows): {report['gemm_peak_gflops']:.1f} GFLOP/s",
-           "| workload | line | tokens/s (median) | vs CTranslate2 int8 | fraction of GEMM peak | memory added |",
-           "|---|---|---|---|---|---|"]
-    for w in report["workloads"]:
-        for ln in w["lines"]:
-            vs = f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-"
-            out.append(f"| {w['workload']} {w['rows']}x{w['prompt_tokens']} gen {w['generated']} | {ln['line']} | "
-                       f"{ln['tokens_per_s']:.1f} | {vs} | {ln['gemm_fraction']:.2f} | "
-                       f"{ln['added_rss_bytes'] / 2**20:.0f} MiB |")
-    return "\n".join(out)
+COLUMNS = tuple(Column(t) for t in ("workload", "line", "tokens/s (median)", "vs CTranslate2 int8",
+                                     "fraction of GEMM peak", "memory added"))
+
+
+def table_text(report: dict) -> str:
+    rows = [(f"{w['workload']} {w['rows']}x{w['prompt_tokens']} gen {w['generated']}", ln["line"],
+             f"{ln['tokens_per_s']:.1f}", f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-",
+             f"{ln['gemm_fraction']:.2f}", f"{ln['added_rss_bytes'] / 2**20:.0f} MiB")
+            for w in report["workloads"] for ln in w["lines"]]
+    return format_table(COLUMNS, rows, markdown=True, above=[
+        f"CPU flags: {report['machine']['cpu_flags']}",
+        f"{report['config']['dtype']} GEMM peak (widest layer, 1024 rows): {report['gemm_peak_gflops']:.1f} GFLOP/s"])
 
 
 @click.command("workloads")
@@ -180,6 +181,6 @@ def workloads_command(workloads, threads, output: Path, **kw):
         torch.set_num_threads(threads)
     cfg = WorkloadConfig(workloads=tuple(workloads) or WorkloadConfig.workloads, **kw)
     report = run_and_save(run_workloads, cfg, output)
-    click.echo(format_table(report))
+    click.echo(table_text(report))
     click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads; json: "
                f"{output}")

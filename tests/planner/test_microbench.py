@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from planner.microbench import layer_report
+from planner.microbench import layer_report, timed_call, timings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -14,3 +14,10 @@ def test_microbench_reports_every_path():
     assert [r["rows"] for r in report["by_rows"]] == [1, 16]
     for r in report["by_rows"]:
         assert all(r[key] > 0 for key in ("gemm_gflops", "dequant_gemm_gflops", "int4pack_gflops"))
+
+
+def test_the_one_timer_returns_what_it_timed_and_times_each_repeat():
+    calls = []
+    result, seconds = timed_call(lambda: calls.append(1) or "done")
+    assert result == "done" and seconds >= 0 and calls == [1]
+    assert len(timings(lambda: calls.append(1), repeats=3, warmup=2)) == 3 and len(calls) == 6

@@ -25,6 +25,6 @@ def test_table_has_the_cpu_flags_and_every_line():
                    "added_rss_bytes": 64 << 20},
                   {"line": "ctranslate2 int8", "tokens_per_s": 100.0, "vs_ct2_int8": 1.0, "gemm_fraction": 0.4,
                    "added_rss_bytes": 32 << 20}]}]}
-    table = wl.format_table(report)
+    table = wl.table_text(report)
     assert table.splitlines()[0] == "CPU flags: avx2 avx512_vnni"
     assert "| W3 128x64 gen 16 | flexbatch float32 int8 | 120.0 | 1.20x | 0.50 | 64 MiB |" in table
