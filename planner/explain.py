@@ -121,7 +121,7 @@ def timeline_lines(p: Prediction) -> list[str]:
 
 def explain_text(plan: Plan, model: ModelSpec, hw: HardwareSpec) -> str:
     head = [f"plan for {model.model_type} ({model.num_layers} layers, hidden {model.hidden_size}) on {hw.name}; "
-            f"{plan.solves} discrete choices solved in {plan.seconds:.2f} s"]
+            f"{plan.solves} discrete choices placed in {plan.seconds:.2f} s"]
     blocks = [head, policy_lines(plan.prediction), alternatives_lines(plan), binding_lines(plan),
               placement_picture(model, plan.prediction), timeline_lines(plan.prediction)]
     return "\n\n".join("\n".join(b) for b in blocks)

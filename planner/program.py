@@ -12,7 +12,12 @@ every discrete choice:
                 y_disk_layers <= L * z                  (z = 1 when some layer lives on disk: 2 staged layers)
                 sum of each kind's counts = L, gbs, gbs;   lo <= y <= hi (pins, no GPU)
 
-Groups g are (prefill, cpu), (prefill, gpu), (decode, cpu), (decode, gpu)."""
+Groups g are (prefill, cpu), (prefill, gpu), (decode, cpu), (decode, gpu).
+
+Without a GPU, placing everything in CPU memory is optimal whenever it fits and the bounds allow it: disk counts
+only add time (a disk part is read through the CPU) and the tie prefers memory. `memory_solution` prices that
+placement directly, so a plan that needs no disk neither imports cvxpy nor solves (most of a small job's planning
+time); `tests/planner/test_search.py` checks it against the program."""
 
 from __future__ import annotations
 
@@ -20,16 +25,19 @@ import functools
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import cvxpy as cp
 import numpy as np
 
 from engine.policy import Policy
-from planner.cost_model import Block, layer_time_terms, phase_groups
+from planner.cost_model import layer_time_terms, phase_groups
 from planner.errors import SolverError
 from planner.memory_model import disk_staging_bytes, peak_bytes
 from planner.predict import PHASES
 from planner.workload import PLACEMENT, TIERS
+
+if TYPE_CHECKING:
+    from planner.cost_model import Block
 
 GROUPS = tuple((phase, device) for phase in PHASES for device in ("cpu", "gpu"))
 CHAINS = 3  # prefetch, main, store (cost_model.layer_chains)
@@ -73,6 +81,8 @@ class PlacementProgram:
     """The MILP, built once; `solve(block, bounds, capacity)` sets its parameters and re-solves."""
 
     def __init__(self):
+        import cvxpy as cp  # imported only when a plan needs the program (~1 s)
+
         _quiet_highs()
         rows = len(GROUPS) * CHAINS
         self.y = cp.Variable(NV, integer=True)
@@ -95,10 +105,12 @@ class PlacementProgram:
 
     def solve(self, blk: Block, lo: np.ndarray, hi: np.ndarray, capacity: dict) -> Solution | None:
         """Best counts for `blk`'s discrete choice, or None when no placement fits."""
+        import cvxpy as cp
+
         L, gbs = blk.model.num_layers, blk.policy.gbs
-        per_count = np.array([1 / L] * 3 + [1 / gbs] * 6)  # fraction per unit of each count
-        self._set_time(blk, per_count)
-        scale = self._set_memory(blk, per_count, capacity)
+        per_count = _per_count(blk)
+        self.a.value, self.b.value, self.w.value = time_rows(blk, per_count)
+        self.m.value, self.m0.value, self.stage.value, scale = memory_rows(blk, per_count, capacity)
         self.lo.value, self.hi.value = lo, hi
         self.totals.value = np.array([L, gbs, gbs], dtype=float)
         self.tie.value = np.array([0, 0, 1, 0, 0, 1, 0, 0, 1]) * per_count * DISK_TIE_MS
@@ -111,36 +123,67 @@ class PlacementProgram:
         if self.problem.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
             raise SolverError(f"the placement program ended with status {self.problem.status}")
         counts = tuple(int(round(v)) for v in self.y.value)
-        used = self.m.value @ np.array(counts) + self.m0.value + self.stage.value * round(float(self.z.value))
-        use = {key: float(u) for key, u, s in zip(self._mem_keys(), used, scale) if s}
-        return Solution(counts, float(self.w.value @ self.t.value) / MS_PER_S, use)
+        staging = counts[2] > 0  # z is free when no layer is on disk; the engine stages only for disk layers
+        used = self.m.value @ np.array(counts) + self.m0.value + self.stage.value * staging
+        return Solution(counts, float(self.w.value @ self.t.value) / MS_PER_S, _use(used, scale))
 
-    def _set_time(self, blk: Block, per_count: np.ndarray) -> None:
-        a, b, w = np.zeros(self.a.shape), np.zeros(self.b.shape), np.zeros(self.w.shape)
-        steps = {"prefill": 1, "decode": blk.work.gen_len - 1}
-        for g, (phase, device) in enumerate(GROUPS):
-            count = phase_groups(blk, phase).get(device, 0)
-            if count == 0:
-                continue
-            w[g] = count * steps[phase]
-            for c, term in enumerate(layer_time_terms(blk, phase, device)):
-                a[g * CHAINS + c], b[g * CHAINS + c] = term.coef * per_count * MS_PER_S, term.const * MS_PER_S
-        self.a.value, self.b.value, self.w.value = a, b, w
 
-    def _set_memory(self, blk: Block, per_count: np.ndarray, capacity: dict) -> list[float]:
-        """Memory rows divided by the tier's capacity (a tier with none keeps its row in GB, which must be 0)."""
-        m, m0, stage, scale = np.zeros(self.m.shape), np.zeros(self.m0.shape), np.zeros(self.stage.shape), []
-        staged = disk_staging_bytes(blk.model, blk.work, blk.policy.compress_weight)
-        for r, (phase, tier) in enumerate(self._mem_keys()):
-            peak = peak_bytes(blk.model, blk.work, blk.policy, blk.rows, phase)[tier]
-            cap = capacity[tier]
-            k = 1 / cap if cap > 0 else 1e-9
-            m[r], m0[r] = peak.coef * per_count * k, peak.const * k + (0 if cap > 0 else 1)
-            stage[r] = staged * k if tier == "cpu" else 0.0
-            scale.append(cap)
-        self.m.value, self.m0.value, self.stage.value = m, m0, stage
-        return scale
+def memory_solution(blk: Block, lo: np.ndarray, hi: np.ndarray, capacity: dict) -> Solution | None:
+    """The program's optimum without solving it, where that is known: on a machine without a GPU (all gpu
+    bounds 0), every count in CPU memory when the bounds allow that and it fits; None otherwise."""
+    L, gbs = blk.model.num_layers, blk.policy.gbs
+    counts = np.array([0, L, 0, 0, gbs, 0, 0, gbs, 0], dtype=float)
+    if hi[0] or hi[3] or hi[6] or np.any(counts < lo) or np.any(counts > hi):
+        return None
+    per_count = _per_count(blk)
+    m, m0, _, scale = memory_rows(blk, per_count, capacity)
+    used = m @ counts + m0
+    if np.any(used > 1):
+        return None
+    a, b, w = time_rows(blk, per_count)
+    t = np.maximum((a @ counts + b).reshape(len(GROUPS), CHAINS).max(axis=1), 0.0)
+    return Solution(tuple(int(c) for c in counts), float(w @ t) / MS_PER_S, _use(used, scale))
 
-    @staticmethod
-    def _mem_keys() -> list[tuple[str, str]]:
-        return [(phase, tier) for phase in PHASES for tier in TIERS]
+
+def _per_count(blk: Block) -> np.ndarray:
+    """Fraction per unit of each count: weights in layers, cache and activations in rows of a GPU batch."""
+    return np.array([1 / blk.model.num_layers] * 3 + [1 / blk.policy.gbs] * 6)
+
+
+def _use(used: np.ndarray, scale: list[float]) -> dict:
+    return {key: float(u) for key, u, s in zip(_mem_keys(), used, scale) if s}
+
+
+def time_rows(blk: Block, per_count: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, w) in milliseconds: chain row c of group g is a[g*CHAINS+c] . y + b[..]; w weighs group g."""
+    a, b = np.zeros((len(GROUPS) * CHAINS, NV)), np.zeros(len(GROUPS) * CHAINS)
+    w = np.zeros(len(GROUPS))
+    steps = {"prefill": 1, "decode": blk.work.gen_len - 1}
+    for g, (phase, device) in enumerate(GROUPS):
+        count = phase_groups(blk, phase).get(device, 0)
+        if count == 0:
+            continue
+        w[g] = count * steps[phase]
+        for c, term in enumerate(layer_time_terms(blk, phase, device)):
+            a[g * CHAINS + c], b[g * CHAINS + c] = term.coef * per_count * MS_PER_S, term.const * MS_PER_S
+    return a, b, w
+
+
+def memory_rows(blk: Block, per_count: np.ndarray, capacity: dict):
+    """(m, m0, stage, capacities): memory rows divided by the tier's capacity (a tier with none keeps its row in
+    GB, which must be 0)."""
+    rows = len(PHASES) * len(TIERS)
+    m, m0, stage, scale = np.zeros((rows, NV)), np.zeros(rows), np.zeros(rows), []
+    staged = disk_staging_bytes(blk.model, blk.work, blk.policy.compress_weight)
+    for r, (phase, tier) in enumerate(_mem_keys()):
+        peak = peak_bytes(blk.model, blk.work, blk.policy, blk.rows, phase)[tier]
+        cap = capacity[tier]
+        k = 1 / cap if cap > 0 else 1e-9
+        m[r], m0[r] = peak.coef * per_count * k, peak.const * k + (0 if cap > 0 else 1)
+        stage[r] = staged * k if tier == "cpu" else 0.0
+        scale.append(cap)
+    return m, m0, stage, scale
+
+
+def _mem_keys() -> list[tuple[str, str]]:
+    return [(phase, tier) for phase in PHASES for tier in TIERS]

@@ -27,7 +27,7 @@ from planner.errors import PlanInfeasible
 from planner.hardware import HardwareSpec
 from planner.memory_model import layer_bytes, layers_on
 from planner.predict import Prediction, block_rows, capacities, memory_need, predict, shortfalls
-from planner.program import PlacementProgram
+from planner.program import PlacementProgram, memory_solution
 from planner.workload import KINDS, TIERS, Workload
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class Plan:
     memory_use: dict  # (phase, tier) -> share of capacity at the solution
     capacity: dict  # tier -> bytes it may hold
     pins: dict  # Policy fields the caller fixed
-    solves: int  # integer programs solved
+    solves: int  # candidates placed (by the placement program, or directly when all fits in memory)
     seconds: float  # wall time of the search
 
     @property
@@ -171,7 +171,7 @@ class _Solver:
 
     def __init__(self, model, hw, work, pins, capacity):
         self.model, self.hw, self.work, self.pins, self.capacity = model, hw, work, pins, capacity
-        self.program, self.solves, self.ranked, self.seen = PlacementProgram(), 0, {}, {}
+        self._program, self.solves, self.ranked, self.seen = None, 0, {}, {}
 
     def run(self, template: Policy) -> float:
         """Predicted job time of the template's best placement (inf when none fits)."""
@@ -184,7 +184,7 @@ class _Solver:
             return self.seen[key]
         blk = Block(self.model, self.hw, self.work, template, block_rows(template, self.work))
         bounds = count_bounds(self.model, self.hw, self.pins, template.gbs, template)
-        solution = self.program.solve(blk, *bounds, self.capacity)
+        solution = memory_solution(blk, *bounds, self.capacity) or self.program.solve(blk, *bounds, self.capacity)
         self.solves += 1
         pred = solution and self._priced(solution.policy(template, self.model.num_layers))
         if pred is None or shortfalls(pred.peak_bytes, self.capacity):
@@ -194,6 +194,13 @@ class _Solver:
         self.seen[key] = pred.total_s
         return pred.total_s
 
+
+    @property
+    def program(self) -> PlacementProgram:
+        """The placement program, built when a candidate first needs it (`memory_solution` did not place it)."""
+        if self._program is None:
+            self._program = PlacementProgram()
+        return self._program
 
     def _priced(self, policy: Policy) -> Prediction:
         return with_refill_choice(self.model, self.hw, self.work, policy, self.pins)

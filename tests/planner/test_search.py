@@ -123,3 +123,46 @@ def test_refill_is_chosen_when_rows_finish_early_and_not_otherwise():
     blocks = predict(model, hw, early, replace(plan.policy, refill=False))
     assert plan.prediction.total_s < 0.5 * blocks.total_s  # 40 of 256 steps per row busy: far fewer steps
     assert not search(model, hw, early, pins={"refill": False}).policy.refill
+
+
+@pytest.mark.parametrize("budget_gib", [None, 1.5, 0.6])
+def test_an_all_memory_placement_is_the_programs_optimum_and_skips_it(budget_gib, monkeypatch):
+    """Without a GPU, the direct all-in-memory placement equals the program's solution for every candidate where
+    it applies (same counts, objective and memory use); a budget too small for it leaves the program to place."""
+    from planner import program as program_module
+    from planner import search as search_module
+
+    budgets = {"cpu": budget_gib * GIB} if budget_gib else None
+    checked, solved = [], []
+    real = program_module.memory_solution
+
+    def compared(blk, lo, hi, capacity):
+        direct = real(blk, lo, hi, capacity)
+        if direct is not None:
+            exact = program_module.PlacementProgram().solve(blk, lo, hi, capacity)
+            assert exact.counts == direct.counts
+            assert exact.objective_s == pytest.approx(direct.objective_s, rel=1e-6)
+            assert exact.memory_use == pytest.approx(direct.memory_use)
+            checked.append(blk.policy)
+        else:
+            solved.append(blk.policy)
+        return direct
+
+    monkeypatch.setattr(search_module, "memory_solution", compared)
+    search(LLAMA_300M, server_cpu(), WORK, budgets=budgets, allow_compression=True)
+    if budget_gib == 0.6:  # the larger blocks no longer fit in memory: those go to the program
+        assert solved and checked
+    else:
+        assert len(checked) > 10
+
+
+def test_a_plan_that_fits_in_memory_imports_no_solver():
+    import subprocess
+    import sys
+
+    code = ("import sys; from planner.search import search; from planner.workload import Workload; "
+            "from tests.planner.specs import LLAMA_300M, server_cpu; "
+            "search(LLAMA_300M, server_cpu(), Workload(prompt_len=128, gen_len=32, num_prompts=64)); "
+            "print('cvxpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
