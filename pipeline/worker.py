@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 
@@ -189,6 +190,8 @@ def _threads() -> int:
 
 
 def _node_id() -> str | None:
+    if "ray" not in sys.modules:  # not inside Ray (--no-ray): importing it would only cost start-up time
+        return None
     try:
         import ray
 
