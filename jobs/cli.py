@@ -43,7 +43,8 @@ class _LazyGroup(click.Group):
                                   "planner": "jobs.bench.planner:planner_command",
                                   "pipeline": "jobs.bench.pipeline:pipeline_command",
                                   "gpu": "jobs.bench.gpu:gpu_command",
-                                  "workloads": "jobs.bench.workloads:workloads_command"})
+                                  "workloads": "jobs.bench.workloads:workloads_command",
+                                  "startup": "jobs.bench.startup:startup_command"})
 def bench() -> None:
     """Benchmarks: print a table of ratios measured side by side and write JSON."""
 
