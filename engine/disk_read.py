@@ -6,7 +6,7 @@ page cache counts against its limit), evict the pages that will be needed next, 
 of a few reused, 4 KiB-aligned buffers and hands out tensors that are views of it; the buffer is reused once the
 layer is handed back. Where O_DIRECT is refused (tmpfs), it reads buffered and drops the file's pages after.
 When the disk-tier files fit in the memory left, the page cache holds them after the first pass and buffered
-reads (safetensors' `load_file`) are faster: `use_direct` decides."""
+reads (safetensors' `load_file`) are faster: `reads_direct` decides."""
 
 from __future__ import annotations
 
@@ -31,10 +31,12 @@ def memory_room_bytes() -> int:
     return int(memory_room().available_bytes or 0)
 
 
-def use_direct(disk_bytes: int) -> bool:
-    """Read the disk tier with O_DIRECT when its files would not stay in the page cache: more than half the
-    memory left (the KV cache, activations and staged layers need the rest)."""
-    return disk_bytes > memory_room_bytes() // 2
+def reads_direct(disk_bytes: float, room_bytes: float) -> bool:
+    """The rule, for the engine and the planner alike: the disk tier is read with O_DIRECT when its files would
+    not stay in the page cache, more than half the memory left to the process (the KV cache, activations and
+    staged layers need the rest); else through the page cache, which keeps them after the first pass."""
+    return disk_bytes > room_bytes // 2
+
 
 
 class DirectReader:

@@ -21,6 +21,14 @@ class MemoryRoom:
     cgroup_used_bytes: float | None  # the cgroup's working set (usage less inactive page cache)
     process_bytes: float | None  # this process's resident memory now (its measured baseline)
 
+    @property
+    def limit_binds(self) -> bool:
+        """Whether the memory cgroup's room, not MemAvailable, is what this process may take: then the page cache
+        of its disk-tier scratch files (engine/offload.py) is charged to the group, which kills at its limit
+        rather than writing the pages back (cgroup v1), so that scratch is memory the plan must count."""
+        return (self.cgroup_limit_bytes is not None and self.available_bytes is not None
+                and self.available_bytes < (self.mem_available_bytes or float("inf")))
+
     def describe(self) -> str:
         parts = []
         if self.mem_available_bytes is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from engine.disk_read import DirectReader, use_direct
+from engine.disk_read import DirectReader, memory_room_bytes, reads_direct
 from engine.fuse import LAYOUT, fuse_projections
 from engine.heap import release_freed_memory
 from engine.kernels import NativeKernels
@@ -99,11 +99,12 @@ class WeightStore:
                                         initializer=torch.set_num_threads, initargs=(1,))
         self._pending: dict[tuple[int, str], Future] = {}
         folder = self._offload_folder(reader, offload_dir) if "disk" in self.placement else None
+        room = memory_room_bytes()  # before the layers, as the planner measured it (planner.cost_model)
         for i, tier in enumerate(self.placement):
             self._place(reader, i, tier, folder)
             release_freed_memory()  # the layer's full-precision copy, before the next is read
         disk = sum(n for n, t in zip(self.layer_bytes, self.placement) if t == "disk")
-        self.direct = DirectReader() if disk and use_direct(disk) else None  # else page-cached reads
+        self.direct = DirectReader() if disk and reads_direct(disk, room) else None  # else page-cached reads
         if disk:
             log.info("disk tier: %d MiB read %s", disk >> 20, "with O_DIRECT" if self.direct else "buffered")
 

@@ -159,6 +159,20 @@ def plan_budgets(budgets: dict, room=None) -> dict:
     return out
 
 
+def planning_process(hw: HardwareSpec, room) -> HardwareSpec:
+    """`hw` with the room of the process that plans (and runs the plan): it decides how the disk tier is read
+    and whether its scratch is charged to a binding memory limit (`planner.hardware.HardwareSpec`)."""
+    from dataclasses import replace
+
+    if room.available_bytes is None:
+        return hw
+    if room.limit_binds:
+        log.info("a memory cgroup limit binds (%s): disk-tier scratch (KV cache, activations) counts in the CPU "
+                 "budget, and disk-tier weights above %.0f MiB are read with O_DIRECT", room.describe(),
+                 room.available_bytes / 2 / 2**20)
+    return replace(hw, memory_room_bytes=room.available_bytes, memory_limit_binds=room.limit_binds)
+
+
 def hardware(path: Path | None) -> HardwareSpec:
     from planner.hardware import load_hardware
     from planner.profiler import load_or_profile
@@ -179,11 +193,14 @@ def workload_dtype(dtype: str) -> str:
 def choose_policy(settings: EngineSettings, work: Workload, spec: ModelSpec, allow_compression: bool = False) -> Plan:
     """The one policy decision, for `flexbatch plan` and for every engine of a job: the fastest policy for `work`
     on the settings' hardware (this machine's profile by default), within `plan_budgets(settings.budgets)`,
-    keeping the settings' pins and compression; `allow_compression` lets the search choose 4-bit too."""
+    keeping the settings' pins and compression; `allow_compression` lets the search choose 4-bit too. The
+    hardware carries this process's memory room (`planning_process`)."""
+    from engine.memory_room import memory_room
     from planner.search import search
 
-    hw = hardware(settings.hardware)
-    plan = search(spec, hw, work, pins=settings.planner_pins(), budgets=plan_budgets(settings.budgets),
+    room = memory_room()
+    hw = planning_process(hardware(settings.hardware), room)
+    plan = search(spec, hw, work, pins=settings.planner_pins(), budgets=plan_budgets(settings.budgets, room),
                   allow_compression=allow_compression)
     p = plan.prediction
     log.info("planned for %d prompts (%d tokens typical, %d max) + %d new on %s: %s; predicted %.1f s, "

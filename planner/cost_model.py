@@ -20,13 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.disk_read import reads_direct
 from engine.policy import Policy
 from engine.spec import ModelSpec
 from planner.hardware import HardwareSpec
 from planner.memory_model import (
-    act_block_bytes,
-    global_bytes,
-    kv_block_bytes,
     kv_slot_bytes,
     layer_bytes,
     layers_on,
@@ -48,6 +46,7 @@ class Block:
     work: Workload
     policy: Policy
     rows: int
+    direct_reads: bool | None = None  # how disk-tier weights are read; None: as the policy's own disk tier decides
     batches: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -73,13 +72,26 @@ def decode_kv_len(work: Workload) -> float:
     return work.prompt_len + work.gen_len / 2
 
 
+def memory_room(hw: HardwareSpec) -> float:
+    """The memory the planning process may still take (the machine's, for a spec of another machine)."""
+    return hw.memory_room_bytes if hw.memory_room_bytes is not None else hw.cpu.memory_bytes
+
+
+def disk_reads_direct(blk: Block) -> bool:
+    """Whether the engine reads the disk-tier weights with O_DIRECT (`engine.disk_read.reads_direct`: more than
+    half the room), as the block assumes or as its policy's weight_disk * L * W decides."""
+    if blk.direct_reads is not None:
+        return blk.direct_reads
+    disk = blk.policy.weight_disk * blk.model.num_layers * blk.stored_layer_bytes
+    return disk > 0 and reads_direct(disk, memory_room(blk.hw))
+
+
 def disk_is_warm(blk: Block) -> bool:
-    """Disk-tier files stay in the OS page cache when the whole model, cache and activations fit the machine's
-    memory (placement moves bytes between tiers but never changes their sum)."""
-    m, w = blk.model, blk.work
-    total = (m.num_layers * blk.stored_layer_bytes + global_bytes(m, w.dtype_bytes)
-             + kv_block_bytes(m, w, blk.rows, blk.policy.compress_cache) + act_block_bytes(m, w, blk.rows))
-    return total <= blk.hw.cpu.memory_bytes
+    """Disk-tier files are read at the page-cache rate unless the weights are read with O_DIRECT: buffered
+    weights fit half the room, so the page cache keeps them after the first pass; the disk tier's scratch (KV
+    cache, activations) is counted in memory under a binding memory limit (memory_model), and is mapped pages
+    the kernel writes back and keeps as it can otherwise."""
+    return not disk_reads_direct(blk)
 
 
 def channel_rates(blk: Block) -> dict[str, float]:
@@ -233,19 +245,22 @@ def compute_s(blk: Block, phase: str, device: str) -> Affine:
 
 
 def background_cpu_s(blk: Block, device: str) -> Affine:
-    """The prefetch thread's CPU work that does not hide behind CPU compute, with 4-bit weights on the CPU:
-    (1 - overlap) * (page faults W * weight_disk / page_cache_bytes_per_s + dequantization); more than the work
-    itself where the threads oversubscribe the cores (overlap < 0). Zero otherwise."""
+    """The prefetch thread's CPU work that does not hide behind CPU compute on the CPU (4-bit weights, or disk
+    layers it reads): (1 - overlap) * (page faults W * weight_disk / page_cache_bytes_per_s, none when read with
+    O_DIRECT, + dequantization); more than the work itself where the threads oversubscribe the cores
+    (overlap < 0). Zero otherwise."""
     if device != "cpu" or lazy_disk_weights(blk, device):
         return Affine()
-    copy = Affine.frac("weight_disk", blk.stored_layer_bytes / blk.hw.page_cache_bytes_per_s)
+    copy = Affine() if disk_reads_direct(blk) else Affine.frac("weight_disk", blk.stored_layer_bytes
+                                                                / blk.hw.page_cache_bytes_per_s)
     return (copy + dequant_s(blk, "cpu")) * (1.0 - blk.hw.cpu_background_overlap)
 
 
 def lazy_disk_weights(blk: Block, device: str) -> bool:
-    """Disk layers are memory-mapped: their pages are read when first touched. For plain weights computed on
-    the CPU that is the main thread's GEMM; otherwise the prefetch thread touches them (moving or dequantizing)."""
-    return device == "cpu" and not blk.policy.compress_weight
+    """Disk layers read through the page cache are memory-mapped: their pages are read when first touched. For
+    plain weights computed on the CPU that is the main thread's GEMM; otherwise the prefetch thread touches them
+    (moving or dequantizing). Layers read with O_DIRECT are read whole by the prefetch thread."""
+    return device == "cpu" and not blk.policy.compress_weight and not disk_reads_direct(blk)
 
 
 def layer_chains(blk: Block, phase: str, device: str) -> dict[str, dict[str, Affine]]:

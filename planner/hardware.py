@@ -14,6 +14,7 @@ from pathlib import Path
 from planner.errors import HardwareSpecError
 
 DEVICES = ("cpu", "gpu")
+PROCESS_FIELDS = ("memory_room_bytes", "memory_limit_binds")  # of the planning process: not saved with a profile
 
 
 def _positive(owner: str, name: str, value) -> None:
@@ -143,7 +144,12 @@ class HardwareSpec:
     that hides behind CPU compute: 1 on a machine with cores to spare, 0 when it runs in turn with compute,
     below 0 (down to -3) where the threads oversubscribe the cores and cost more together than in turn.
     cpu_run_scale multiplies the predicted time of CPU-computed layers: a real block over the sum of its profiled
-    parts, measured once by `flexbatch profile` on a calibration model (1.0 in a hand-written spec)."""
+    parts, measured once by `flexbatch profile` on a calibration model (1.0 in a hand-written spec).
+    memory_room_bytes and memory_limit_binds describe the process that plans, not the machine (set by
+    `pipeline.planning` from `engine.memory_room`, never saved in a profile): the memory it may still take, and
+    whether that is a memory cgroup's room below MemAvailable. The room decides how disk-tier weights are read
+    (`engine.disk_read.reads_direct`: O_DIRECT at disk_read_bytes_per_s, else through the page cache); a binding
+    limit also charges disk-tier scratch (a mapped KV cache, activations) to the CPU memory it counts against."""
 
     name: str
     cpu: DeviceSpec
@@ -157,8 +163,13 @@ class HardwareSpec:
     cpu_background_overlap: float = 1.0
     cpu_run_scale: float = 1.0  # measured whole-block time / predicted on the CPU (planner/calibrate.py)
     sources: dict = field(default_factory=dict)
+    memory_room_bytes: float | None = None  # the planning process's room; None: cpu.memory_bytes
+    memory_limit_binds: bool = False
 
     def __post_init__(self) -> None:
+        if self.memory_room_bytes is not None and not self.memory_room_bytes >= 0:
+            raise HardwareSpecError(f"{self.name}: memory_room_bytes={self.memory_room_bytes!r} is invalid: "
+                                    "expected bytes >= 0")
         for name in ("disk_read_bytes_per_s", "disk_write_bytes_per_s", "disk_bytes", "page_cache_bytes_per_s",
                      "cpu_run_scale"):
             _positive(self.name, name, getattr(self, name))
@@ -223,6 +234,7 @@ def save_hardware(spec: HardwareSpec, path: str | Path) -> Path:
     p = Path(path).expanduser()
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(spec.to_dict(), indent=1) + "\n")
+    stored = {k: v for k, v in spec.to_dict().items() if k not in PROCESS_FIELDS}
+    tmp.write_text(json.dumps(stored, indent=1) + "\n")
     tmp.replace(p)
     return p

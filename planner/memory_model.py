@@ -126,9 +126,13 @@ def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) 
     return out
 
 
-def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int) -> dict[str, Affine]:
+def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
+               charged_scratch: bool = False) -> dict[str, Affine]:
     """Home memory per tier, linear in the fractions (the disk staging term is separate: it is a step):
-    L * W * weight_<tier> + KV * cache_<tier> + A * act_<tier>, plus the globals on the CPU."""
+    L * W * weight_<tier> + KV * cache_<tier> + A * act_<tier>, plus the globals on the CPU. With
+    `charged_scratch` (a binding memory limit, `HardwareSpec.memory_limit_binds`) the disk tier's KV cache and
+    activations, memory-mapped scratch whose page cache the limit charges, count on the CPU as well:
+    + KV * cache_disk + A * act_disk."""
     W = layer_bytes(model, work.dtype_bytes, policy.compress_weight)
     kv = kv_block_bytes(model, work, rows, policy.compress_cache)
     act = act_block_bytes(model, work, rows)
@@ -137,10 +141,13 @@ def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int) -> d
         out[tier] = (Affine.frac(f"weight_{tier}", model.num_layers * W) + Affine.frac(f"cache_{tier}", kv)
                      + Affine.frac(f"act_{tier}", act))
     out["cpu"] = out["cpu"] + global_bytes(model, work.dtype_bytes)
+    if charged_scratch:
+        out["cpu"] = out["cpu"] + Affine.frac("cache_disk", kv) + Affine.frac("act_disk", act)
     return out
 
 
-def peak_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int, phase: str) -> dict[str, Affine]:
+def peak_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int, phase: str,
+               charged_scratch: bool = False) -> dict[str, Affine]:
     """Peak per tier in `phase`: home_bytes + working_bytes (without the disk staging step)."""
-    home, scratch = home_bytes(model, work, policy, rows), working_bytes(model, work, policy, phase)
+    home, scratch = home_bytes(model, work, policy, rows, charged_scratch), working_bytes(model, work, policy, phase)
     return {tier: home[tier] + scratch[tier] for tier in TIERS}

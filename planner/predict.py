@@ -120,7 +120,7 @@ def memory_need(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Poli
     staged = disk_staging_bytes(model, work, policy.compress_weight) if policy.weight_disk > 0 else 0.0
     out = {}
     for phase in PHASES:
-        peak = {t: a.at(x) for t, a in peak_bytes(model, work, policy, rows, phase).items()}
+        peak = {t: a.at(x) for t, a in peak_bytes(model, work, policy, rows, phase, hw.memory_limit_binds).items()}
         peak["cpu"] += staged
         out[phase] = peak
     return out

@@ -176,7 +176,7 @@ def memory_rows(blk: Block, per_count: np.ndarray, capacity: dict):
     m, m0, stage, scale = np.zeros((rows, NV)), np.zeros(rows), np.zeros(rows), []
     staged = disk_staging_bytes(blk.model, blk.work, blk.policy.compress_weight)
     for r, (phase, tier) in enumerate(_mem_keys()):
-        peak = peak_bytes(blk.model, blk.work, blk.policy, blk.rows, phase)[tier]
+        peak = peak_bytes(blk.model, blk.work, blk.policy, blk.rows, phase, blk.hw.memory_limit_binds)[tier]
         cap = capacity[tier]
         k = 1 / cap if cap > 0 else 1e-9
         m[r], m0[r] = peak.coef * per_count * k, peak.const * k + (0 if cap > 0 else 1)

@@ -22,7 +22,7 @@ import numpy as np
 from engine.errors import InvalidParamsError
 from engine.policy import Policy
 from engine.spec import ModelSpec
-from planner.cost_model import Block
+from planner.cost_model import Block, memory_room
 from planner.errors import PlanInfeasible
 from planner.hardware import HardwareSpec
 from planner.memory_model import layer_bytes, layers_on
@@ -166,6 +166,23 @@ def count_bounds(model: ModelSpec, hw: HardwareSpec, pins: dict, gbs: int,
     return lo, hi
 
 
+def read_hypotheses(blk: Block, lo: np.ndarray, hi: np.ndarray) -> list[tuple[bool, np.ndarray, np.ndarray]]:
+    """The engine reads disk-tier weights through the page cache up to half the planning process's room and
+    with O_DIRECT above (`engine.disk_read.reads_direct`), at different rates: a step in the disk layer count.
+    Each side of the step is its own program, (direct_reads, lo, hi) with the count bounded to that side."""
+    buffered = int(memory_room(blk.hw) // 2 // blk.stored_layer_bytes)  # most disk layers read buffered
+    if hi[2] <= buffered:
+        return [(False, lo, hi)]
+    out = []
+    if lo[2] <= buffered:
+        capped = hi.copy()
+        capped[2] = buffered
+        out.append((False, lo, capped))
+    raised = lo.copy()
+    raised[2] = max(lo[2], buffered + 1)
+    return [*out, (True, raised, hi)]
+
+
 class _Solver:
     """Solves and prices candidates, keeping the feasible ones."""
 
@@ -183,16 +200,22 @@ class _Solver:
         if key in self.seen:
             return self.seen[key]
         blk = Block(self.model, self.hw, self.work, template, block_rows(template, self.work))
-        bounds = count_bounds(self.model, self.hw, self.pins, template.gbs, template)
-        solution = memory_solution(blk, *bounds, self.capacity) or self.program.solve(blk, *bounds, self.capacity)
-        self.solves += 1
-        pred = solution and self._priced(solution.policy(template, self.model.num_layers))
-        if pred is None or shortfalls(pred.peak_bytes, self.capacity):
+        best = None
+        for direct, lo, hi in read_hypotheses(blk, *count_bounds(self.model, self.hw, self.pins, template.gbs,
+                                                                  template)):
+            side = replace(blk, direct_reads=direct)
+            solution = memory_solution(side, lo, hi, self.capacity) or self.program.solve(side, lo, hi, self.capacity)
+            self.solves += 1
+            pred = solution and self._priced(solution.policy(template, self.model.num_layers))
+            if pred is not None and not shortfalls(pred.peak_bytes, self.capacity):
+                if best is None or pred.total_s < best[0].total_s:
+                    best = (pred, solution)
+        if best is None:
             self.seen[key] = float("inf")
             return self.seen[key]
-        self.ranked[key] = (pred.total_s, self.solves, pred, solution)
-        self.seen[key] = pred.total_s
-        return pred.total_s
+        self.ranked[key] = (best[0].total_s, self.solves, *best)
+        self.seen[key] = best[0].total_s
+        return best[0].total_s
 
 
     @property

@@ -31,10 +31,8 @@ def test_direct_read_matches_safetensors_and_reuses_buffers(tmp_path):
     assert reader.buffers_made == 1
 
 
-def test_use_direct_when_the_disk_tier_exceeds_half_the_memory_left(monkeypatch):
-    monkeypatch.setattr(disk_read, "memory_room_bytes", lambda: 1000)
-    assert disk_read.use_direct(501) and not disk_read.use_direct(500)
-    assert disk_read.memory_room_bytes() == 1000
+def test_reads_are_direct_when_the_disk_tier_exceeds_half_the_memory_left():
+    assert disk_read.reads_direct(501, 1000) and not disk_read.reads_direct(500, 1000)
 
 
 def test_memory_room_is_positive_here():

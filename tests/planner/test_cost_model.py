@@ -1,6 +1,8 @@
 """Cost and memory terms against figures worked by hand for SMALL (hidden 64, FFN 128, 4 heads, 2 KV heads of
 16, 2 layers, vocab 100, tied) on a CPU with a flat 100 GFLOP/s GEMM rate."""
 
+from dataclasses import replace
+
 import pytest
 
 from engine.policy import Policy
@@ -78,12 +80,32 @@ def test_4bit_disk_weights_hide_behind_compute_unless_the_cores_are_shared():
     assert shared.decode.main_s["cpu"] == pytest.approx(base.decode.main_s["cpu"] + 2 * (w4 / 1e9 + dequant))
 
 
-def test_cold_disk_when_the_machine_cannot_cache_it():
-    on_disk = Policy(gbs=2, num_gb=2, weight_cpu=0.0)
-    small_ram = cpu_machine(memory_bytes=100_000)  # less than weights + cache: the disk tier is read cold
-    assert not cm.disk_is_warm(block(on_disk, small_ram))
-    warm, cold = predict(SMALL, cpu_machine(), WORK, on_disk), predict(SMALL, small_ram, WORK, on_disk)
-    assert cold.decode.main_s["cpu"] == pytest.approx(warm.decode.main_s["cpu"] + 73984 / 1e8 - 73984 / 1e9)
+def test_disk_weights_larger_than_half_the_room_are_read_direct_by_the_prefetch_thread_at_the_disk_rate():
+    on_disk = Policy(gbs=2, num_gb=2, weight_cpu=0.0)  # 2 layers of 73984 bytes on disk
+    base = predict(SMALL, cpu_machine(), WORK, POLICY)
+    for room in (100_000, 2 * 2 * 73984 - 2):  # the machine's memory, or the planning process's room
+        tight = replace(cpu_machine(), memory_room_bytes=room) if room > 100_000 else cpu_machine(memory_bytes=room)
+        assert cm.disk_reads_direct(block(on_disk, tight)) and not cm.disk_is_warm(block(on_disk, tight))
+        cold = predict(SMALL, tight, WORK, on_disk)
+        assert cold.decode.prefetch_s["cpu"] == pytest.approx(73984 / 1e8)  # read whole, O_DIRECT, ahead
+        assert cold.decode.main_s["cpu"] == pytest.approx(base.decode.main_s["cpu"])
+    roomy = replace(cpu_machine(), memory_room_bytes=2 * 2 * 73984)  # exactly half: read through the page cache
+    assert not cm.disk_reads_direct(block(on_disk, roomy)) and cm.disk_is_warm(block(on_disk, roomy))
+    assert predict(SMALL, roomy, WORK, on_disk).decode.main_s["cpu"] == \
+        pytest.approx(base.decode.main_s["cpu"] + 73984 / 1e9)
+    assert not cm.disk_reads_direct(block(POLICY, cpu_machine(memory_bytes=10)))  # nothing on disk
+
+
+def test_a_binding_memory_limit_counts_the_disk_tiers_kv_cache_and_activations_in_cpu_memory():
+    spilled = Policy(gbs=2, num_gb=2, cache_cpu=0.5, act_cpu=0.5)
+    free, limited = cpu_machine(), replace(cpu_machine(), memory_room_bytes=5e8, memory_limit_binds=True)
+    kv, act = mm.kv_block_bytes(SMALL, WORK, 4, False), mm.act_block_bytes(SMALL, WORK, 4)
+    base = memory_need(SMALL, free, WORK, spilled, 4)
+    counted = memory_need(SMALL, limited, WORK, spilled, 4)
+    for phase in ("prefill", "decode"):
+        assert counted[phase]["cpu"] == pytest.approx(base[phase]["cpu"] + 0.5 * kv + 0.5 * act)
+        assert counted[phase]["disk"] == pytest.approx(base[phase]["disk"])  # the files are on disk too
+    assert cm.disk_is_warm(block(spilled, limited))  # counted in memory: read at the page-cache rate
 
 
 def test_compression_moves_fewer_bytes_and_adds_dequantization():

@@ -3,13 +3,16 @@
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from engine.memory_room import MemoryRoom, memory_room
 from pipeline.planning import CPU_BUDGET_SHARE, plan_budgets
+from planner.hardware import save_hardware
 from tests.cgroups import memory_cgroup, remove_cgroup, run_in_cgroup
+from tests.planner.specs import server_cpu
 
 MIB = 2**20
 
@@ -93,18 +96,21 @@ def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(
 
     prompts = pq.read_table(DEMO_PROMPTS, columns=["prompt"]).column(0).to_pylist()
     pq.write_table(pa.table({"prompt": [prompts[i % len(prompts)] for i in range(1000)]}), tmp_path / "in.parquet")
+    # a disk as fast as memory: the plan would spill the KV cache to the disk tier, memory-mapped scratch whose
+    # page cache the group charges, and it must count that scratch in the CPU budget
+    fast_disk = replace(server_cpu(), disk_read_bytes_per_s=20e9, disk_write_bytes_per_s=20e9,
+                        page_cache_bytes_per_s=20e9)
+    spec_file = save_hardware(fast_disk, tmp_path / "fast-disk.json")
     group = memory_cgroup("flexbatch-job", 500 * MIB)
     try:
         done = run_in_cgroup(group, [sys.executable, "-m", "jobs.cli", "run", "--no-ray", "--model", str(demo_model_dir),
                                      "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
-                                     "--max-new-tokens", "16",
-                                     # the KV cache in memory: a disk-tier cache is memory-mapped scratch files,
-                                     # whose page cache the group charges but the planner does not count
-                                     "--percent", "0", "100", "0", "100", "0", "100"], cwd=REPO, timeout=300,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                     "--max-new-tokens", "16", "--hardware", str(spec_file)],
+                             cwd=REPO, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
         kills = (group / "memory.oom_control").read_text()
     finally:
         remove_cgroup(group)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # was 137: killed at the limit
     assert "oom_kill 0" in kills and "memory cgroup limit 500 MiB" in done.stderr
+    assert "disk-tier scratch (KV cache, activations) counts in the CPU budget" in done.stderr
     assert "rows: 1000 in 1 files, 0 with errors" in done.stdout

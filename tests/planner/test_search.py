@@ -6,6 +6,7 @@ import pytest
 
 from engine.errors import InvalidParamsError
 from engine.policy import Policy
+from planner.cost_model import Block, channel_rates, disk_reads_direct
 from planner.errors import PlanInfeasible
 from planner.predict import capacities, memory_need, shortfalls
 from planner.search import search
@@ -125,6 +126,7 @@ def test_refill_is_chosen_when_rows_finish_early_and_not_otherwise():
     assert not search(model, hw, early, pins={"refill": False}).policy.refill
 
 
+<<<<<<< HEAD
 @pytest.mark.parametrize("budget_gib", [None, 1.5, 0.6])
 def test_an_all_memory_placement_is_the_programs_optimum_and_skips_it(budget_gib, monkeypatch):
     """Without a GPU, the direct all-in-memory placement equals the program's solution for every candidate where
@@ -166,3 +168,37 @@ def test_a_plan_that_fits_in_memory_imports_no_solver():
             "print('cvxpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+=======
+def test_under_a_binding_memory_limit_the_plan_counts_its_disk_scratch_in_cpu_memory():
+    """A KV cache on the disk tier is memory-mapped scratch whose page cache a memory cgroup charges: with a
+    fast disk the free plan spills the cache there; under a binding limit the same budget must hold it too."""
+    fast_disk = replace(server_cpu(), disk_read_bytes_per_s=5e9, disk_write_bytes_per_s=5e9)
+    work, budget = Workload(prompt_len=128, gen_len=256, num_prompts=256), {"cpu": 1.0 * GIB}
+    free = search(LLAMA_300M, fast_disk, work, budgets=budget)
+    assert free.policy.cache_disk > 0  # what was killed at the limit
+    limited_hw = replace(fast_disk, memory_room_bytes=1.25 * GIB, memory_limit_binds=True)
+    limited = search(LLAMA_300M, limited_hw, work, budgets=budget)
+    need = memory_need(LLAMA_300M, limited_hw, work, limited.policy, limited.prediction.block_rows)
+    mapped = {phase: need[phase]["cpu"] for phase in need}
+    assert max(mapped.values()) <= GIB * (1 + 1e-9)
+    unlimited_need = memory_need(LLAMA_300M, fast_disk, work, limited.policy, limited.prediction.block_rows)
+    assert all(mapped[p] >= unlimited_need[p]["cpu"] for p in mapped)
+
+
+def test_the_disk_rate_priced_follows_how_the_engine_will_read_the_disk_tier():
+    """Disk-tier weights above half the room are read with O_DIRECT at the disk rate, below it through the page
+    cache: the search solves both sides of that step and its prediction agrees with the rule."""
+    slow_disk = replace(server_cpu(), disk_read_bytes_per_s=0.2e9, page_cache_bytes_per_s=20e9)
+    layer = LLAMA_300M.params_per_layer * 2
+    disk_layers = {}
+    for room_layers, pins in ((4, {}), (4, {"weight_gpu": 0.0, "weight_cpu": 0.5}), (40, {})):
+        hw = replace(slow_disk, memory_room_bytes=room_layers * layer)
+        plan = search(LLAMA_300M, hw, WORK, budgets={"cpu": 0.6 * GIB}, pins=pins)
+        disk_layers[room_layers, len(pins)] = n = round(plan.policy.weight_disk * LLAMA_300M.num_layers)
+        blk = Block(LLAMA_300M, hw, WORK, plan.policy, plan.prediction.block_rows)
+        assert disk_reads_direct(blk) == (n > room_layers // 2)
+        rate = slow_disk.disk_read_bytes_per_s if disk_reads_direct(blk) else slow_disk.page_cache_bytes_per_s
+        assert channel_rates(blk)["disk_read"] == rate
+    # a slow direct read is avoided where a buffered disk tier or none fits; pinned to half, it is priced
+    assert disk_layers == {(4, 0): 0, (4, 2): 10, (40, 0): 12}
+>>>>>>> cf05dc1 (Under a binding memory cgroup the planner counts the disk tier's mapped KV cache and activations in the CPU budget; the disk rate it prices follows the engine's O_DIRECT rule (half the room), each side of that step solved on its own; the small-cgroup job test runs unpinned with a fast-disk profile)
