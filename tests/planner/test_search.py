@@ -126,7 +126,6 @@ def test_refill_is_chosen_when_rows_finish_early_and_not_otherwise():
     assert not search(model, hw, early, pins={"refill": False}).policy.refill
 
 
-<<<<<<< HEAD
 @pytest.mark.parametrize("budget_gib", [None, 1.5, 0.6])
 def test_an_all_memory_placement_is_the_programs_optimum_and_skips_it(budget_gib, monkeypatch):
     """Without a GPU, the direct all-in-memory placement equals the program's solution for every candidate where
@@ -168,7 +167,8 @@ def test_a_plan_that_fits_in_memory_imports_no_solver():
             "print('cvxpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-=======
+
+
 def test_under_a_binding_memory_limit_the_plan_counts_its_disk_scratch_in_cpu_memory():
     """A KV cache on the disk tier is memory-mapped scratch whose page cache a memory cgroup charges: with a
     fast disk the free plan spills the cache there; under a binding limit the same budget must hold it too."""
@@ -201,4 +201,3 @@ def test_the_disk_rate_priced_follows_how_the_engine_will_read_the_disk_tier():
         assert channel_rates(blk)["disk_read"] == rate
     # a slow direct read is avoided where a buffered disk tier or none fits; pinned to half, it is priced
     assert disk_layers == {(4, 0): 0, (4, 2): 10, (40, 0): 12}
->>>>>>> cf05dc1 (Under a binding memory cgroup the planner counts the disk tier's mapped KV cache and activations in the CPU budget; the disk rate it prices follows the engine's O_DIRECT rule (half the room), each side of that step solved on its own; the small-cgroup job test runs unpinned with a fast-disk profile)
