@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engine.request import Completion, Request
 from engine.sampling import make_generator
+from engine.stops import StopScanner
 
 
 class RowState:
@@ -16,6 +17,7 @@ class RowState:
         self.logprobs: list[float] = []
         self.finish: str | None = None
         self.text: str = ""
+        self.stops: StopScanner | None = None
 
     @property
     def done(self) -> bool:
@@ -33,19 +35,26 @@ class RowState:
             self.finish = "eos"
             return
         if p.stop:
-            self.text = tokenizer.decode(self.tokens, skip_special_tokens=True)
-            cut = _first_stop(self.text, p.stop)
-            if cut is not None:
-                self.text = self.text[:cut]
-                self.finish = "stop"
+            self.stops = self.stops or StopScanner(p.stop, tokenizer)
+            hit = self.stops.check(self.tokens)
+            if hit is not None:
+                self._stop(*hit)
                 return
         if len(self.tokens) >= p.max_new_tokens:
             self.finish = "length"
+
+    def _stop(self, kept: int, text: str) -> None:
+        """Finish at a stop string: the row keeps its first `kept` tokens (all but where a check came late)."""
+        self.tokens, self.logprobs = self.tokens[:kept], self.logprobs[:kept]
+        self.text, self.finish = text, "stop"
 
     def completion(self, tokenizer) -> Completion:
         if self.finish != "stop":
             body = self.tokens[:-1] if self.finish == "eos" else self.tokens
             self.text = tokenizer.decode(body, skip_special_tokens=True)
+            hit = self.stops and self.stops.settle(body, self.text)
+            if hit:
+                self._stop(*hit)
         return Completion(
             id=self.req.id,
             text=self.text,
@@ -55,8 +64,3 @@ class RowState:
             token_ids=list(self.tokens),
             logprobs=list(self.logprobs) if self.req.params.logprobs else None,
         )
-
-
-def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else None
