@@ -44,7 +44,8 @@ class _LazyGroup(click.Group):
                                   "pipeline": "jobs.bench.pipeline:pipeline_command",
                                   "gpu": "jobs.bench.gpu:gpu_command",
                                   "workloads": "jobs.bench.workloads:workloads_command",
-                                  "startup": "jobs.bench.startup:startup_command"})
+                                  "startup": "jobs.bench.startup:startup_command",
+                                  "stops": "jobs.bench.stops:stops_command"})
 def bench() -> None:
     """Benchmarks: print a table of ratios measured side by side and write JSON."""
 
