@@ -11,6 +11,8 @@ so sampled (not greedy) outputs then depend on the batching."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from engine.errors import InvalidParamsError
 from engine.request import DEFAULT_BACKEND, Completion, Request, SamplingParams
 from pipeline.errors import ConfigError
@@ -51,7 +53,7 @@ class Processor:
                  for i, row_id in enumerate(ids)]
         runnable = [item for item in items if isinstance(item, Request)]
         if self.engine is None:
-            self.engine = self._load(runnable)
+            self.engine, runnable = self._load(runnable)
         done = iter(self.engine.generate(runnable, truncate=self.truncate)) if runnable else iter(())
         results = [next(done) if isinstance(item, Request) else item for item in items]
         return {**columns, **_output_columns(results)}
@@ -70,24 +72,29 @@ class Processor:
             return Request(id=row_id, prompt="", params=params, messages=tuple(prompt))
         return Request(id=row_id, prompt=prompt, params=params)
 
-    def _load(self, first: list[Request]):
-        """The engine, under the given policy or the one planned for batches shaped like the first one."""
+    def _load(self, first: list[Request]) -> tuple:
+        """The engine, under the given policy or the one planned for batches shaped like the first one; and the
+        first batch's requests, each carrying the token ids planning measured (the engine does not tokenize a
+        prompt twice)."""
         from engine.generate import Engine
         from engine.spec import load_model_spec
         from engine.tokenizer import load_tokenizer
-        from pipeline.planning import choose_policy, workload_dtype, workload_from_prompts
+        from pipeline.input_sample import prompt_ids
+        from pipeline.planning import choose_policy, workload_dtype, workload_from_lengths
         from pipeline.settings import EngineSettings
 
         policy = self.policy
         if policy is None:
-            spec = load_model_spec(self.model)
-            dtype = workload_dtype(self.dtype)
-            prompts = [list(r.messages) if r.messages is not None else r.prompt for r in first]
+            spec, tokenizer = load_model_spec(self.model), load_tokenizer(self.model)
+            ids = [prompt_ids(tokenizer, list(r.messages) if r.messages is not None else r.prompt) for r in first]
+            first = [dataclasses.replace(r, prompt_ids=tuple(t)) if t else r for r, t in zip(first, ids)]
             gen = max([r.params.max_new_tokens for r in first] or [self.defaults.max_new_tokens])
-            work = workload_from_prompts(prompts, load_tokenizer(self.model), spec, gen, dtype, max(1, len(first)))
+            work = workload_from_lengths([len(t or ()) for t in ids], spec, gen, workload_dtype(self.dtype),
+                                         max(1, len(first)))
             settings = EngineSettings(dtype=self.dtype, budgets=self.budgets, hardware=self.hardware)
             policy = choose_policy(settings, work, spec).policy
-        return Engine.load(self.model, dtype=self.dtype, policy=policy, budgets=self.budgets, backend=self.backend)
+        engine = Engine.load(self.model, dtype=self.dtype, policy=policy, budgets=self.budgets, backend=self.backend)
+        return engine, first
 
 
 def build_processor(model, **options):

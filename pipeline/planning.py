@@ -1,6 +1,6 @@
-"""The planner in a job: the workload read from the input (row counts from the footers, prompt lengths from a
-sample of prompts), this machine's hardware profile (measured once, then cached), and the CPU budget the plan
-must fit, turned into the `Policy` the engine runs."""
+"""The planner in a job: the workload of the input (row counts from the footers; prompt and generation lengths
+from the sample the driver took, pipeline/input_sample.py), this machine's hardware profile (measured once, then
+cached), and the CPU budget the plan must fit, turned into the `Policy` the engine runs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.spec import ModelSpec
-from pipeline.parquet_io import InputFile
-from pipeline.storage import open_parquet
+from pipeline.input_sample import InputSample, take_sample
 
 if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, not for --help
     from engine.policy import Policy
@@ -22,65 +21,25 @@ if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, no
     from planner.workload import Workload
 
 log = logging.getLogger(__name__)
-SAMPLE_PROMPTS = 256
 CPU_BUDGET_SHARE = 0.8  # of the memory this process may still take (the rest: its working set grows)
 TYPICAL_QUANTILE = 0.75  # blocks are length-bucketed; a block pads to about this quantile of its lengths
 STOP_PRIOR = 0.5  # share of its max_new_tokens a row with a stop string is expected to generate, until measured
 
 
-def sample_prompts(files: tuple[InputFile, ...], column: str, limit: int = SAMPLE_PROMPTS) -> list:
-    """Up to `limit` prompts (strings, or conversations from a messages column), read row group by row group
-    (one column) from the first files."""
-    out: list = []
-    for f in files:
-        if f.format == "openai":
-            from pipeline.openai_batch import sample_batch_prompts
-
-            out += sample_batch_prompts(f.path, limit - len(out))
-            if len(out) >= limit:
-                return out[:limit]
-            continue
-        with open_parquet(f.path) as pf:
-            for g in range(pf.num_row_groups):
-                values = pf.read_row_group(g, columns=[column]).column(0).to_pylist()
-                out += [v for v in values if (isinstance(v, str) and v) or isinstance(v, list)]
-                if len(out) >= limit:
-                    return out[:limit]
-    return out
-
-
 def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len: int, dtype: str,
                         num_prompts: int | None = None, stop: tuple[str, ...] = ()) -> Workload:
+    """The workload of `files` (every row unless `num_prompts` is given), sampled as a job samples it."""
+    sample = take_sample(files, column, tokenizer, gen_len, stop)
+    return workload_from_sample(sample, spec, dtype, num_prompts or sum(f.num_rows for f in files))
+
+
+def workload_from_sample(sample: InputSample, spec: ModelSpec, dtype: str, num_prompts: int) -> Workload:
     """prompt_len: the TYPICAL_QUANTILE of the sampled token lengths; max_prompt_len: the longest sampled, both
-    capped at what the context leaves after gen_len tokens; num_prompts: every row of `files` unless given
-    (a worker plans for its share). gen_len and stop are the job's; the sampled rows' own max_new_tokens and
-    stop columns give the generation lengths (`generation_lengths`)."""
-    rows = num_prompts or sum(f.num_rows for f in files)
-    longest, expected = generation_lengths(sample_row_lengths(files, gen_len, stop), spec)
-    work = workload_from_prompts(sample_prompts(files, column), tokenizer, spec, longest, dtype, rows)
+    capped at what the context leaves after the longest generation; the sampled rows' own max_new_tokens and
+    stop give the generation lengths (`generation_lengths`); num_prompts: the job's rows, or a worker's share."""
+    longest, expected = generation_lengths(list(sample.row_lengths), spec)
+    work = workload_from_lengths(sample.prompt_lengths, spec, longest, dtype, num_prompts)
     return dataclasses.replace(work, expected_gen_len=min(expected, work.gen_len))
-
-
-def sample_row_lengths(files: tuple[InputFile, ...], gen_len: int, stop: tuple[str, ...],
-                       limit: int = SAMPLE_PROMPTS) -> list[tuple[int, bool]]:
-    """(max_new_tokens, whether a stop string may end it) of up to `limit` rows of the first Parquet files: each
-    row's own `max_new_tokens` and `stop` columns where present and valid, else the job's. Batch files give
-    the job's (their rows are measured as they finish)."""
-    out: list[tuple[int, bool]] = []
-    for f in files:
-        if f.format == "openai":
-            continue
-        with open_parquet(f.path) as pf:
-            names = [c for c in ("max_new_tokens", "stop") if c in pf.schema_arrow.names]
-            for g in range(pf.num_row_groups):
-                n = pf.metadata.row_group(g).num_rows
-                cols = pf.read_row_group(g, columns=names).to_pydict() if names else {}
-                for m, s in zip(cols.get("max_new_tokens", [None] * n), cols.get("stop", [None] * n)):
-                    ok = isinstance(m, (int, float)) and m >= 1 and float(m).is_integer()
-                    out.append((int(m) if ok else gen_len, bool(s) if s is not None else bool(stop)))
-                if len(out) >= limit:
-                    return out[:limit]
-    return out or [(gen_len, bool(stop))]
 
 
 def generation_lengths(rows: list[tuple[int, bool]], spec: ModelSpec) -> tuple[int, float]:
@@ -107,31 +66,14 @@ def refill_choice(settings: EngineSettings, work: Workload, spec: ModelSpec, pol
     return dataclasses.replace(policy, refill=chosen.policy.refill)
 
 
-def workload_from_prompts(prompts: list, tokenizer, spec: ModelSpec, gen_len: int, dtype: str,
-                          num_prompts: int) -> Workload:
-    """The workload of `num_prompts` prompts shaped like `prompts` (strings, token-id lists or conversations)."""
+def workload_from_lengths(prompt_lengths, spec: ModelSpec, gen_len: int, dtype: str, num_prompts: int) -> Workload:
+    """The workload of `num_prompts` prompts with token counts like `prompt_lengths` (a 0 is left out)."""
     from planner.workload import Workload
 
     room = max(1, spec.max_position_embeddings - gen_len)
-    lengths = sorted(min(room, n) for n in (prompt_length(tokenizer, p) for p in prompts) if n) or [1]
+    lengths = sorted(min(room, n) for n in prompt_lengths if n) or [1]
     typical = max(1, lengths[min(len(lengths) - 1, int(TYPICAL_QUANTILE * len(lengths)))])
     return Workload(typical, gen_len, max(1, num_prompts), max_prompt_len=max(typical, lengths[-1]), dtype=dtype)
-
-
-def prompt_length(tokenizer, prompt) -> int:
-    """Tokens of a prompt string, or of a conversation rendered by the chat template (0 if it cannot be)."""
-    if isinstance(prompt, str):
-        return len(tokenizer(prompt)["input_ids"])
-    if all(isinstance(t, int) for t in prompt):  # a batch file's prompt given as token ids
-        return len(prompt)
-    from engine.chat import chat_prompt_ids, messages_problem
-
-    if messages_problem(prompt):
-        return 0
-    try:
-        return len(chat_prompt_ids(tokenizer, prompt))
-    except ValueError:
-        return 0
 
 
 def plan_budgets(budgets: dict, room=None) -> dict:

@@ -15,6 +15,7 @@ from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
 from pipeline.errors import ConfigError, InputError
+from pipeline.input_sample import InputSample, take_sample
 from pipeline.output_dir import OutputCheck, check_output, job_record
 from pipeline.parquet_io import (
     CHAT_CHOICES,
@@ -27,7 +28,7 @@ from pipeline.parquet_io import (
     resolve_inputs,
     uses_chat,
 )
-from pipeline.planning import choose_policy, workload_dtype, workload_from_input
+from pipeline.planning import choose_policy, workload_dtype, workload_from_sample
 from pipeline.settings import EngineSettings
 from pipeline.storage import file_identity, is_uri
 
@@ -132,6 +133,7 @@ class JobSetup:
     record: dict
     output: OutputCheck
     chat: bool = False  # rows are conversations, rendered by the checkpoint's chat template
+    sample: InputSample | None = None  # what the job plans from: taken once, by the driver, when it plans
 
     @property
     def format(self) -> str:
@@ -146,7 +148,7 @@ class JobSetup:
 
 def prepare_job(config: RunConfig) -> JobSetup:
     """All checks that need no model weights: Parquet footers, config.json, the chat template when rows are
-    conversations, the output folder."""
+    conversations, the output folder; and, when the job plans, the input sample it plans from."""
     files, chat = _inspect(config)
     for f in files:
         if isinstance(f.path, Path) and f.path.parent == config.output:
@@ -155,10 +157,14 @@ def prepare_job(config: RunConfig) -> JobSetup:
     tokenizer = load_tokenizer(config.model)  # a tokenizer that is missing or needs the folder's code: refused before Ray
     if chat:
         check_chat_template(tokenizer, config.model)
+    sample = None
+    if config.plan:  # read and tokenized here, once; the workers plan from it and reuse its token ids
+        column = MESSAGES_COLUMN if chat else config.prompt_column
+        sample = take_sample(files, column, tokenizer, config.params.max_new_tokens, config.params.stop)
     record = job_record(_job_config(config, files, chat))
     record["run"] = {"input": config.input, "policy": config.policy.to_dict()}  # recorded, not hashed
     check = check_output(config.output, record, config.overwrite)
-    return JobSetup(config=config, files=files, spec=spec, record=record, output=check, chat=chat)
+    return JobSetup(config=config, files=files, spec=spec, record=record, output=check, chat=chat, sample=sample)
 
 
 def _inspect(config: RunConfig) -> tuple[tuple[InputFile, ...], bool]:
@@ -213,12 +219,14 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
 
 def choose(config: RunConfig, job: JobSetup, num_prompts: int | None = None) -> tuple[Policy, Prediction | None]:
     """The planner's policy for this job, or `num_prompts` of its rows (keeping the user's pins and compression
-    choice), on this machine or the `--hardware` spec; or the given policy without planning."""
+    choice), on this machine or the `--hardware` spec; or the given policy without planning. The workload comes
+    from the job's sample: the input is not read, nor a prompt tokenized, here."""
     if not config.plan:
         return config.policy, None
-    work = workload_from_input(job.files, job.column, load_tokenizer(config.model), job.spec,
-                               config.params.max_new_tokens, workload_dtype(config.dtype), num_prompts,
-                               config.params.stop)
+    if job.sample is None:
+        raise ValueError("a planned job needs its input sample; prepare it with prepare_job")
+    work = workload_from_sample(job.sample, job.spec, workload_dtype(config.dtype),
+                                num_prompts or sum(f.num_rows for f in job.files))
     chosen = choose_policy(config, work, job.spec)
     # the planner prices 4-bit weights; the user's format is kept (int8 moves 2x the bytes of int4)
     return dataclasses.replace(chosen.policy, weight_format=config.policy.weight_format), chosen.prediction

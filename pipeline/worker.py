@@ -107,6 +107,8 @@ class ShardWorker:
                              f"{table.num_rows}; was the file modified during the job?")
         ids = row_ids(table, shard.part_stem, offset=shard.row_start)
         items = build_requests(table, ids, config.prompt_column, config.params, chat=self.job.chat)
+        if self.job.sample is not None:  # the rows the driver sampled are tokenized already
+            items = self.job.sample.with_ids(items, shard)
         completions, seconds = self._complete(items, shard)
         check_one_per_row(completions, ids)
         out = output_table(table, completions, ids, config.params.logprobs)

@@ -8,12 +8,12 @@ import pytest
 from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
+from pipeline.input_sample import take_sample
 from pipeline.planning import (
     STOP_PRIOR,
     generation_lengths,
     measured_workload,
     refill_choice,
-    sample_row_lengths,
 )
 from pipeline.settings import EngineSettings
 from planner.hardware import save_hardware
@@ -29,14 +29,16 @@ def hardware_file(tmp_path):
 
 def test_row_lengths_come_from_the_rows_own_columns(tmp_path, tiny_llama_dir):
     from engine.spec import load_model_spec
+    from engine.tokenizer import load_tokenizer
     from pipeline.runner import inspect_job_inputs
 
     path = write_parquet(tmp_path / "in.parquet", prompt=["a", "b", "c", "d"], max_new_tokens=[10, None, 30, -2],
                          stop=pa.array([["\n"], None, [], None], pa.list_(pa.string())))
     files, _ = inspect_job_inputs(str(path))
-    rows = sample_row_lengths(files, gen_len=20, stop=())
+    tok = load_tokenizer(tiny_llama_dir)
+    rows = list(take_sample(files, "prompt", tok, gen_len=20, stop=()).row_lengths)
     assert rows == [(10, True), (20, False), (30, False), (20, False)]  # a bad value counts as the job's
-    assert sample_row_lengths(files, gen_len=20, stop=(".",))[1] == (20, True)  # the job's stop for a null
+    assert take_sample(files, "prompt", tok, gen_len=20, stop=(".",)).row_lengths[1] == (20, True)  # the job's stop
     longest, expected = generation_lengths(rows, load_model_spec(tiny_llama_dir))
     assert longest == 30 and expected == pytest.approx((10 * STOP_PRIOR + 20 + 30 + 20) / 4)
 
