@@ -104,7 +104,7 @@ def run_startup(cfg: StartupConfig) -> dict:
 
 PHASES = (("first_shard_s", "process start to first shard"), ("load_s", "model load"),
           ("startup_less_load_s", f"start-up less the load (target <= {BUDGET_S:.0f} s)"),
-          ("plan_s", "planning (imports torch, tokenizes a sample, searches)"), ("warm_up_s", "warm-up generation"),
+          ("plan_s", "planning (imports torch, searches; no input read)"), ("warm_up_s", "warm-up generation"),
           ("interpreter_s", "Python interpreter start"), ("cpu_at_first_shard_s", "CPU seconds at first shard"),
           ("whole_process_s", "whole process"))
 

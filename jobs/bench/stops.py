@@ -9,7 +9,6 @@ median of the rounds is quoted, in microseconds per token and as a ratio."""
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from engine.tokenizer import load_tokenizer
 from jobs.bench.report import run_and_save
 from jobs.bench.table import Column, format_table, num
 from jobs.common import demo_model_dir, setup_logging
+from planner.microbench import timed_call
 
 STOPS = ("\n\nQ:", "</answer>", "###")  # never in the text below
 TEXT = ("The quick brown fox jumps over the lazy dog; a naïve café serves crème brûlée. "
@@ -36,13 +36,14 @@ class StopsBenchConfig:
 
 def check_seconds(tokenizer, tokens: list[int], rows: int, incremental: bool) -> float:
     """Seconds to check `rows` rows of `tokens`, token by token."""
-    started = time.perf_counter()
-    for _ in range(rows):
-        scanner, so_far = StopScanner(STOPS, tokenizer, incremental=incremental), []
-        for t in tokens:
-            so_far.append(t)
-            assert scanner.check(so_far) is None
-    return time.perf_counter() - started
+    def check():
+        for _ in range(rows):
+            scanner, so_far = StopScanner(STOPS, tokenizer, incremental=incremental), []
+            for t in tokens:
+                so_far.append(t)
+                assert scanner.check(so_far) is None
+
+    return timed_call(check)[1]
 
 
 def run_stops(cfg: StopsBenchConfig) -> dict:
