@@ -249,11 +249,18 @@ def _memory_limit(text: str | None) -> MemoryLimitConfig | None:
     if text is None:
         return None
     try:
-        limit = int(parse_bytes(text, "--memory-limit"))
+        if text.startswith("baseline+") and text.endswith("x"):
+            try:
+                cfg = MemoryLimitConfig(model_share=float(text[len("baseline+"):-1]))
+            except ValueError:
+                raise click.UsageError(f"--memory-limit={text!r}: expected baseline+SHAREx with a share in (0, 1), "
+                                       "e.g. baseline+0.4x") from None
+        else:
+            cfg = MemoryLimitConfig(int(parse_bytes(text, "--memory-limit")))
         check_cgroups()
     except (FlexbatchError, CgroupUnavailable) as e:
         raise click.UsageError(str(e)) from None
-    return MemoryLimitConfig(limit)
+    return cfg
 
 
 @click.command("engine")
@@ -276,8 +283,9 @@ def _memory_limit(text: str | None) -> MemoryLimitConfig | None:
               help="Rows of the W4 line (early-stop).")
 @click.option("--w4-gbs", type=click.IntRange(min=1), default=_D.early_stop.gbs, show_default=True,
               help="GPU batch of flexbatch in the W4 line.")
-@click.option("--memory-limit", metavar="SIZE", help="Also run each side of the disk line in its own cgroup v1 "
-              "memory group of this size (e.g. 700MiB; needs root), decode- and prefill-heavy.")
+@click.option("--memory-limit", metavar="SIZE|baseline+SHAREx", help="Also run each side of the disk line in its "
+              "own cgroup v1 memory group (needs root), decode- and prefill-heavy: of this size (e.g. 700MiB), or "
+              "of each side's measured baseline plus SHARE of the weights (e.g. baseline+0.4x).")
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)
 def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, w4_prompts,

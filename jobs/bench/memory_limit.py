@@ -5,7 +5,13 @@ which charges the page cache to the group: a model larger than the limit must co
 keeps what fits of the weights in memory and reads the rest with O_DIRECT (engine/disk_read.py); Accelerate
 uses `device_map="auto"` with `max_memory` and an `offload_folder`. Reported per side and batch: generated
 tokens/s of the generation, the whole process's wall time, the group's peak memory, and whether the kernel
-killed it (OOM). Accelerate's figure is its best batch that survives the limit."""
+killed it (OOM). Accelerate's figure is its best batch that survives the limit.
+
+The limit is either one size for both sides, or `baseline+SHAREx`: each side's own baseline (the group's peak
+while the process imports what it runs and reads the config, measured in a group without a limit) plus SHARE
+of the model's weight bytes, so that less than the model fits whatever each side's imports weigh. flexbatch's
+policy is the planner's, under the room its group leaves (and, in a second run, with 4-bit compression allowed);
+Accelerate runs at each of its batches."""
 
 from __future__ import annotations
 
@@ -24,7 +30,6 @@ from planner.microbench import timed_call
 
 log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
-BASELINE_BYTES = 400 << 20  # a Python process with torch and transformers imported, before any weights
 
 
 class CgroupUnavailable(RuntimeError):
@@ -90,7 +95,8 @@ class MemoryGroup:
 @dataclass(frozen=True)
 class Side:
     """One process's work: `side` is "flexbatch" or "accelerate"; rows prompts of prompt_len tokens, gen_len
-    generated, in batches of `batch` rows (flexbatch: one block of gbs=batch)."""
+    generated. Accelerate runs batches of `batch` rows; flexbatch runs the planner's policy (`batch` 0) for the
+    `hardware` profile, 4-bit compression allowed with `compress`."""
 
     side: str
     model_dir: str
@@ -98,64 +104,108 @@ class Side:
     prompt_len: int
     gen_len: int
     batch: int
-    cpu_bytes: int  # flexbatch: its CPU tier budget; Accelerate: max_memory["cpu"]
+    cpu_bytes: int  # flexbatch: its CPU tier budget at most; Accelerate: max_memory["cpu"] at most
     offload_dir: str
+    hardware: str | None = None
+    compress: bool = False
+    threads: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.side}{'-4bit' if self.compress else ''}"
 
 
-def side_args(side: Side) -> list[str]:
-    return [sys.executable, "-m", "jobs.bench.memory_side", json.dumps(asdict(side))]
+def side_args(side: Side, baseline: bool = False) -> list[str]:
+    return [sys.executable, "-m", "jobs.bench.memory_side", *(["--baseline"] if baseline else []),
+            json.dumps(asdict(side))]
+
+
+def baseline_bytes(side: Side, timeout_s: float = 600.0) -> int:
+    """The side's own baseline: its group's peak while it imports what it runs and reads the config (no limit)."""
+    with MemoryGroup(f"{side.side}-baseline", 1 << 62) as group:
+        out = group.run(side_args(side, baseline=True), timeout_s)
+    if out["result"] is None:
+        raise RuntimeError(f"measuring the {side.side} baseline failed: {out['stderr_tail']}")
+    return out["peak_bytes"]
 
 
 def run_side(side: Side, limit_bytes: int, timeout_s: float) -> dict:
-    with MemoryGroup(f"{side.side}-{side.batch}", limit_bytes) as group:
+    with MemoryGroup(f"{side.name}-{side.batch}", limit_bytes) as group:
         out = group.run(side_args(side), timeout_s)
-    return {"side": side.side, "batch": side.batch, **out}
+    return {"side": side.name, "batch": side.batch, "limit_bytes": limit_bytes, **out}
 
 
-def memory_limit_runs(model_dir: Path, limit_bytes: int, rows: int, prompt_len: int, gen_len: int,
-                      flex_batches: tuple[int, ...], acc_batches: tuple[int, ...], timeout_s: float) -> dict:
-    """Every side and batch, back to back, each in a fresh group; the best surviving run of each side."""
-    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    room = max(0, limit_bytes - BASELINE_BYTES // 2)  # each side then measures its own room in its group
-    runs = []
+@dataclass(frozen=True)
+class MemoryLimitConfig:
+    """`limit_bytes` for both sides, or (when None) each side's baseline + `model_share` of the weights."""
+
+    limit_bytes: int | None = None
+    model_share: float | None = None
+    acc_batches: tuple[int, ...] = (4, 8, 16, 32)
+    timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if (self.limit_bytes is None) == (self.model_share is None):
+            raise ValueError("give the memory limit as a size or as a share of the model, not both")
+        if self.model_share is not None and not 0 < self.model_share < 1:
+            raise ValueError(f"--memory-limit baseline+{self.model_share}x: the share of the model must be in (0, 1)")
+
+    def limit_for(self, baseline: int, weight_bytes: int) -> int:
+        return self.limit_bytes or int(baseline + self.model_share * weight_bytes)
+
+    def describe(self) -> str:
+        return f"{self.limit_bytes >> 20} MiB" if self.limit_bytes else f"baseline + {self.model_share:g} x weights"
+
+
+def memory_limit_runs(cfg: MemoryLimitConfig, model_dir: Path, rows: int, prompt_len: int, gen_len: int,
+                      hardware: str) -> dict:
+    """Every side, back to back, each in a fresh group; the best surviving run of each side."""
+    import torch
+
+    weights, threads = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")), torch.get_num_threads()
+    runs, baselines = [], {}
     with tempfile.TemporaryDirectory(prefix="flexbatch-memlimit-") as tmp:
-        for name, batches in (("flexbatch", flex_batches), ("accelerate", acc_batches)):
-            for b in batches:
-                side = Side(name, str(model_dir), rows, prompt_len, gen_len, b, room, str(Path(tmp) / name))
-                runs.append(run_side(side, limit_bytes, timeout_s))
-                log.info("memory limit %s batch %d: %s", name, b, {k: v for k, v in runs[-1].items()
-                                                                  if k != "stderr_tail"})
+        sides = [Side("flexbatch", str(model_dir), rows, prompt_len, gen_len, 0, weights, str(Path(tmp) / "f"),
+                      hardware, compress, threads) for compress in (False, True)]
+        sides += [Side("accelerate", str(model_dir), rows, prompt_len, gen_len, b, weights, str(Path(tmp) / "a"),
+                       threads=threads) for b in cfg.acc_batches]
+        for side in sides:
+            if side.side not in baselines:
+                baselines[side.side] = baseline_bytes(side) if cfg.limit_bytes is None else 0
+            runs.append(run_side(side, cfg.limit_for(baselines[side.side], weights), cfg.timeout_s))
+            log.info("memory limit %s batch %d: %s", side.name, side.batch,
+                     {k: v for k, v in runs[-1].items() if k != "stderr_tail"})
     best = {}
     for r in runs:
         ok = r["result"] is not None and not r["oom_killed"]
         if ok and (r["side"] not in best or r["result"]["tokens_per_s"] > best[r["side"]]["result"]["tokens_per_s"]):
             best[r["side"]] = r
-    return {"limit_bytes": limit_bytes, "weight_bytes": weights, "rows": rows, "prompt_len": prompt_len,
-            "gen_len": gen_len, "runs": runs, "best": best}
+    return {"limit": cfg.describe(), "baseline_bytes": baselines, "weight_bytes": weights, "rows": rows,
+            "prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "best": best}
 
 
 MEMORY_WORKLOADS = {"decode-heavy": (128, 16, 64, 5.0), "prefill-heavy": (128, 128, 32, None)}  # rows, P, G, target
 
 
-@dataclass(frozen=True)
-class MemoryLimitConfig:
-    limit_bytes: int
-    flex_batches: tuple[int, ...] = (32, 128)
-    acc_batches: tuple[int, ...] = (8, 32)
-    timeout_s: float = 3600.0
-
-
 def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
-    """The decode-heavy and prefill-heavy workloads under the limit: flexbatch's best batch vs Accelerate's best
-    surviving batch, generated tokens/s, each side a whole process in its own memory group."""
+    """The decode-heavy and prefill-heavy workloads under the limit: flexbatch's planned run (lossless, and with
+    4-bit allowed) vs Accelerate's best surviving batch, generated tokens/s, each a whole process in its own
+    memory group. flexbatch plans with this machine's profile at this process's thread count, loaded (or
+    measured) here, outside the groups."""
+    from planner.hardware import save_hardware
+    from planner.profiler import load_or_profile
+
     lines = []
+    hardware = str(save_hardware(load_or_profile(), Path(tempfile.mkdtemp(prefix="flexbatch-hw-")) / "hw.json"))
     for name, (rows, P, G, target) in MEMORY_WORKLOADS.items():
-        rep = memory_limit_runs(model_dir, cfg.limit_bytes, rows, P, G, cfg.flex_batches, cfg.acc_batches,
-                                cfg.timeout_s)
-        ours, theirs = rep["best"].get("flexbatch"), rep["best"].get("accelerate")
-        what = (f"{name} {rows}x{P} gen {G}, limit {cfg.limit_bytes >> 20} MiB, weights "
-                f"{rep['weight_bytes'] >> 20} MiB: flexbatch bs {ours and ours['batch']} vs Accelerate bs "
-                f"{theirs and theirs['batch']} (best surviving)")
-        lines.append(Line(f"memlimit-{name}", what, "tokens/s", ours and ours["result"]["tokens_per_s"],
-                          theirs and theirs["result"]["tokens_per_s"], target, rep))
+        rep = memory_limit_runs(cfg, model_dir, rows, P, G, hardware)
+        theirs = rep["best"].get("accelerate")
+        for ours_name in ("flexbatch", "flexbatch-4bit"):
+            ours = rep["best"].get(ours_name)
+            what = (f"{name} {rows}x{P} gen {G}, limit {cfg.describe()} (weights {rep['weight_bytes'] >> 20} MiB, "
+                    f"baselines {({k: v >> 20 for k, v in rep['baseline_bytes'].items()})} MiB): {ours_name} "
+                    f"planned vs Accelerate bs {theirs and theirs['batch']} (best surviving)")
+            lines.append(Line(f"memlimit-{name}-{ours_name}", what, "tokens/s",
+                              ours and ours["result"]["tokens_per_s"], theirs and theirs["result"]["tokens_per_s"],
+                              target, rep))
     return lines

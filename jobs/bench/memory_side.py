@@ -8,8 +8,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from jobs.bench import models as bm
 from jobs.bench.memory_limit import Side
 from planner.microbench import timed_call
@@ -17,40 +15,42 @@ from planner.microbench import timed_call
 DTYPE = "bfloat16"
 
 
-def flexbatch_policy(side: Side):
-    """Under the CPU budget, after the embeddings, the activations and two staged disk layers: whole layers kept
-    in memory first, then as much of the KV cache as fits; the rest of both on disk."""
-    from engine.policy import Policy
+def flexbatch_plan(side: Side):
+    """The planner's policy for this side's workload under the room its group leaves (`pipeline.planning`):
+    the same decision a job makes, with the hardware profile the bench measured."""
+    from engine.memory_room import memory_room
     from engine.spec import load_model_spec
-    from engine.weights import CheckpointReader
+    from pipeline.planning import plan_budgets, planning_process
+    from planner.hardware import load_hardware
+    from planner.profiler import load_or_profile
+    from planner.search import search
+    from planner.workload import Workload
 
     spec = load_model_spec(side.model_dir)
-    reader = CheckpointReader(side.model_dir, spec)
-    layer = sum(t.numel() * 2 for t in reader.layer(0, torch.bfloat16).values())
-    glob = sum(t.numel() * 2 for t in reader.globals(torch.bfloat16).values())
-    T = side.prompt_len + side.gen_len
-    kv = side.rows * spec.kv_bytes_per_token(2) * T
-    room = side.cpu_bytes - glob - 2 * layer - side.batch * side.prompt_len * spec.hidden_size * 4
-    resident = max(0, min(spec.num_layers, int(room // layer)))
-    cache_cpu = max(0.0, min(1.0, (room - resident * layer) / kv))
-    return Policy(gbs=side.batch, num_gb=max(1, side.rows // side.batch), weight_cpu=resident / spec.num_layers,
-                  cache_cpu=round(cache_cpu, 3), act_cpu=1.0)
+    room = memory_room()
+    hw = planning_process(load_hardware(side.hardware) if side.hardware else load_or_profile(), room)
+    budgets = plan_budgets({"cpu": side.cpu_bytes}, room)
+    work = Workload(side.prompt_len, side.gen_len, side.rows, dtype=DTYPE)
+    return search(spec, hw, work, budgets=budgets, allow_compression=side.compress), budgets
 
 
 def run_flexbatch(side: Side, prompts) -> tuple[int, float, dict]:
     from engine.generate import Engine
     from engine.request import Request, SamplingParams
 
-    policy = flexbatch_policy(side)
-    eng = Engine.load(side.model_dir, dtype=DTYPE, policy=policy, budgets={"cpu": side.cpu_bytes},
-                      offload_dir=side.offload_dir)
+    plan, budgets = flexbatch_plan(side)
+    policy = plan.policy
+    eng = Engine.load(side.model_dir, dtype=DTYPE, policy=policy, budgets=budgets, offload_dir=side.offload_dir)
     reqs = [Request(str(i), bm.prompt_text(ids), SamplingParams(max_new_tokens=side.gen_len))
             for i, ids in enumerate(prompts)]
     comps, gen_s = timed_call(lambda: eng.generate(reqs))
     assert not any(c.error for c in comps), [c.error for c in comps if c.error][:1]
-    info = {"weight_cpu": policy.weight_cpu, "disk_direct": eng.weights.direct is not None,
-            "phase_seconds": eng.phase_seconds}
+    info = {"policy": policy.to_dict(), "predicted_s": plan.prediction.total_s, "cpu_budget": budgets["cpu"],
+            "disk_direct": eng.weights.direct is not None, "phase_seconds": eng.phase_seconds}
     return sum(c.completion_tokens for c in comps), gen_s, info
+
+
+ACCELERATE_BATCHES = 2  # batches Accelerate runs: each is alike, so its rate does not depend on how many follow
 
 
 def run_accelerate(side: Side, prompts) -> tuple[int, float, dict]:
@@ -58,8 +58,9 @@ def run_accelerate(side: Side, prompts) -> tuple[int, float, dict]:
     from jobs.bench.runs import hf_runner
 
     model, device_map = accelerate_model(Path(side.model_dir), side.cpu_bytes, side.offload_dir)
-    tokens, gen_s = timed_call(lambda: sum(hf_runner(model, prompts[i : i + side.batch], side.batch)(side.gen_len)
-                                           for i in range(0, len(prompts), side.batch)))
+    rows = prompts[: ACCELERATE_BATCHES * side.batch]
+    tokens, gen_s = timed_call(lambda: sum(hf_runner(model, rows[i : i + side.batch], side.batch)(side.gen_len)
+                                           for i in range(0, len(rows), side.batch)))
     on = {}
     for v in device_map.values():
         on[v] = on.get(v, 0) + 1
@@ -69,14 +70,35 @@ def run_accelerate(side: Side, prompts) -> tuple[int, float, dict]:
 MARGIN_BYTES = 64 << 20  # left free in the group: Python's own growth, the tokenizer, the generate loop
 
 
-def main(arg: str) -> None:
+def imports(side: Side) -> None:
+    """What the side runs, imported: its baseline (`--baseline` stops here)."""
+    import transformers  # noqa: F401  (both sides' baseline includes it)
+
+    if side.side == "flexbatch":
+        import engine.generate  # noqa: F401
+        import planner.program  # noqa: F401  (cvxpy and HiGHS)
+        from engine.tokenizer import load_tokenizer
+
+        load_tokenizer(side.model_dir)
+    else:
+        import accelerate  # noqa: F401
+        import transformers.models.llama.modeling_llama  # noqa: F401
+
+
+def main(arg: str, baseline: bool = False) -> None:
     """The CPU memory either side may fill is measured here, in the group, after the imports: the group's room
     less a margin (capped by the Side's), so both sides get the same."""
-    import transformers  # noqa: F401  (both sides' baseline includes it)
+    import torch
 
     from engine.disk_read import memory_room_bytes
 
     side = Side(**json.loads(arg))
+    torch.set_num_threads(side.threads)
+    imports(side)
+    if baseline:
+        json.loads((Path(side.model_dir) / "config.json").read_text())
+        print(json.dumps({"baseline": True}))
+        return
     side = replace(side, cpu_bytes=max(16 << 20, min(side.cpu_bytes, memory_room_bytes() - MARGIN_BYTES)))
     vocab = json.loads((Path(side.model_dir) / "config.json").read_text())["vocab_size"]
     prompts = bm.prompt_ids(side.rows, side.prompt_len, vocab)
@@ -87,4 +109,4 @@ def main(arg: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[-1], baseline="--baseline" in sys.argv[1:-1])

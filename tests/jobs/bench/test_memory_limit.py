@@ -10,6 +10,8 @@ from click.testing import CliRunner
 from jobs import cli
 from jobs.bench import memory_limit as ml
 from jobs.bench import models as bm
+from planner.hardware import save_hardware
+from tests.planner.specs import server_cpu
 
 
 def test_refused_where_cgroups_are_not_writable(tmp_path, monkeypatch):
@@ -22,6 +24,16 @@ def test_refused_where_cgroups_are_not_writable(tmp_path, monkeypatch):
     assert not (tmp_path / "x.json").exists()
     result = CliRunner().invoke(cli.main, ["bench", "engine", "--memory-limit", "lots"])
     assert result.exit_code == 2 and "--memory-limit='lots' is not a size" in result.output
+    result = CliRunner().invoke(cli.main, ["bench", "engine", "--memory-limit", "baseline+1.5x"])
+    assert result.exit_code == 2 and "expected baseline+SHAREx with a share in (0, 1)" in result.output
+
+
+def test_a_limit_as_a_share_of_the_model_is_each_sides_baseline_plus_that_share():
+    cfg = ml.MemoryLimitConfig(model_share=0.4)
+    assert cfg.limit_for(baseline=300 << 20, weight_bytes=1000 << 20) == (300 << 20) + int(0.4 * (1000 << 20))
+    assert ml.MemoryLimitConfig(limit_bytes=500 << 20).limit_for(300 << 20, 1000 << 20) == 500 << 20
+    with pytest.raises(ValueError):
+        ml.MemoryLimitConfig()
 
 
 def _writable() -> bool:
@@ -36,8 +48,9 @@ def _writable() -> bool:
 @pytest.mark.skipif(not _writable(), reason="needs root and a writable cgroup v1 memory controller")
 def test_each_side_runs_in_its_own_group_and_oom_is_reported(tmp_path):
     model = bm.build_checkpoint("tiny", tmp_path / "cache")
-    side = ml.Side("flexbatch", str(model), rows=4, prompt_len=8, gen_len=4, batch=4, cpu_bytes=200 << 20,
-                   offload_dir=str(tmp_path / "off"))
+    hw = save_hardware(server_cpu(), tmp_path / "hw.json")
+    side = ml.Side("flexbatch", str(model), rows=4, prompt_len=8, gen_len=4, batch=0, cpu_bytes=200 << 20,
+                   offload_dir=str(tmp_path / "off"), hardware=str(hw))
     ok = ml.run_side(side, 900 << 20, timeout_s=600)
     assert ok["result"]["tokens"] == 16 and not ok["oom_killed"], ok
     assert 0 < ok["peak_bytes"] <= 900 << 20
