@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save, save_file
 
 from engine.attention import attend, prefill_mask
+from engine.disk_read import DirectReader
 from engine.dtypes import cpu_info, resolve_dtype
 from engine.quant import dequantize, quantize
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
@@ -161,19 +162,26 @@ def gpu_device_spec(dtype: torch.dtype) -> tuple[DeviceSpec | None, dict, dict]:
 
 
 def disk_rates(folder: Path) -> dict[str, float]:
-    """Write a probe file (fsync'd) and read it back cold with O_DIRECT (buffered after dropping it from the page
-    cache where O_DIRECT is refused). The warm rate is how the engine reads a cached disk layer: safetensors maps
-    the file and its pages are faulted in at first touch, timed as load + copy less a copy from memory."""
+    """Write a probe layer file (safetensors, fsync'd) and read it back cold as the engine reads a disk tier it
+    cannot cache (`engine.disk_read.DirectReader`: the whole file with O_DIRECT into an aligned buffer, or
+    buffered after dropping it from the page cache where O_DIRECT is refused). The warm rate is how the engine
+    reads a disk tier the page cache keeps: safetensors maps the file and its pages are faulted in at first
+    touch, timed as load + copy less a copy from memory."""
     folder.mkdir(parents=True, exist_ok=True)
-    data = os.urandom(1 << 20) * (DISK_PROBE_BYTES >> 20)
-    fd, name = tempfile.mkstemp(prefix="flexbatch-disk-probe-", dir=folder)
+    data = save({"probe": torch.frombuffer(bytearray(os.urandom(1 << 20) * (DISK_PROBE_BYTES >> 20)),
+                                           dtype=torch.uint8)})
+    fd, name = tempfile.mkstemp(prefix="flexbatch-disk-probe-", suffix=".safetensors", dir=folder)
     try:
         t0 = time.perf_counter()
         os.write(fd, data)
         os.fsync(fd)
         write_s = time.perf_counter() - t0
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
-        cold_s = _cold_read_seconds(name)
+        reader = DirectReader()
+        t0 = time.perf_counter()
+        reader.read(Path(name))
+        cold_s = time.perf_counter() - t0
     finally:
         os.unlink(name)
     return {"disk_write_bytes_per_s": len(data) / write_s, "disk_read_bytes_per_s": len(data) / cold_s,
@@ -193,34 +201,6 @@ def page_touch_bytes_per_s(folder: Path, width: int = 1024) -> float:
     finally:
         path.unlink()
     return w.numel() * w.element_size() / max(mapped - in_memory, mapped / 100)
-
-
-def _cold_read_seconds(path: str) -> float:
-    import mmap
-
-    chunk = 8 << 20
-    buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT wants
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-    except OSError:
-        fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        t0 = time.perf_counter()
-        while os.readv(fd, [buf]) > 0:
-            pass
-        return time.perf_counter() - t0
-    except OSError:
-        os.close(fd)
-        fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        t0 = time.perf_counter()
-        while os.read(fd, chunk):
-            pass
-        return time.perf_counter() - t0
-    finally:
-        os.close(fd)
-        buf.close()
 
 
 def background_overlap(dtype: torch.dtype, width: int = 512) -> float:
@@ -261,7 +241,8 @@ def profile_this_machine(offload_dir: Path | None = None, dtype: str = "auto") -
     disk = disk_rates(folder)
     overlap = background_overlap(torch_dtype)
     sources = {**cpu_src, **gpu_src, "disk": f"measured: {DISK_PROBE_BYTES >> 20} MiB probe in {folder}: write + "
-               "fsync, O_DIRECT read (cold); page cache: a GEMM over a freshly mapped safetensors weight",
+               "fsync, read cold as the engine reads a disk tier it cannot cache (O_DIRECT into one aligned "
+               "buffer); page cache: a GEMM over a freshly mapped safetensors weight",
                "cpu_background_overlap": "measured: GEMMs with and without a dequantizing thread",
                "machine": machine_key(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     spec = HardwareSpec(name=f"this machine ({platform.node()})", cpu=cpu, gpu=gpu,

@@ -92,3 +92,34 @@ def test_cache_hot_rates_apply_when_the_weights_stay_cached():
     blk = cm.Block(SMALL, hw, Workload(8, 4, 4), Policy(gbs=2, num_gb=2), rows=4)
     assert cm.weights_stay_cached(blk, "cpu")  # 2 layers x 74 KB < 1 MB
     assert cm.gemm_s(blk, "decode", "cpu") == pytest.approx(2 * 2 * 2 * 36864 / 40e9)
+
+
+def test_the_profiled_disk_rate_is_the_engines_own_cold_read(tmp_path, monkeypatch):
+    """The disk rate the planner prices for a disk tier read with O_DIRECT is measured with the engine's reader."""
+    from planner import profiler
+
+    reads = []
+
+    class Counting(profiler.DirectReader):
+        def read(self, path):
+            reads.append(path.stat().st_size)
+            return super().read(path)
+
+    monkeypatch.setattr(profiler, "DISK_PROBE_BYTES", 8 << 20)
+    monkeypatch.setattr(profiler, "DirectReader", Counting)
+    rates = profiler.disk_rates(tmp_path)
+    assert reads and reads[0] > 8 << 20  # the whole probe layer file, header included
+    assert all(0 < v < float("inf") for v in rates.values())
+    assert not list(tmp_path.glob("flexbatch-*"))  # the probes are removed
+
+
+def test_the_planning_process_room_is_not_saved_with_a_profile(tmp_path):
+    from dataclasses import replace
+
+    hw = replace(cpu_machine(), memory_room_bytes=5e8, memory_limit_binds=True)
+    saved = json.loads(save_hardware(hw, tmp_path / "hw.json").read_text())
+    assert "memory_room_bytes" not in saved and "memory_limit_binds" not in saved
+    back = load_hardware(tmp_path / "hw.json")
+    assert back.memory_room_bytes is None and not back.memory_limit_binds
+    with pytest.raises(HardwareSpecError, match="memory_room_bytes=-1"):
+        replace(cpu_machine(), memory_room_bytes=-1)
