@@ -24,7 +24,7 @@ from engine.schedule import BlockExecutor
 from engine.spec import ModelSpec, load_model_spec
 from engine.tiers import BudgetError, Devices, human, tensor_bytes
 from engine.tokenizer import load_tokenizer
-from engine.weight_store import WeightStore
+from engine.weight_store import WeightStore, globals_tier
 from engine.weights import CheckpointReader, LayerWeights
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, spec: ModelSpec, tokenizer, global_weights: LayerWeights, weights: WeightStore,
                  dtype: torch.dtype, eos_ids: tuple[int, ...], policy: Policy, devices: Devices, kv_codec=None,
-                 kernels: NativeKernels | None = None):
+                 kernels: NativeKernels | None = None, globals_on: str = "cpu"):
         self.spec = spec
         self.tokenizer = tokenizer
         self.gw = global_weights
@@ -44,6 +44,7 @@ class Engine:
         self.devices = devices
         self.kv_codec = kv_codec
         self.kernels = kernels or NativeKernels()
+        self.globals_on = globals_on  # the device the embeddings and the LM head live and compute on
         self.model = family_for(spec, dtype, self.kernels)
         self.phase_seconds: dict[str, float] = {}  # the last `generate`'s prefill and decode seconds
         self.schedule_counts: dict[str, int] = {}  # the last `generate`'s layer passes, refilled rows, shifts
@@ -78,15 +79,16 @@ class Engine:
                                     for j in range(spec.num_layers)))
         t0 = time.perf_counter()
         reader = CheckpointReader(model_dir, spec)
-        gw = reader.globals(torch_dtype)
-        devices.tiers["cpu"].reserve(tensor_bytes(gw.values()), "embeddings and head")
+        gw, where = reader.globals(torch_dtype), globals_tier(policy, spec.num_layers)
+        devices.tiers[where].reserve(tensor_bytes(gw.values()), "embeddings and head")
+        gw = {k: v.to(devices.torch_device(where)) for k, v in gw.items()}
         wcodec, kvcodec = codecs_for(policy, torch_dtype)
         weights = WeightStore(reader, policy, devices, torch_dtype, codec=wcodec, offload_dir=offload_dir,
                               kernels=kernels)
         log.info("loaded %s (%d layers, %s, layers on %s, %s kernels) in %.2fs", model_dir, spec.num_layers,
                  torch_dtype, "/".join(weights.placement), kernels.name, time.perf_counter() - t0)
         return cls(spec, load_tokenizer(model_dir) if tokenizer else None, gw, weights, torch_dtype, _eos_ids(model_dir, spec), policy,
-                   devices, kvcodec, kernels)
+                   devices, kvcodec, kernels, where)
 
     def generate(self, requests: list[Request], batch_size: int | None = None,
                  truncate: str = "error") -> list[Completion]:
@@ -139,7 +141,7 @@ class Engine:
         policy = policy or self.policy
         pad = self.eos_ids[0] if self.eos_ids else 0
         return BlockExecutor(self.spec, self.model, self.gw, self.weights, self.devices, policy, self.dtype,
-                             self.tokenizer, pad, kv_codec=self.kv_codec, kernels=self.kernels)
+                             self.tokenizer, pad, kv_codec=self.kv_codec, kernels=self.kernels, globals_on=self.globals_on)
 
     def _check_budgets(self, executor: BlockExecutor, blocks) -> None:
         """Refuse, before any work, a workload whose largest block does not fit a tier's budget."""

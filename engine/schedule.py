@@ -122,9 +122,10 @@ class BlockExecutor:
     """Runs blocks of rows (up to gbs * num_gb) through the zig-zag loop under one `Policy`."""
 
     def __init__(self, spec, model, global_weights, weights, devices, policy: Policy, dtype, tokenizer, pad: int,
-                 kv_codec=None, kernels=None):
+                 kv_codec=None, kernels=None, globals_on: str = "cpu"):
         self.spec, self.model, self.gw, self.weights = spec, model, global_weights, weights
         self.devices, self.policy, self.dtype, self.tokenizer, self.pad = devices, policy, dtype, tokenizer, pad
+        self.globals_on = globals_on  # where the embeddings and the LM head live and compute
         self.kv_codec = kv_codec  # makes compressed caches; None keeps K/V in the compute dtype
         self.prefill_attention = kernels.prefill_attention if kernels is not None else None
         self.seconds = {"prefill": 0.0, "decode": 0.0}  # wall time of each phase's steps, over every block run
@@ -195,17 +196,18 @@ class BlockExecutor:
 
     def _step(self, live: list[GpuBatch], phase: str) -> None:
         """One generation step of every live GPU batch, layer by layer; rows refilled in a batch prefill in the
-        same layer pass, after the batch's decode (with the weights loaded once for both)."""
-        window, ctxs, refills = self.spec.sliding_window, [], {}
+        same layer pass, after the batch's decode (with the weights loaded once for both). The embeddings and
+        the LM head run where they live (`globals_on`)."""
+        window, ctxs, refills, g = self.spec.sliding_window, [], {}, self.globals_on
         for b in live:
             ids, ctx = b.context(window, b.kv)
             self.model.begin_step(ctx)
-            b.acts.store(self.model.embed(self.gw, ids, ctx), "cpu")
+            b.acts.store(self._embed(ids, ctx), g)
             ctxs.append(ctx)
             if b.refill is not None:
                 ids, rctx = b.refill.inputs(self.pad, window, b.kv, self.prefill_attention)
                 self.model.begin_step(rctx)
-                refills[id(b)] = [rctx, self.model.embed(self.gw, ids, rctx), "cpu"]
+                refills[id(b)] = [rctx, self._embed(ids, rctx), g]
         L = self.spec.num_layers
         for j in range(L):
             dev = self.device(phase, j)
@@ -223,11 +225,21 @@ class BlockExecutor:
                     refills[id(b)] = [rctx, h, dev]
             del w
         for b in live:
-            logits = self.model.head(self.gw, b.acts.load("cpu", last=True))
+            logits = self._head(b.acts.load(g, last=True))
             if id(b) in refills:
                 _, h, where = refills[id(b)]
-                logits[b.refill.slots] = self.model.head(self.gw, self.devices.move(h[:, -1], where, "cpu"))
+                logits[b.refill.slots] = self._head(self.devices.move(h[:, -1], where, g))
             b.choose(logits, self.tokenizer)
+
+    def _embed(self, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Token ids [B, S] (on the CPU) -> hidden states [B, S, H] on the embeddings' device."""
+        g = self.globals_on
+        return self.model.embed(self.gw, self.devices.move(ids, "cpu", g), self._on(ctx, g))
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """Last positions [B, H] on the head's device -> float32 logits [B, V] on the CPU, where tokens are
+        chosen."""
+        return self.devices.move(self.model.head(self.gw, h), self.globals_on, "cpu")
 
     def _on(self, ctx: StepContext, dev: str) -> StepContext:
         """The step context with its tensors on compute device `dev` (a no-op unless that is CUDA)."""

@@ -71,6 +71,14 @@ def weight_placement(policy: Policy, num_layers: int) -> list[str]:
     return ["gpu" if j in on_gpu else next(spread) for j in range(num_layers)]
 
 
+def globals_tier(policy: Policy, num_layers: int) -> str:
+    """Where the embeddings, the final norm and the LM head live and compute, placed like a layer (as FlexGen
+    does): on the gpu tier when decode's last layer computes on the GPU (the head then runs where the hidden
+    states already are, every step), else in CPU memory. It depends on the compute devices only, never on solved
+    fractions, so the engine and the planner place them alike."""
+    return "gpu" if policy.layer_on_gpu("decode", num_layers - 1) else "cpu"
+
+
 class WeightStore:
     """Holds every layer on its tier: `gpu`/`cpu` layers in memory, `disk` layers as one safetensors file per
     layer in the offload folder (written once per model and format, then reused). The kernels decide how a

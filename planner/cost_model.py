@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from engine.disk_read import reads_direct
 from engine.policy import Policy
 from engine.spec import ModelSpec
+from engine.weight_store import globals_tier
 from planner.hardware import HardwareSpec
 from planner.memory_model import (
     kv_slot_bytes,
@@ -284,11 +285,14 @@ def layer_time_terms(blk: Block, phase: str, device: str) -> list[Affine]:
 
 
 def head_s(blk: Block) -> float:
-    """Per step, on the CPU: embedding, LM head on the last position and token choice, per GPU batch:
-    2 * V * H * b / matmul_rate(b) + step_call_s."""
-    m, cpu = blk.model, blk.hw.cpu
-    flops_per_row = 2 * m.vocab_size * m.hidden_size
-    return sum(flops_per_row * b / cpu.matmul_flop_per_s(b, m.hidden_size) + cpu.step_call_s for b in blk.batches)
+    """Per step, on the device the embeddings and head live on (`globals_tier`): embedding, LM head on the last
+    position, per GPU batch: 2 * V * H * b / matmul_rate(b), plus, from a GPU, the float32 logits b * V * 4 bytes
+    over d2h; and the CPU's step_call_s (masks, token choice: on the host)."""
+    m, where = blk.model, globals_tier(blk.policy, blk.model.num_layers)
+    spec, flops_per_row = blk.hw.device(where), 2 * m.vocab_size * m.hidden_size
+    logits = 4 * m.vocab_size / channel_rates(blk)["d2h"] if where == "gpu" else 0.0
+    return sum(b * (flops_per_row / spec.matmul_flop_per_s(b, m.hidden_size) + logits) + blk.hw.cpu.step_call_s
+               for b in blk.batches)
 
 
 def phase_groups(blk: Block, phase: str) -> dict[str, int]:

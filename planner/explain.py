@@ -7,9 +7,10 @@ from pathlib import Path
 
 from engine.spec import ModelSpec
 from engine.tiers import human
+from engine.weight_store import globals_tier
 from planner.cost_model import CHANNELS
 from planner.hardware import HardwareSpec
-from planner.memory_model import act_block_bytes, kv_block_bytes, layer_bytes
+from planner.memory_model import act_block_bytes, global_bytes, kv_block_bytes, layer_bytes
 from planner.predict import PHASES, PhaseCost, Prediction
 from planner.search import Plan
 from planner.workload import KINDS, TIERS
@@ -100,6 +101,9 @@ def placement_picture(model: ModelSpec, p: Prediction) -> list[str]:
             cells.append(("#" * round(share * BAR)).ljust(BAR, ".") + "  ")
         label = {"weight": "weights", "cache": "KV cache", "act": "activations"}[kind]
         out.append(f"  {label:<12}{human(sizes[kind]):>11}  " + "".join(cells))
+    where = globals_tier(p.policy, model.num_layers)  # placed like a layer, wholly on one tier
+    cells = "".join(("#" if tier == where else ".") * BAR + "  " for tier in TIERS)
+    out.append(f"  {'embed+head':<12}{human(global_bytes(model, p.workload.dtype_bytes)):>11}  " + cells)
     return out
 
 
@@ -141,6 +145,8 @@ def plot_png(plan: Plan, model: ModelSpec, path: str | Path) -> Path:
         vals = [getattr(p.policy, f"{kind}_{t}") * sizes[kind] / 2**30 for t in TIERS]
         left.bar(TIERS, vals, bottom=bottom, label=kind)
         bottom = [b + v for b, v in zip(bottom, vals)]
+    where, glob = globals_tier(p.policy, model.num_layers), global_bytes(model, p.workload.dtype_bytes) / 2**30
+    left.bar(TIERS, [glob if t == where else 0.0 for t in TIERS], bottom=bottom, label="embed+head")
     left.set_ylabel("GiB")
     left.set_title("where tensors live")
     left.legend()

@@ -1,7 +1,7 @@
 """Peak memory per tier, as the engine allocates it (FlexGen's home + working memory, Appendix A.3).
 
 Home memory is what the engine reserves on a tier and checks against its budget: the layers placed there, the
-embeddings and head (always on the CPU), the KV cache of a whole block (preallocated for all T slots, so prefill
+embeddings and head (on the tier of the device they compute on: `engine.weight_store.globals_tier`), the KV cache of a whole block (preallocated for all T slots, so prefill
 and decode hold the same), the activations of a block, and two disk layers staged on the CPU when any layer lives
 on disk (`engine.schedule.BlockExecutor.block_bytes`, `engine.weight_store.WeightStore`). Working memory is what
 the engine does not account: the intermediates of one layer on one GPU batch, the dense buffers of compressed
@@ -13,7 +13,7 @@ import math
 
 from engine.policy import Policy
 from engine.spec import ModelSpec
-from engine.weight_store import weight_placement
+from engine.weight_store import globals_tier, weight_placement
 from planner.workload import TIERS, Affine, Workload
 
 GROUP = 64  # 4-bit group size (engine.quant.DEFAULT_CONFIG)
@@ -50,7 +50,7 @@ def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool) -> float:
 
 def global_bytes(model: ModelSpec, dtype_bytes: int) -> float:
     """Embeddings (V * H), the head when untied (V * H), the final norm (H) and OPT's learned positions and
-    projections; always on the CPU."""
+    projections; placed on `globals_tier`."""
     h, v = model.hidden_size, model.vocab_size
     n = v * h * (1 if model.tie_word_embeddings else 2) + h
     if model.family == "opt":
@@ -129,10 +129,10 @@ def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) 
 def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
                charged_scratch: bool = False) -> dict[str, Affine]:
     """Home memory per tier, linear in the fractions (the disk staging term is separate: it is a step):
-    L * W * weight_<tier> + KV * cache_<tier> + A * act_<tier>, plus the globals on the CPU. With
-    `charged_scratch` (a binding memory limit, `HardwareSpec.memory_limit_binds`) the disk tier's KV cache and
-    activations, memory-mapped scratch whose page cache the limit charges, count on the CPU as well:
-    + KV * cache_disk + A * act_disk."""
+    L * W * weight_<tier> + KV * cache_<tier> + A * act_<tier>, plus the globals on their tier (the gpu when
+    decode's last layer computes there). With `charged_scratch` (a binding memory limit,
+    `HardwareSpec.memory_limit_binds`) the disk tier's KV cache and activations, memory-mapped scratch whose page
+    cache the limit charges, count on the CPU as well: + KV * cache_disk + A * act_disk."""
     W = layer_bytes(model, work.dtype_bytes, policy.compress_weight)
     kv = kv_block_bytes(model, work, rows, policy.compress_cache)
     act = act_block_bytes(model, work, rows)
@@ -140,7 +140,8 @@ def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
     for tier in TIERS:
         out[tier] = (Affine.frac(f"weight_{tier}", model.num_layers * W) + Affine.frac(f"cache_{tier}", kv)
                      + Affine.frac(f"act_{tier}", act))
-    out["cpu"] = out["cpu"] + global_bytes(model, work.dtype_bytes)
+    where = globals_tier(policy, model.num_layers)
+    out[where] = out[where] + global_bytes(model, work.dtype_bytes)
     if charged_scratch:
         out["cpu"] = out["cpu"] + Affine.frac("cache_disk", kv) + Affine.frac("act_disk", act)
     return out
