@@ -4,7 +4,9 @@ dimension into row segments on the gpu, cpu and disk tiers.
 With CUDA, host segments are pinned. A prefill computed on the GPU stores its new K/V into a host cache on the
 `kv` side stream (4-bit caches are quantized on the GPU first, so only the compressed bytes cross): each store
 copies into pinned contiguous staging buffers while the GPU computes on, and lands in the strided cache slices
-on the host STORES_IN_FLIGHT stores later, or before decode first reads the cache."""
+on the host STORES_IN_FLIGHT stores later, or before decode first reads the cache. Decode attention computed on
+the GPU over a host cache (without CPU attention) fetches the cache through reused pinned staging on the same
+stream (engine/staging.py); activations cross on the `act` stream."""
 
 from __future__ import annotations
 
@@ -50,46 +52,92 @@ def alloc(devices: Devices, tier: str, shape: tuple[int, ...], dtype: torch.dtyp
 
 @dataclass
 class PlacedActivations:
-    """The hidden states of one GPU batch between layers, [B, S, H] split by rows over tiers."""
+    """The hidden states of one GPU batch between layers, [B, S, H] split by rows over tiers, in flat buffers
+    reused for every layer and step of a block (pinned on the host with CUDA). From and to a CUDA GPU the
+    host parts move on the `act` side stream: a store waits for the compute stream's event, a load is waited
+    for by the compute stream, and the host reads a part only after the store that filled it has finished.
+
+    With `carry` (set per step when a block has one GPU batch left) the hidden states go straight from each
+    layer to the next one, crossing only where the compute device changes: no other GPU batch needs the room
+    between two layers, so a store and load round trip would only add crossings."""
 
     devices: Devices
     segments: list[tuple[str, slice]]
     buffers: list[torch.Tensor]
+    carry: bool = False
+    _stored: object = None  # the event of the last copy on the act stream, until the host waited for it
 
     @classmethod
     def create(cls, devices: Devices, fractions: dict[str, float], shape: tuple[int, int, int], dtype):
         segs = row_segments(shape[0], fractions)
-        if len(segs) == 1 and segs[0][0] != "disk" and not (segs[0][0] == "cpu" and devices.pin_host):
+        pinned = devices.pin_host or devices.async_moves
+        if len(segs) == 1 and segs[0][0] != "disk" and not (segs[0][0] == "cpu" and pinned):
             return cls(devices, segs, [])
-        bufs = [alloc(devices, t, (s.stop - s.start, *shape[1:]), dtype, "activations") for t, s in segs]
+        per_row = shape[1] * shape[2]
+        bufs = [alloc(devices, t, ((s.stop - s.start) * per_row,), dtype, "activations") for t, s in segs]
         return cls(devices, segs, bufs)
 
-    def _whole(self) -> bool:
-        return not self.buffers
-
     def store(self, h: torch.Tensor, src: str) -> None:
-        """Write hidden states [B, S, H] computed on `src` (into the reused, pinned buffers when they cross)."""
-        if self._whole():
-            self.h = self.devices.move(h, src, self.segments[0][0])  # one memory tier: no staging buffer
+        """Write hidden states [B, S, H] computed on `src` (into the reused buffers when they cross)."""
+        if self.carry or not self.buffers:  # no staging buffer: kept as computed, or moved to one memory tier
+            self.h, self.where = (h, src) if self.carry else (self.devices.move(h, src, self.segments[0][0]),
+                                                                self.segments[0][0])
             return
-        S = h.shape[1]
+        d, S = self.devices, h.shape[1]
+        side = d.async_moves and src == "gpu"
+        if side:
+            act = d.streams["act"]
+            act.wait(d.compute_stream.record())  # h is complete
+        else:
+            self._host_may_touch()
         for (tier, rows), buf in zip(self.segments, self.buffers):
-            home = "cpu" if tier == "disk" else tier
+            home, out = ("cpu" if tier == "disk" else tier), _view(buf, (rows.stop - rows.start, S, h.shape[2]))
             if home == src:
-                buf[:, :S].copy_(h[rows])
+                out.copy_(h[rows])
+            elif side and tier == "cpu":
+                with act:
+                    d.keep_for_current_stream(h)  # the compute stream's allocator must not reuse it yet
+                    d.copy_into(out, h[rows], src, home, side=True)
             else:
-                self.devices.copy_into(buf[:, :S], h[rows], src, home)
-        self.length = S
+                d.copy_into(out, h[rows], src, home)
+        self._stored = act.record() if side else None
+        self.length, self.width = S, h.shape[2]
 
     def load(self, dst: str, last: bool = False) -> torch.Tensor:
         """The hidden states [B, S, H] on compute device `dst`; with `last`, only the last position's [B, H]
         (what the LM head reads), taken before it crosses."""
-        if self._whole():
-            return self.devices.move(self.h[:, -1] if last else self.h, self.segments[0][0], dst)
-        cols = self.length - 1 if last else slice(0, self.length)
-        parts = [self.devices.move(buf[:, cols], "cpu" if tier == "disk" else tier, dst)
-                 for (tier, _), buf in zip(self.segments, self.buffers)]
+        if self.carry or not self.buffers:
+            return self.devices.move(self.h[:, -1] if last else self.h, self.where, dst)
+        d, cols, parts, queued = self.devices, self.length - 1 if last else slice(0, self.length), [], False
+        for (tier, rows), buf in zip(self.segments, self.buffers):
+            x = _view(buf, (rows.stop - rows.start, self.length, self.width))[:, cols]
+            home = "cpu" if tier == "disk" else tier
+            if d.async_moves and dst == "gpu" and tier == "cpu":
+                if not queued:
+                    d.streams["act"].wait(d.compute_stream.record())  # out's memory is free on the GPU
+                out = torch.empty(x.shape, dtype=x.dtype, device=d.torch_device(dst))
+                with d.streams["act"]:
+                    parts.append(d.copy_into(out, x, home, dst, side=True))  # after the store, in stream order
+                queued = True
+            else:
+                if home == "cpu":
+                    self._host_may_touch()
+                parts.append(d.move(x, home, dst))
+        if queued:  # the host rewrites these buffers only after the loads read them, too
+            self._stored = d.streams["act"].record()
+            d.compute_stream.wait(self._stored)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _host_may_touch(self) -> None:
+        """The host waits for the last copy on the act stream before it reads or rewrites a host buffer."""
+        if self._stored is not None:
+            synchronize(self._stored)
+            self._stored = None
+
+
+def _view(buf: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The leading elements of a flat buffer as a contiguous tensor of `shape`."""
+    return buf[: torch.Size(shape).numel()].view(shape)
 
 
 class PlacedKV:
@@ -198,9 +246,24 @@ class PlacedKV:
                 dst.copy_(buf)
 
     def _fetch(self, x, home: str):
-        """A cache tensor moved to the compute device; a 4-bit one travels compressed."""
+        """A cache tensor moved to the compute device; a 4-bit one travels compressed. From a host cache to a CUDA
+        GPU each part is gathered by the host into reused pinned staging (a cache slice up to the current slot is
+        strided: copied as it is, it would go through a pageable temporary, synchronously) and crosses on the kv
+        stream; the compute stream waits for that copy's event."""
         if isinstance(x, QTensor):
-            mv = self.devices.move
-            return replace(x, data=mv(x.data, home, self.compute), mins=mv(x.mins, home, self.compute),
-                           scales=mv(x.scales, home, self.compute))
-        return self.devices.move(x, home, self.compute)
+            return replace(x, data=self._fetch(x.data, home), mins=self._fetch(x.mins, home),
+                           scales=self._fetch(x.scales, home))
+        d = self.devices
+        if not (d.async_moves and home == "cpu" and self.compute == "gpu"):
+            return d.move(x, home, self.compute)
+        slot, staged = d.staging.take(x.shape, x.dtype)  # the host waits for the copy that last read it
+        staged.copy_(x)
+        kv = d.streams["kv"]
+        kv.wait(d.compute_stream.record())  # out's memory is free on the GPU
+        out = torch.empty(x.shape, dtype=x.dtype, device=d.torch_device(self.compute))
+        with kv:
+            d.copy_into(out, staged, home, self.compute, side=True)
+        ready = kv.record()
+        d.staging.read_by(slot, ready)
+        d.compute_stream.wait(ready)
+        return out

@@ -202,6 +202,7 @@ class BlockExecutor:
         for b in live:
             ids, ctx = b.context(window, b.kv)
             self.model.begin_step(ctx)
+            b.acts.carry = len(live) == 1  # one GPU batch: its hidden states go straight to the next layer
             b.acts.store(self._embed(ids, ctx), g)
             ctxs.append(ctx)
             if b.refill is not None:

@@ -6,8 +6,9 @@ split path runs without a GPU (a transfer there is a real copy). The `disk` tier
 
 With CUDA and a policy that computes on the GPU, host memory that crosses PCIe is pinned (`pin_host`):
 host-to-device copies from it are asynchronous on the stream that issues them, while device-to-host copies
-whose result the host reads next are synchronous on the compute stream only (`move`); the prefetched weights
-and prefill's KV stores use the side streams of `engine/streams.py`."""
+whose result the host reads next are synchronous on the compute stream only (`move`); the prefetched weights,
+prefill's KV stores and decode's fetches of a host cache, and the activations use the side streams of
+`engine/streams.py` (`weights`, `kv`, `act`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import FlexbatchError
+from engine.staging import StagingRing
 from engine.streams import Stream, current
 
 log = logging.getLogger(__name__)
@@ -88,14 +90,17 @@ class Devices:
         self.links = Links()
         self.pin_host = False  # set by the engine when a policy computes on a CUDA GPU
         self.async_kv_stores = False
+        self.async_moves = False
         self.compute_stream = current(self.has_cuda)
-        self.streams = {name: Stream(self.has_cuda) for name in ("weights", "kv")}
+        self.streams = {name: Stream(self.has_cuda) for name in ("weights", "kv", "act")}
+        self.staging = StagingRing(self.host_empty)  # decode's fetches of a host cache to the GPU
 
     def use_pinned_host(self, on: bool) -> None:
         """Pin host buffers that cross PCIe from now on (only with CUDA); prefill's K/V then reach a host cache
-        asynchronously, on the kv stream (`async_kv_stores`)."""
+        asynchronously, on the kv stream (`async_kv_stores`), and activations and decode's fetches of a host cache
+        cross on side streams, ordered by events (`async_moves`)."""
         self.pin_host = bool(on) and self.has_cuda
-        self.async_kv_stores = self.pin_host
+        self.async_kv_stores = self.async_moves = self.pin_host
 
     def keep_for_current_stream(self, *tensors: torch.Tensor) -> None:
         """Tell CUDA's allocator that the current (side) stream uses these compute-stream tensors (no-op on CPU)."""
@@ -127,11 +132,14 @@ class Devices:
             return x.to(self.torch_device(dst), non_blocking=dst == "gpu" and x.is_pinned())
         return x.clone()
 
-    def copy_into(self, out: torch.Tensor, x: torch.Tensor, src: str, dst: str) -> torch.Tensor:
-        """`move` into an existing buffer `out` on `dst` (a reused staging or cache buffer); returns `out`."""
+    def copy_into(self, out: torch.Tensor, x: torch.Tensor, src: str, dst: str, side: bool = False) -> torch.Tensor:
+        """`move` into an existing buffer `out` on `dst` (a reused staging or cache buffer); returns `out`. With
+        `side` (a copy queued on a side stream, which the caller orders with events) a copy between the GPU and
+        pinned host memory is asynchronous both ways."""
         if src != dst:
             self.links.add(src, dst, x.numel() * x.element_size())
-        return out.copy_(x, non_blocking=self.has_cuda and dst == "gpu" and x.is_pinned())
+        host = x if dst == "gpu" else out
+        return out.copy_(x, non_blocking=self.has_cuda and host.is_pinned() and (side or dst == "gpu"))
 
 
 def tensor_bytes(tensors) -> int:

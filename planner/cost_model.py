@@ -165,7 +165,10 @@ def kv_moves(blk: Block, phase: str, device: str) -> list[tuple[Affine, str, str
 
 def act_moves(blk: Block, phase: str, device: str) -> list[tuple[Affine, str, str]]:
     """Activations loaded from their tiers and stored back, per layer: A = rows * tokens * H * dtype_bytes
-    each way, times act_<tier>."""
+    each way, times act_<tier>. None with one GPU batch per block: the engine hands its hidden states straight
+    to the next layer (they cross only where the compute device changes, not priced)."""
+    if len(blk.batches) == 1:
+        return []
     A = blk.rows * tokens(blk.work, phase) * blk.model.hidden_size * blk.elem
     loads = [(Affine.frac(f"act_{tier}", A), tier, device) for tier in TIERS]
     return loads + [(Affine.frac(f"act_{tier}", A), device, tier) for tier in TIERS]
