@@ -4,7 +4,9 @@
 #   env      python, torch, CUDA device (nvidia-smi), CPU
 #   install  the wheels carried in .whl/ (scripts/fetch_device_wheels.sh) into /tmp/site; flexbatch itself runs
 #            from this source tree (PYTHONPATH), so nothing has to be built
-#   tests    the GPU-marked tests: pytest -m gpu tests
+#   tests    the GPU-marked tests: first those of the newest paths (tests/engine/test_gpu_path.py: the embeddings
+#            and LM head on the GPU, activations and cache fetches on side streams), then all others
+#            (with SIMULATE=1: the simulated-tier tests of that file instead)
 #   profile  flexbatch profile (CPU, GPU, pinned h2d/d2h), which the bench's planner uses; its GPU figures
 #   bench    flexbatch bench gpu: FlexInfer's per-phase policies vs FlexGen-like offloading under a GPU budget
 #   flexgen  FlexGen 0.1.8 vs flexbatch, same OPT shape, budget and policy (scripts/flexgen_baseline.py), when
@@ -115,14 +117,21 @@ if wants install; then
 fi
 
 GPU_SKIP="needs CUDA: $TORCH_LINE"
+PATH_TESTS=tests/engine/test_gpu_path.py  # the newest GPU paths (head on the GPU, side-stream copies): first
 if wants tests; then
   if [[ $CUDA == yes ]]; then
+    stage tests-path 70 '(passed|failed|error|no tests ran)' "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider \
+      "$PATH_TESTS"
     # exit code 5: no test is marked gpu
     stage tests 80 '(passed|failed|error|no tests ran)' "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider \
-      --continue-on-collection-errors tests
+      --continue-on-collection-errors --ignore "$PATH_TESTS" tests
     if tail -n 1 "$SUMMARY" | grep -q 'FAILED rc=5'; then
       sed -i '$ s/FAILED rc=5/ok (no gpu tests)/' "$SUMMARY"
     fi
+  elif [[ $SIMULATE == 1 ]]; then  # their simulated-tier twins, as a rehearsal of the stage
+    stage tests-path 150 '(passed|failed|error|no tests ran)' "$PYTHON" -m pytest -q -m "not gpu" \
+      -p no:cacheprovider "$PATH_TESTS"
+    record tests skipped 0 "$GPU_SKIP"
   else
     record tests skipped 0 "$GPU_SKIP"
   fi
