@@ -35,8 +35,9 @@ CACHE=${FLEXBATCH_CACHE:-/tmp/flexbatch-cache}
 SITE=${SITE:-/tmp/site}
 SIMULATE=${SIMULATE:-0}
 if [[ $SIMULATE == 1 ]]; then
-  BENCH_ARGS=${BENCH_ARGS:---simulate-gpu --preset tiny-opt --prompt-len 16 --gen-len 4 --batch-sizes 1,4 --repeats 1}
-  FLEXGEN_ARGS=${FLEXGEN_ARGS:---simulate-gpu --preset tiny-opt --prompt-len 16 --gen-len 4 --gpu-batch-size 4}
+  # 300 KiB: the tiny model's embeddings and head (65 KiB, on the GPU), two staged layers and the activations
+  BENCH_ARGS=${BENCH_ARGS:---simulate-gpu --preset tiny-opt --prompt-len 16 --gen-len 4 --batch-sizes 1,4 --repeats 1 --gpu-mem 300KiB}
+  FLEXGEN_ARGS=${FLEXGEN_ARGS:---simulate-gpu --preset tiny-opt --prompt-len 16 --gen-len 4 --gpu-batch-size 4 --gpu-mem 300KiB}
 else
   BENCH_ARGS=${BENCH_ARGS:---preset opt-1.3b --prompt-len 512 --gen-len 32 --batch-sizes 1,4,16 --repeats 1}
   FLEXGEN_ARGS=${FLEXGEN_ARGS:---preset opt-1.3b --prompt-len 512 --gen-len 32 --gpu-batch-size 16 --timeout 65}

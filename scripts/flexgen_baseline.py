@@ -5,8 +5,8 @@
 
 FlexGen's `flexgen.flex_opt` runs with dummy weights (`--path _DUMMY_`, all ones) and a `--percent` placement
 derived from the GPU budget: the same whole layers' worth of weights on the GPU as the offloading baseline of
-`flexbatch bench gpu` keeps (what the budget holds after two staged layers and the block's activations), the
-activations on the GPU when they fit, the KV cache on the GPU only when it fits after them, else on the CPU with
+`flexbatch bench gpu` keeps (what the budget holds after two staged layers, the block's activations and the
+embeddings and head, which flexbatch keeps on the GPU here), the activations on the GPU when they fit, the KV cache on the GPU only when it fits after them, else on the CPU with
 attention computed there (`--cpu-cache-compute`). Its main loads the "facebook/opt-30b" tokenizer from the hub,
 which an offline machine cannot reach, so `AutoTokenizer.from_pretrained` is replaced by a local word-level
 tokenizer (every word of FlexGen's test prompt is unknown, so its prompts are prompt_len ids, none of them padding,
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from engine.policy import Policy, parse_bytes  # noqa: E402
 from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, weight_bytes  # noqa: E402
 from jobs.bench.gpu_policies import act_bytes, kv_bytes, offload_gpu_layers  # noqa: E402
+from planner.memory_model import global_bytes  # noqa: E402
 
 FIGURES = ("prefill latency", "decode latency", "total latency", "prefill throughput", "decode throughput",
            "total throughput")
@@ -54,7 +55,7 @@ def placement(args) -> dict:
     budget = parse_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem else 0.25 * weight_bytes(spec)
     layers = offload_gpu_layers(spec, budget, 2, rows, args.prompt_len)
     wg = 100 * layers // spec.num_layers
-    free = budget - layers * spec.params_per_layer * 2 - 2 * spec.params_per_layer * 2
+    free = budget - layers * spec.params_per_layer * 2 - 2 * spec.params_per_layer * 2 - global_bytes(spec, 2)
     hg = 100 if act_bytes(spec, rows, args.prompt_len) <= free else 0
     cg = 100 if hg and act_bytes(spec, rows, args.prompt_len) + kv_bytes(
         spec, rows, args.prompt_len + args.gen_len, 2) <= free else 0

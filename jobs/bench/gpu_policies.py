@@ -5,7 +5,8 @@ both phases as the baseline.
 Where the weights live is fixed when an engine loads, so each policy's weight placement is fixed for every batch
 size: the baseline keeps on the GPU as many whole layers as the budget holds after two staged layers and the
 activations of the largest batch, and streams the others from the CPU; a split keeps its GPU layers' weights
-resident on the GPU (as many as fit; the engine gives the gpu tier to the layers above the split first), its CPU
+resident on the GPU (as many as fit beside the embeddings and LM head, which live on the GPU when decode's last
+layer computes there; the engine gives the gpu tier to the layers above the split first), its CPU
 layers' in CPU memory (FlexInfer's static split); CPU-only and GPU-prefill/CPU-decode keep all weights on the CPU.
 Besides the splits at 1/4, 1/2 and 3/4 of the layers, each split kind is also run at the layer where exactly the
 layers that fit the budget sit on the GPU.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from engine.policy import Policy
 from engine.spec import ModelSpec
+from planner.memory_model import global_bytes
 
 BASELINE = "offload"
 KINDS = (BASELINE, "cpu", "gpu-cpu", "gpu-split", "split-split", "planner")
@@ -67,9 +69,11 @@ def offload_gpu_layers(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_
 
 def fitting_layers(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batch: int, prompt_len: int,
                    staged: int) -> int:
-    """Whole layers whose weights fit the GPU budget after `staged` staged layers and the largest batch's
-    activations."""
-    room = gpu_bytes - staged * layer_bytes(spec, dtype_bytes) - act_bytes(spec, max_batch, prompt_len)
+    """Whole layers whose weights fit the GPU budget after `staged` staged layers, the largest batch's
+    activations, and the embeddings and LM head (every policy sized here computes decode's last layer on the
+    GPU, so they live there: engine.weight_store.globals_tier)."""
+    room = (gpu_bytes - staged * layer_bytes(spec, dtype_bytes) - act_bytes(spec, max_batch, prompt_len)
+            - global_bytes(spec, dtype_bytes))
     return max(0, min(spec.num_layers, int(room // layer_bytes(spec, dtype_bytes))))
 
 

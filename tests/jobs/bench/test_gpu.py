@@ -9,7 +9,8 @@ from jobs import cli
 
 REPO = Path(__file__).resolve().parents[3]
 H100 = REPO / "infra" / "hardware" / "h100-80gb-sapphirerapids.json"
-# split@6/split@6: the split where the 2 layers that fit the budget (a quarter of 8) run on the GPU
+# split@6/split@6: the split where the 2 layers that fit the budget (300 KiB: beside the embeddings and head,
+# 65 KiB, and the activations) run on the GPU
 POLICIES = ["offload gpu/gpu", "cpu/cpu", "gpu/cpu", "gpu/split@2", "gpu/split@4", "gpu/split@6", "split@4/split@4",
             "split@6/split@6", "planner"]
 
@@ -17,7 +18,8 @@ POLICIES = ["offload gpu/gpu", "cpu/cpu", "gpu/cpu", "gpu/split@2", "gpu/split@4
 def test_simulated_run_prints_every_policy_at_every_batch_size(tmp_path):
     out = tmp_path / "gpu.json"
     args = ["bench", "gpu", "--simulate-gpu", "--preset", "tiny-opt", "--prompt-len", "8", "--gen-len", "3",
-            "--batch-sizes", "1,2", "--repeats", "1", "--hardware", str(H100), "--cache-dir", str(tmp_path / "cache"),
+            "--batch-sizes", "1,2", "--repeats", "1", "--gpu-mem", "300KiB", "--hardware", str(H100),
+            "--cache-dir", str(tmp_path / "cache"),
             "--json", str(out)]
     result = CliRunner().invoke(cli.main, args)
     assert result.exit_code == 0, (result.output, result.exception)
@@ -41,7 +43,7 @@ def test_simulated_run_prints_every_policy_at_every_batch_size(tmp_path):
             assert r["prefill_s"] > 0 and r["decode_s"] > 0 and r["predicted_s"] > 0
         h = b["headline"]
         assert h["best"] in POLICIES and h["best_vs_offload"] <= 0 and h["planner_vs_best"] is not None
-    assert report["gpu_budget_bytes"] == 0.25 * report["model"]["weight_bytes"]
+    assert report["gpu_budget_bytes"] == 300 * 1024
     offload = report["batches"][0]["rows"][0]["policy"]
     assert offload["prefill_device"] == offload["decode_device"] == "gpu" and offload["weight_cpu"] > 0
     fitting = report["batches"][0]["rows"][POLICIES.index("split@6/split@6")]["policy"]
