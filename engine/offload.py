@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import mmap
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+log = logging.getLogger(__name__)
 DEFAULT_OFFLOAD_DIR = Path.home() / ".cache" / "flexbatch" / "offload"
 
 
@@ -49,8 +51,10 @@ def scratch_tensor(offload_dir: str | Path | None, shape: tuple[int, ...], dtype
 
 # Disk-tier layers: one safetensors file per layer, `layer_NNNN.safetensors`, in a folder per (checkpoint,
 # dtype, format). Each is written under a temporary name and renamed into place, then its completion record
-# `layer_NNNN.json` (size and SHA-256) is written the same way: a file without a record, or whose size differs
-# from it, is rebuilt. Which layers a run puts on disk depends on its policy, so each layer stands alone; two
+# `layer_NNNN.json` (size and SHA-256) is written the same way: a file without a record, or whose size or
+# SHA-256 differs from it, is rebuilt. The hash is checked on every reuse (one read of the file, ~1 s per GB
+# on one core with SHA-NI): a same-size change, a flipped bit or a file swapped in, would otherwise compute
+# with wrong weights and no error. Which layers a run puts on disk depends on its policy, so each layer stands alone; two
 # processes converting the same model at once each write their own temporary and rename the same content.
 
 def layer_path(folder: Path, i: int) -> Path:
@@ -64,12 +68,18 @@ def stored_layer(folder: Path, i: int) -> dict | None:
     path, record_path = layer_path(folder, i), folder / f"layer_{i:04d}.json"
     try:
         record = json.loads(record_path.read_text())
-        if path.stat().st_size != record["bytes"]:
+        if path.stat().st_size != record["bytes"] or _sha256(path) != record["sha256"]:
+            log.warning("%s does not match its record %s (size or SHA-256); rebuilding it", path, record_path.name)
             return None
         with safe_open(str(path), framework="pt") as f:
             return f.metadata() or {}
     except (OSError, ValueError, KeyError, TypeError, RuntimeError):  # missing, torn or not safetensors
         return None
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def write_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], metadata: dict | None) -> Path:

@@ -81,6 +81,23 @@ def test_a_torn_or_unrecorded_layer_file_is_rebuilt(checkpoint, tmp_path):
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_layer_file_changed_in_place_is_rebuilt(checkpoint, tmp_path, caplog):
+    """Same size, same header, one byte of tensor data flipped: only the recorded SHA-256 tells."""
+    import struct
+
+    from engine.offload import stored_layer
+
+    expected = _tokens(_engine(checkpoint, tmp_path, 0.0))
+    path = sorted(tmp_path.rglob("layer_*.safetensors"))[0]
+    data = bytearray(path.read_bytes())
+    at = 8 + struct.unpack("<Q", data[:8])[0] + 5  # past the length and the JSON header: in the first tensor
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert stored_layer(path.parent, 0) is None and "does not match its record" in caplog.text
+    assert _tokens(_engine(checkpoint, tmp_path, 0.0)) == expected
+    assert path.read_bytes()[at] == data[at] ^ 0xFF and stored_layer(path.parent, 0) is not None
+
+
 def test_two_processes_converting_one_model_at_once_leave_a_sound_folder(checkpoint, tmp_path):
     import subprocess
     import sys
