@@ -31,9 +31,13 @@ class Processor:
     def __init__(self, model, max_new_tokens: int = SamplingParams.max_new_tokens, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, stop: tuple[str, ...] = (), seed: int = 0, dtype: str = "auto",
                  chat: str = "auto", truncate: str = "error", policy=None, hardware=None, budgets=None,
-                 backend: str = DEFAULT_BACKEND):
+                 backend: str = DEFAULT_BACKEND, engines_per_node: int = 1):
         if chat not in CHAT_CHOICES:
             raise ConfigError(f"chat={chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
+        if not isinstance(engines_per_node, int) or engines_per_node < 1:
+            raise ConfigError(f"engines_per_node={engines_per_node!r} is invalid: give how many of these actors "
+                              "share one node's memory (1 or more)")
+        self.engines_per_node = engines_per_node
         self.model, self.dtype, self.chat, self.truncate, self.backend = model, dtype, chat, truncate, backend
         self.policy, self.hardware, self.budgets = policy, hardware, dict(budgets or {})
         self.defaults = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
@@ -73,17 +77,17 @@ class Processor:
         return Request(id=row_id, prompt=prompt, params=params)
 
     def _load(self, first: list[Request]) -> tuple:
-        """The engine, under the given policy or the one planned for batches shaped like the first one; and the
-        first batch's requests, each carrying the token ids planning measured (the engine does not tokenize a
-        prompt twice)."""
+        """The engine, under the given policy or the one planned for batches shaped like the first one, within
+        this actor's share of its node's memory (`plan_budgets`, planned or not); and the first batch's requests,
+        each carrying the token ids planning measured (the engine does not tokenize a prompt twice)."""
         from engine.generate import Engine
         from engine.spec import load_model_spec
         from engine.tokenizer import load_tokenizer
         from pipeline.input_sample import prompt_ids
-        from pipeline.planning import choose_policy, workload_dtype, workload_from_lengths
+        from pipeline.planning import choose_policy, plan_budgets, workload_dtype, workload_from_lengths
         from pipeline.settings import EngineSettings
 
-        policy = self.policy
+        policy, budgets = self.policy, plan_budgets(self.budgets, engines=self.engines_per_node)
         if policy is None:
             spec, tokenizer = load_model_spec(self.model), load_tokenizer(self.model)
             ids = [prompt_ids(tokenizer, list(r.messages) if r.messages is not None else r.prompt) for r in first]
@@ -92,19 +96,22 @@ class Processor:
             work = workload_from_lengths([len(t or ()) for t in ids], spec, gen, workload_dtype(self.dtype),
                                          max(1, len(first)))
             settings = EngineSettings(dtype=self.dtype, budgets=self.budgets, hardware=self.hardware)
-            policy = choose_policy(settings, work, spec).policy
-        engine = Engine.load(self.model, dtype=self.dtype, policy=policy, budgets=self.budgets, backend=self.backend)
+            policy = choose_policy(settings, work, spec, budgets=budgets).policy
+        engine = Engine.load(self.model, dtype=self.dtype, policy=policy, budgets=budgets, backend=self.backend)
         return engine, first
 
 
 def build_processor(model, **options):
     """`ds.map_batches(**build_processor(model, concurrency=2, batch_size=64, max_new_tokens=32))`: the
     keyword arguments of a map_batches call that runs `Processor`; `concurrency` (that many actors, each with its
-    engine), `batch_size`, `num_cpus` and `num_gpus` go to Ray Data, every other option to the `Processor`."""
+    engine), `batch_size`, `num_cpus` and `num_gpus` go to Ray Data, every other option to the `Processor`.
+    Unless `engines_per_node` is given, every actor is taken to share one node's memory (the safe bound: Ray Data
+    may place them all on one node)."""
     from ray.data import ActorPoolStrategy
 
     stage = {k: options.pop(k) for k in ("batch_size", "num_cpus", "num_gpus") if k in options}
     if "concurrency" in options:  # Ray Data >= 2.51 takes the actor count as an ActorPoolStrategy
+        options.setdefault("engines_per_node", options["concurrency"])
         stage["compute"] = ActorPoolStrategy(size=options.pop("concurrency"))
     return {"fn": Processor, "fn_constructor_kwargs": {"model": model, **options}, **stage}
 

@@ -67,7 +67,8 @@ class RayDispatcher:
         from pipeline.ray_runtime import start_actor
 
         self._job, self._specs, self._rows, self._leave_ray = job, list(specs), planned_rows, leave_ray
-        self._actors = [start_actor(s, job, i, s.num_cpus, planned_rows) for i, s in enumerate(self._specs)]
+        self._actors = [start_actor(s, job, i, s.num_cpus, planned_rows, s.node_engines)
+                        for i, s in enumerate(self._specs)]
         self._inflight: dict = {}  # object ref -> (worker, shard)
         from engine.memory_room import oom_kills
 
@@ -147,7 +148,8 @@ class RayDispatcher:
         ray.kill(self._actors[worker], no_restart=True)
         spec = self._specs[worker]
         log.warning("worker %d died; starting a replacement", worker)
-        self._actors[worker] = start_actor(spec, self._job, worker, spec.num_cpus, self._rows, soft=True)
+        self._actors[worker] = start_actor(spec, self._job, worker, spec.num_cpus, self._rows, spec.node_engines,
+                                          soft=True)
         self.replaced += 1
 
     def close(self) -> None:

@@ -76,28 +76,31 @@ def workload_from_lengths(prompt_lengths, spec: ModelSpec, gen_len: int, dtype: 
     return Workload(typical, gen_len, max(1, num_prompts), max_prompt_len=max(typical, lengths[-1]), dtype=dtype)
 
 
-def plan_budgets(budgets: dict, room=None) -> dict:
-    """The tiers' capacities for planning: the user's budgets, and for a CPU without one CPU_BUDGET_SHARE of
-    the memory this process may still take (`engine.memory_room`: MemAvailable or the memory cgroup's room,
-    whichever is smaller). A --cpu-mem above that room is lowered to it, with a warning: the kernel would kill
-    the process (or thrash its page cache) before the budget is reached."""
+def plan_budgets(budgets: dict, room=None, engines: int = 1) -> dict:
+    """The tiers' capacities, for planning and for the engine that runs the plan (with or without planning): the
+    user's budgets, and for a CPU without one CPU_BUDGET_SHARE of the memory this process may still take
+    (`engine.memory_room`: MemAvailable or the memory cgroup's room, whichever is smaller), split evenly
+    among the `engines` that start together on this node and share that room. A --cpu-mem above the share is
+    lowered to it, with a warning: the kernel would kill the process (or thrash its page cache) before the
+    budget is reached."""
     from engine.memory_room import memory_room
 
     out = dict(budgets or {})
     room = room or memory_room()
     if room.available_bytes is None:
         return out
-    share = room.available_bytes * CPU_BUDGET_SHARE
+    share = room.available_bytes * CPU_BUDGET_SHARE / max(1, engines)
+    of = f"{CPU_BUDGET_SHARE * 100:.0f} %" + (f" / {engines} engines on this node" if engines > 1 else "")
     given = out.get("cpu")
     if given is None:
         out["cpu"] = share
-        log.info("CPU budget %.0f MiB: %.0f %% of what this process may still take (%s)", share / 2**20,
-                 CPU_BUDGET_SHARE * 100, room.describe())
+        log.info("CPU budget %.0f MiB: %s of what this process may still take (%s)", share / 2**20, of,
+                 room.describe())
     elif given > share:
         out["cpu"] = share
-        log.warning("--cpu-mem %.0f MiB is more than this process may still take (%s); planning with %.0f MiB: "
-                    "give --cpu-mem %.0fMiB or less, or raise the memory limit", given / 2**20, room.describe(),
-                    share / 2**20, share / 2**20)
+        log.warning("--cpu-mem %.0f MiB is more than %s of what this process may still take (%s); planning and "
+                    "running with %.0f MiB: give --cpu-mem %.0fMiB or less, or raise the memory limit",
+                    given / 2**20, of, room.describe(), share / 2**20, share / 2**20)
     return out
 
 
@@ -132,18 +135,20 @@ def workload_dtype(dtype: str) -> str:
     return str(resolve_dtype(dtype)).removeprefix("torch.")
 
 
-def choose_policy(settings: EngineSettings, work: Workload, spec: ModelSpec, allow_compression: bool = False) -> Plan:
+def choose_policy(settings: EngineSettings, work: Workload, spec: ModelSpec, allow_compression: bool = False,
+                  budgets: dict | None = None) -> Plan:
     """The one policy decision, for `flexbatch plan` and for every engine of a job: the fastest policy for `work`
-    on the settings' hardware (this machine's profile by default), within `plan_budgets(settings.budgets)`,
-    keeping the settings' pins and compression; `allow_compression` lets the search choose 4-bit too. The
-    hardware carries this process's memory room (`planning_process`)."""
+    on the settings' hardware (this machine's profile by default), within `budgets` (an engine passes the
+    `plan_budgets` it then loads with; by default `plan_budgets(settings.budgets)`), keeping the settings' pins
+    and compression; `allow_compression` lets the search choose 4-bit too. The hardware carries this process's
+    memory room (`planning_process`)."""
     from engine.memory_room import memory_room
     from planner.search import search
 
     room = memory_room()
     hw = planning_process(hardware(settings.hardware), room)
-    plan = search(spec, hw, work, pins=settings.planner_pins(), budgets=plan_budgets(settings.budgets, room),
-                  allow_compression=allow_compression)
+    budgets = plan_budgets(settings.budgets, room) if budgets is None else budgets
+    plan = search(spec, hw, work, pins=settings.planner_pins(), budgets=budgets, allow_compression=allow_compression)
     p = plan.prediction
     log.info("planned for %d prompts (%d tokens typical, %d max) + %d new on %s: %s; predicted %.1f s, "
              "%.1f tokens/s", work.num_prompts, work.prompt_len, work.max_prompt_len, work.gen_len, hw.name,

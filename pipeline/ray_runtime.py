@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.errors import ConfigError
@@ -17,12 +18,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ActorSpec:
-    """One engine: the node it is placed on, its CPUs (torch threads) and GPUs."""
+    """One engine: the node it is placed on, its CPUs (torch threads) and GPUs, and how many engines that node
+    holds (they share its memory: each plans within its share)."""
 
     node_id: str
     node_ip: str
     num_cpus: int
     num_gpus: int
+    node_engines: int = 1
 
 
 def connect(address: str | None) -> tuple[str, bool]:
@@ -133,7 +136,8 @@ def actor_specs(nodes: list[dict], workers: int | None) -> list[ActorSpec]:
     if not specs:
         raise ConfigError("the Ray cluster has no node with a CPU for an engine; add worker nodes or check "
                           "`ray status`")
-    return specs
+    per_node = Counter(s.node_id for s in specs)
+    return [replace(s, node_engines=per_node[s.node_id]) for s in specs]
 
 
 def _cpu_actor_specs(cpu_nodes: list[tuple[dict, int]], workers: int | None) -> list[ActorSpec]:
@@ -164,3 +168,4 @@ def start_actor(spec: ActorSpec, *args, soft: bool = False):
         scheduling_strategy=NodeAffinitySchedulingStrategy(spec.node_id, soft=soft),
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(spec.num_cpus)}},
     ).remote(*args)
+

@@ -217,26 +217,29 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
     }
 
 
-def choose(config: RunConfig, job: JobSetup, num_prompts: int | None = None) -> tuple[Policy, Prediction | None]:
+def choose(config: RunConfig, job: JobSetup, num_prompts: int | None = None,
+           budgets: dict | None = None) -> tuple[Policy, Prediction | None]:
     """The planner's policy for this job, or `num_prompts` of its rows (keeping the user's pins and compression
-    choice), on this machine or the `--hardware` spec; or the given policy without planning. The workload comes
-    from the job's sample: the input is not read, nor a prompt tokenized, here."""
+    choice), on this machine or the `--hardware` spec, within `budgets` (`plan_budgets`, by default of the
+    config's); or the given policy without planning. The workload comes from the job's sample: the input is not
+    read, nor a prompt tokenized, here."""
     if not config.plan:
         return config.policy, None
     if job.sample is None:
         raise ValueError("a planned job needs its input sample; prepare it with prepare_job")
     work = workload_from_sample(job.sample, job.spec, workload_dtype(config.dtype),
                                 num_prompts or sum(f.num_rows for f in job.files))
-    chosen = choose_policy(config, work, job.spec)
+    chosen = choose_policy(config, work, job.spec, budgets=budgets)
     # the planner prices 4-bit weights; the user's format is kept (int8 moves 2x the bytes of int4)
     return dataclasses.replace(chosen.policy, weight_format=config.policy.weight_format), chosen.prediction
 
 
-def load_engine(config: RunConfig, policy: Policy) -> Engine:
+def load_engine(config: RunConfig, policy: Policy, budgets: dict) -> Engine:
+    """The engine of `policy`, within `budgets` (`plan_budgets`: the same with or without planning)."""
     from engine.generate import Engine  # torch is imported only when a job runs, not for --help
 
     started = time.perf_counter()
-    engine = Engine.load(config.model, dtype=config.dtype, policy=policy, budgets=config.budgets,
+    engine = Engine.load(config.model, dtype=config.dtype, policy=policy, budgets=budgets,
                          offload_dir=config.offload_dir, backend=config.backend)
     log.info("loaded %s as %s in %.1f s", config.model, engine.dtype, time.perf_counter() - started)
     return engine

@@ -19,7 +19,7 @@ from pipeline.errors import InputError
 from pipeline.openai_batch import line_completions, read_batch_shard
 from pipeline.openai_output import choices_by_line, jsonl_bytes, output_lines
 from pipeline.parquet_io import output_table, write_part_atomic
-from pipeline.planning import measured_workload, prediction_record, refill_choice
+from pipeline.planning import measured_workload, plan_budgets, prediction_record, refill_choice
 from pipeline.rows import build_requests, row_ids
 from pipeline.runner import JobSetup, choose, load_engine
 from pipeline.shards import Shard, read_shard
@@ -50,8 +50,10 @@ class ShardResult:
 
 
 class ShardWorker:
-    def __init__(self, job: JobSetup, worker_id: int, threads: int | None = None, planned_rows: int | None = None):
-        """Load the model once and plan the policy for this node and `planned_rows` rows (this worker's share)."""
+    def __init__(self, job: JobSetup, worker_id: int, threads: int | None = None, planned_rows: int | None = None,
+                 node_engines: int = 1):
+        """Load the model once and plan the policy for this node and `planned_rows` rows (this worker's share),
+        within this worker's share of the node's memory (`node_engines` engines start on it)."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
         if threads:
             import torch
@@ -60,21 +62,23 @@ class ShardWorker:
         self.job, self.worker_id = job, worker_id
         self._setup_error: FlexbatchError | None = None
         try:
-            self._setup(planned_rows)
+            self._setup(planned_rows, node_engines)
         except FlexbatchError as e:  # a user error (model, budget, job): reported by info(), not a dead actor
             self._setup_error = e
 
-    def _setup(self, planned_rows: int | None) -> None:
+    def _setup(self, planned_rows: int | None, node_engines: int) -> None:
         started = time.perf_counter()
-        self.policy, predicted = choose(self.job.config, self.job, planned_rows)
+        budgets = plan_budgets(self.job.config.budgets, engines=node_engines)  # one reading for plan and engine
+        self.policy, predicted = choose(self.job.config, self.job, planned_rows, budgets)
         self.work = predicted.workload if predicted is not None else None  # planned: refill re-chosen as rows finish
         self._measured = (0, 0)  # rows finished so far, and the tokens they generated
-        self.engine = load_engine(self.job.config, self.policy)
+        self.engine = load_engine(self.job.config, self.policy, budgets)
         warm_up(self.engine)
         self._info = {
             "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
             "policy": self.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
-            "setup_seconds": time.perf_counter() - started, "node": _node_id(),
+            "setup_seconds": time.perf_counter() - started, "node": _node_id(), "node_engines": node_engines,
+            "cpu_budget": budgets.get("cpu"),
         }
 
     def info(self) -> dict:

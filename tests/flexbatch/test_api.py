@@ -34,7 +34,23 @@ def test_processor_rows_follow_ray_data_llm_columns(tmp_path, chat_checkpoint, d
     kwargs = build_processor(demo_model_dir, concurrency=2, batch_size=8, max_new_tokens=3)
     assert kwargs["compute"].min_size == kwargs["compute"].max_size == 2
     assert {k: v for k, v in kwargs.items() if k != "compute"} == {
-        "fn": Processor, "fn_constructor_kwargs": {"model": demo_model_dir, "max_new_tokens": 3}, "batch_size": 8}
+        "fn": Processor, "fn_constructor_kwargs": {"model": demo_model_dir, "max_new_tokens": 3, "engines_per_node": 2},
+        "batch_size": 8}
+
+
+def test_a_processor_loads_within_its_share_of_the_nodes_memory(demo_model_dir, monkeypatch):
+    """Planned or not, a stage's engine keeps to plan_budgets: its share of the room among `engines_per_node`."""
+    import engine.memory_room
+    from pipeline.planning import CPU_BUDGET_SHARE
+
+    room = engine.memory_room.MemoryRoom(8 * 2**30, None, None, None, None)
+    monkeypatch.setattr(engine.memory_room, "memory_room", lambda: room)
+    stage = Processor(demo_model_dir, max_new_tokens=2, dtype="float32", policy=Policy(gbs=2, num_gb=1),
+                      engines_per_node=2)
+    assert stage({"prompt": ["copy: abc ->"]})["error"] == [None]
+    assert stage.engine.devices.tiers["cpu"].budget == pytest.approx(CPU_BUDGET_SHARE * 8 * 2**30 / 2)
+    with pytest.raises(ConfigError, match="engines_per_node=0 is invalid"):
+        Processor(demo_model_dir, engines_per_node=0)
 
 
 @pytest.mark.slow

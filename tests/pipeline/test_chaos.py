@@ -8,7 +8,9 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
+import threading
 import time
 
 import pyarrow as pa
@@ -17,7 +19,7 @@ import pytest
 
 from pipeline.manifest import MANIFEST_FILE
 from pipeline.verify import verify_output
-from tests.cgroups import memory_cgroup, remove_cgroup, run_in_cgroup
+from tests.cgroups import memory_cgroup, remove_cgroup
 from tests.pipeline.test_driver_ray import _inputs, _output_rows, _start_job
 
 pytestmark = pytest.mark.slow
@@ -96,22 +98,51 @@ def test_random_kills_of_actors_and_the_driver_never_lose_or_duplicate_a_row(tmp
     assert len(parts) == len(set(parts)) == SHARDS  # each shard committed exactly once, across every run
 
 
+# Fills its memory cgroup in 8 MiB steps until the kernel has killed something there, then exits.
+HOG = """import sys, time
+count = lambda: int(open(sys.argv[1]).read().split("oom_kill ")[1].split()[0])
+held = []
+while count() == 0:
+    held.append(b"x" * (8 << 20))
+    time.sleep(0.005)
+"""
+
+
 def test_an_actor_killed_at_its_memory_cgroups_limit_is_reported_with_exit_3(tmp_path):
+    """The budget keeps the job's own tensors within the group (with --no-plan too), so here the memory is taken
+    by another process of the group once a shard runs, as a neighbour would; the kernel is told to pick the
+    actor."""
     from tests.conftest import DEMO_MODEL, REPO
+    from tests.pipeline.test_driver_ray import _started_shard_pid, _wait_for
 
     words = "the of and to in is was for on with as by at from that this".split()
     prompts = [" ".join(words[(i + k) % len(words)] for k in range(60)) for i in range(4096)]
     pq.write_table(pa.table({"prompt": prompts}), tmp_path / "in.parquet")
-    group = memory_cgroup("flexbatch-actor-oom", 2000 * 2**20)  # Ray and a loaded actor fit; the shard does not
+    group = memory_cgroup("flexbatch-actor-oom", 2000 * 2**20)
+    enter = f'echo $$ > {group}/cgroup.procs && exec "$@"'
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
+    job = subprocess.Popen(["sh", "-c", enter, "sh", sys.executable, "-m", "jobs.run", "--model", str(DEMO_MODEL),
+                            "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--dtype",
+                            "float32", "--no-plan", "--gbs", "16", "--num-gb", "1", "--shard-rows", "4096",
+                            "--max-new-tokens", "400", "--max-shard-retries", "0"], cwd=REPO, env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True).start()
+    hog = None
     try:
-        done = run_in_cgroup(group, [sys.executable, "-m", "jobs.run", "--model", str(DEMO_MODEL), "--input",
-                                     str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--dtype",
-                                     "float32", "--no-plan", "--gbs", "4096", "--num-gb", "1", "--shard-rows", "4096",
-                                     "--max-new-tokens", "400", "--max-shard-retries", "0"],
-                             cwd=REPO, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        actor = _wait_for(lambda: _started_shard_pid(lines), "the shard to start", timeout=300)
+        with open(f"/proc/{actor}/oom_score_adj", "w") as f:
+            f.write("1000")
+        hog = subprocess.Popen(["sh", "-c", enter, "sh", sys.executable, "-c", HOG, str(group / "memory.oom_control")])
+        job.wait(timeout=400)
     finally:
+        for p in (job, hog):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
         remove_cgroup(group)
-    assert done.returncode == 3, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    assert "was killed for memory" in done.stdout and "lower --cpu-mem or --shard-rows (now 4096 rows)" in done.stdout
+    out = "".join(lines)
+    assert job.returncode == 3, (job.returncode, out[-3000:])
+    assert "was killed for memory" in out and "lower --cpu-mem or --shard-rows (now 4096 rows)" in out
     success = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert [f["out_of_memory"] for f in success["failed_shards"]] == [True]

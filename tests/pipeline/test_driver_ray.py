@@ -19,6 +19,7 @@ from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
 from pipeline.errors import OutputFolderError
 from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE
+from pipeline.planning import CPU_BUDGET_SHARE
 from tests.pipeline.parquet_files import write_parquet
 
 pytestmark = pytest.mark.slow
@@ -61,6 +62,9 @@ def test_two_actors_over_three_files_match_a_single_process_run(tmp_path, tiny_l
     summary = run_job(_config(tmp_path, tiny_llama_dir, workers=2, shard_rows=4))
     assert summary.ok and len(summary.workers) == 2 and summary.shards == 6
     assert len({w["pid"] for w in summary.workers}) == 2
+    # both engines are on this node: each keeps to half its room (below half of all its memory, whatever is free)
+    total = float(open("/proc/meminfo").read().split("MemTotal:")[1].split()[0]) * 1024
+    assert all(w["node_engines"] == 2 and 0 < w["cpu_budget"] <= CPU_BUDGET_SHARE * total / 2 for w in summary.workers)
     rows = _output_rows(tmp_path / "out")
     assert sorted(r["id"] for r in rows) == sorted(ids)
     assert all(r["finish_reason"] == "length" for r in rows)

@@ -12,11 +12,13 @@ def _node(node_id, cpus, gpus=0, alive=True):
 def test_one_actor_per_gpu_with_its_share_of_cpus_and_none_on_a_cpu_less_head():
     specs = actor_specs([_node("1", 0), _node("2", 32, gpus=2), _node("3", 16)], workers=None)
     assert [(s.node_id, s.num_cpus, s.num_gpus) for s in specs] == [("2", 16, 1), ("2", 16, 1), ("3", 16, 0)]
+    assert [s.node_engines for s in specs] == [2, 2, 1]  # the two GPU engines share node 2's memory
 
 
 def test_workers_are_spread_over_the_cpu_nodes_and_split_their_cpus():
     specs = actor_specs([_node("a", 8), _node("b", 4)], workers=3)
     assert [(s.node_id, s.num_cpus) for s in specs] == [("a", 4), ("a", 4), ("b", 4)]
+    assert [s.node_engines for s in specs] == [2, 2, 1]  # each engine on node a plans within half its memory
 
 
 def test_more_workers_than_cpus_is_refused_with_the_fix():
@@ -28,3 +30,4 @@ def test_more_workers_than_cpus_is_refused_with_the_fix():
 def test_a_cluster_without_cpus_is_refused():
     with pytest.raises(ConfigError, match="no node with a CPU"):
         actor_specs([_node("h", 0)], workers=None)
+

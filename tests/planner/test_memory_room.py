@@ -114,3 +114,13 @@ def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(
     assert "oom_kill 0" in kills and "memory cgroup limit 500 MiB" in done.stderr
     assert "disk-tier scratch (KV cache, activations) counts in the CPU budget" in done.stderr
     assert "rows: 1000 in 1 files, 0 with errors" in done.stdout
+
+
+def test_engines_on_one_node_split_its_room(caplog):
+    room = MemoryRoom(100 * MIB, 20000 * MIB, 400 * MIB, 300 * MIB, 300 * MIB)
+    alone = plan_budgets({}, room)["cpu"]
+    assert plan_budgets({}, room, engines=4)["cpu"] == pytest.approx(alone / 4)
+    with caplog.at_level(logging.WARNING):
+        lowered = plan_budgets({"cpu": 30 * MIB}, room, engines=4)  # fits one engine's room, not a quarter of it
+    assert lowered["cpu"] == pytest.approx(alone / 4) and "4 engines on this node" in caplog.text
+    assert plan_budgets({"cpu": 30 * MIB}, room)["cpu"] == 30 * MIB

@@ -102,3 +102,21 @@ def test_plan_and_run_choose_the_same_policy_for_the_same_input(tmp_path, tiny_l
     assert ran.exit_code == 0, ran.output
     job = json.loads((tmp_path / "out" / "_job.json").read_text())
     assert job["run"]["workers"][0]["policy"] == plans[1e6]
+
+
+def test_a_run_without_planning_keeps_to_the_same_cpu_budget(tmp_path, tiny_llama_dir, monkeypatch):
+    """--no-plan once loaded the engine with no CPU budget (or a --cpu-mem above the room, as given): now its
+    budget is plan_budgets' too, so a block that does not fit the room is refused instead of being killed."""
+    inp = write_parquet(tmp_path / "in.parquet", prompt=["one two", "three four five", "six"])
+    common = ["run", "--no-ray", "--no-plan", "--model", str(tiny_llama_dir), "--input", str(inp),
+              "--max-new-tokens", "3", "--dtype", "float32"]
+    room = MemoryRoom(10 * 2**30, None, None, None, None)
+    monkeypatch.setattr(engine.memory_room, "memory_room", lambda: room)
+    ran = CliRunner().invoke(cli.main, [*common, "--output", str(tmp_path / "a"), "--cpu-mem", "100GiB"])
+    assert ran.exit_code == 0, ran.output
+    worker = json.loads((tmp_path / "a" / "_job.json").read_text())["run"]["workers"][0]
+    assert worker["cpu_budget"] == pytest.approx(pipeline.planning.CPU_BUDGET_SHARE * 10 * 2**30)
+    tiny = MemoryRoom(4096, None, None, None, None)  # far less than the weights
+    monkeypatch.setattr(engine.memory_room, "memory_room", lambda: tiny)
+    refused = CliRunner().invoke(cli.main, [*common, "--output", str(tmp_path / "b")])
+    assert refused.exit_code == 2 and "on the cpu tier" in refused.output, refused.output
