@@ -71,8 +71,9 @@ class RayDispatcher:
                         for i, s in enumerate(self._specs)]
         self._inflight: dict = {}  # object ref -> (worker, shard)
         from engine.memory_room import oom_kills
+        from pipeline.ray_runtime import NodeOomKills
 
-        self._oom_kills = oom_kills()
+        self._oom_kills, self._node_kills = oom_kills(), NodeOomKills()
         self.replaced = 0
 
     def start(self) -> list[dict]:
@@ -89,6 +90,8 @@ class RayDispatcher:
                 raise RuntimeError(f"worker {i} on {self._specs[i].node_ip} failed to start: {_cause(e)}") from e
             except ray.exceptions.RayError as e:
                 raise RuntimeError(f"worker {i} on {self._specs[i].node_ip} failed to start: {_cause(e)}") from e
+        for info in infos:
+            self._node_kills.note(info["node"], info["oom_kills"])
         return infos
 
     def idle(self) -> list[int]:
@@ -116,17 +119,17 @@ class RayDispatcher:
                 retry = not isinstance(e.cause, OutputWriteError)
                 outcomes.append(Outcome(worker, shard, error=_cause(e), retry=retry))
             except ray.exceptions.RayError as e:  # actor died, node lost, object lost
-                memory = self._killed_for_memory(e)
+                memory = self._killed_for_memory(e, self._specs[worker])
                 error = (f"worker {worker} was killed for memory ({memory}); lower --cpu-mem or --shard-rows "
                          f"(now {shard.num_rows} rows)" if memory else _cause(e))
                 outcomes.append(Outcome(worker, shard, error=error, worker_lost=True, out_of_memory=bool(memory)))
                 self._replace(worker)
         return outcomes
 
-    def _killed_for_memory(self, e: BaseException) -> str | None:
+    def _killed_for_memory(self, e: BaseException, spec) -> str | None:
         """Why a lost worker was killed for memory, or None: Ray's memory monitor says so itself; the kernel's
         OOM killer is seen in the oom_kill count of this process's memory cgroup, which a local Ray's workers
-        share (a kill on another node is not seen)."""
+        share, or else in that of the worker's node (`NodeOomKills`)."""
         import ray
 
         from engine.memory_room import oom_kills
@@ -137,7 +140,7 @@ class RayDispatcher:
         self._oom_kills = kills
         if kills is not None and seen is not None and kills > seen:
             return "the kernel's OOM killer, at this memory cgroup's limit"
-        return None
+        return self._node_kills.killed(spec.node_id, spec.node_ip)
 
     def _replace(self, worker: int) -> None:
         """A new actor in the dead one's slot, on the same node if it is still there, else anywhere."""

@@ -169,3 +169,56 @@ def start_actor(spec: ActorSpec, *args, soft: bool = False):
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(spec.num_cpus)}},
     ).remote(*args)
 
+
+def count_oom_kills() -> int | None:
+    """The kernel's OOM kills seen from this process: its memory cgroup's count, else the machine's
+    (/proc/vmstat `oom_kill`); None where neither can be read."""
+    from engine.memory_room import oom_kills
+
+    kills = oom_kills()
+    if kills is not None:
+        return kills
+    try:
+        return next(int(line.split()[1]) for line in Path("/proc/vmstat").read_text().splitlines()
+                    if line.startswith("oom_kill "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def node_oom_kills(node_id: str, timeout: float = 15.0) -> int | None:
+    """`count_oom_kills` on the node `node_id`, read by a small task placed there (no CPU reserved, so busy
+    actors do not hold it up); None if the node is gone or does not answer in `timeout` seconds."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(count_oom_kills).options(num_cpus=0, max_retries=0,
+                                                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+    ref = task.remote()
+    try:
+        return ray.get(ref, timeout=timeout)
+    except (ray.exceptions.RayError, TimeoutError) as e:
+        log.debug("cannot read the OOM kills of node %s: %s", node_id, e)
+        ray.cancel(ref, force=True)
+        return None
+
+
+class NodeOomKills:
+    """Whether a lost worker was killed by the kernel's OOM killer on its node. Ray reports such a worker only as
+    one that exited unexpectedly (OOM killer, `ray stop --force` or a crash, it says), on any node; the node's
+    own count of OOM kills, read when its workers start and again after one is lost, tells which."""
+
+    def __init__(self, probe=node_oom_kills):
+        self._probe = probe
+        self._seen: dict[str, int] = {}
+
+    def note(self, node_id: str | None, count: int | None) -> None:
+        if node_id and count is not None:
+            self._seen[node_id] = count
+
+    def killed(self, node_id: str, node_ip: str) -> str | None:
+        """Why the worker that ran on `node_id` died for memory, or None."""
+        before, now = self._seen.get(node_id), self._probe(node_id)
+        self.note(node_id, now)
+        if before is not None and now is not None and now > before:
+            return f"the kernel's OOM killer on node {node_ip}, whose OOM kill count went from {before} to {now}"
+        return None

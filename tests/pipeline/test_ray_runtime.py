@@ -31,3 +31,15 @@ def test_a_cluster_without_cpus_is_refused():
     with pytest.raises(ConfigError, match="no node with a CPU"):
         actor_specs([_node("h", 0)], workers=None)
 
+
+def test_a_worker_lost_on_another_node_is_blamed_on_memory_only_if_its_oom_kill_count_rose():
+    from pipeline.ray_runtime import NodeOomKills
+
+    counts = {"n1": 4, "n2": None, "n3": 9}
+    kills = NodeOomKills(probe=lambda node: counts[node])
+    kills.note("n1", 3)
+    assert "OOM killer on node 10.0.0.1, whose OOM kill count went from 3 to 4" in kills.killed("n1", "10.0.0.1")
+    assert kills.killed("n1", "10.0.0.1") is None  # the reading after a loss is the next baseline
+    kills.note("n2", 0)
+    assert kills.killed("n2", "10.0.0.2") is None  # the node no longer answers: not known to be memory
+    assert kills.killed("n3", "10.0.0.3") is None  # no baseline
