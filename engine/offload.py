@@ -52,8 +52,8 @@ def scratch_tensor(offload_dir: str | Path | None, shape: tuple[int, ...], dtype
 # Disk-tier layers: one safetensors file per layer, `layer_NNNN.safetensors`, in a folder per (checkpoint,
 # dtype, format). Each is written under a temporary name and renamed into place, then its completion record
 # `layer_NNNN.json` (size and SHA-256) is written the same way: a file without a record, or whose size or
-# SHA-256 differs from it, is rebuilt. The hash is checked on every reuse (one read of the file, ~1 s per GB
-# on one core with SHA-NI): a same-size change, a flipped bit or a file swapped in, would otherwise compute
+# SHA-256 differs from it, is rebuilt. The hash is checked on every reuse (one read of the file at load, not
+# kept in the page cache): a same-size change, a flipped bit or a file swapped in, would otherwise compute
 # with wrong weights and no error. Which layers a run puts on disk depends on its policy, so each layer stands alone; two
 # processes converting the same model at once each write their own temporary and rename the same content.
 
@@ -79,7 +79,9 @@ def stored_layer(folder: Path, i: int) -> dict | None:
 
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # a memory cgroup would charge the pages read
+    return digest
 
 
 def write_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], metadata: dict | None) -> Path:
