@@ -25,7 +25,7 @@ from engine.spec import ModelSpec
 from planner.cost_model import Block, memory_room
 from planner.errors import PlanInfeasible
 from planner.hardware import HardwareSpec
-from planner.memory_model import layer_bytes, layers_on
+from planner.memory_model import global_bytes, layer_bytes, layers_on
 from planner.predict import Prediction, block_rows, capacities, memory_need, predict, shortfalls
 from planner.program import PlacementProgram, memory_solution
 from planner.workload import KINDS, TIERS, Workload
@@ -107,14 +107,15 @@ def device_choices(model: ModelSpec, hw: HardwareSpec, pins: dict, phase: str,
 def modes(model: ModelSpec, hw: HardwareSpec, pins: dict, allow_compression: bool,
           gpu_capacity: float = 0.0, dtype_bytes: int = 2) -> list[dict]:
     """Every choice besides the block shape: compression, CPU attention, each phase's compute device (a split
-    where the layers that fit SPLIT_FIT_SHARE of the GPU capacity sit on the GPU is among them)."""
+    where the layers that fit SPLIT_FIT_SHARE of the GPU capacity beside the embeddings and head sit on the GPU
+    is among them)."""
     lossy = (False, True) if allow_compression else (False,)
     cw = [pins["compress_weight"]] if "compress_weight" in pins else lossy
     cc = [pins["compress_cache"]] if "compress_cache" in pins else lossy
     attn = [pins["cpu_attention"]] if "cpu_attention" in pins else ((True, False) if hw.has_gpu else (True,))
-    out = []
-    for w in cw:
-        fit = int(gpu_capacity * SPLIT_FIT_SHARE // layer_bytes(model, dtype_bytes, w)) if hw.has_gpu else None
+    out, room = [], max(0.0, gpu_capacity * SPLIT_FIT_SHARE - global_bytes(model, dtype_bytes))  # a split's
+    for w in cw:  # last layer computes on the GPU, so the embeddings and head live there (globals_tier)
+        fit = int(room // layer_bytes(model, dtype_bytes, w)) if hw.has_gpu else None
         pre, dec = (device_choices(model, hw, pins, phase, fit) for phase in ("prefill", "decode"))
         out += _modes_for(w, cc, attn, pre, dec)
     return out

@@ -11,7 +11,7 @@ from planner import cost_model as cm
 from planner import memory_model as mm
 from planner.hardware import save_hardware
 from planner.predict import memory_need
-from tests.planner.specs import SMALL
+from tests.planner.specs import SMALL, llama
 from tests.planner.test_cost_model import WORK, gpu_machine
 
 GLOBALS = (100 * 64 + 64) * 2  # SMALL's tied embeddings and final norm in bf16
@@ -49,3 +49,17 @@ def test_plan_shows_where_the_head_and_embeddings_live(tmp_path, tiny_llama_dir)
         cells = row.split()[3:]  # label, size, unit, then one bar per tier (gpu, cpu, disk)
         assert cells[column] == "#" * len(cells[column]) and all(set(c) == {"."} for i, c in enumerate(cells)
                                                                  if i != column), row
+
+
+def test_the_fitting_split_leaves_room_for_the_head_and_embeddings():
+    """The search's split where the layers that fit 80 % of the GPU sit there counts the embeddings and head,
+    which such a split keeps on the GPU. 8 layers, embeddings of 1.7 layers, room for 3.5 layers beside them:
+    the split puts 3 layers on the GPU (at layer 5), besides the splits at a quarter, half and three quarters
+    (without the globals counted it would put 5 there, at layer 3)."""
+    from planner.search import SPLIT_FIT_SHARE, modes
+
+    model = llama(layers=8, vocab=1000)
+    capacity = (mm.global_bytes(model, 2) + 3.5 * mm.layer_bytes(model, 2, False)) / SPLIT_FIT_SHARE
+    splits = {m["decode_split_layer"] for m in modes(model, gpu_machine(), {}, False, capacity, 2)
+              if m["decode_device"] == "split"}
+    assert splits == {2, 4, 5, 6}
