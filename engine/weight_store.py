@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,6 +52,15 @@ def _spread(n: int, counts: dict[str, int]) -> list[str]:
         out.append(name)
         given[name] += 1
     return out
+
+
+def stored_layers(folder: Path | None, layers: list[int]) -> dict[int, dict | None]:
+    """`stored_layer` of each of `layers` in the offload folder, checked on every core at once: each check hashes
+    its whole file, and hashlib lets other threads run meanwhile."""
+    if folder is None or not layers:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(len(layers), os.cpu_count() or 1)) as pool:
+        return dict(zip(layers, pool.map(lambda i: stored_layer(folder, i), layers)))
 
 
 def weight_placement(policy: Policy, num_layers: int) -> list[str]:
@@ -108,16 +118,16 @@ class WeightStore:
         self._pending: dict[tuple[int, str], Future] = {}
         folder = self._offload_folder(reader, offload_dir) if "disk" in self.placement else None
         room = memory_room_bytes()  # before the layers, as the planner measured it (planner.cost_model)
+        kept = stored_layers(folder, [i for i, tier in enumerate(self.placement) if tier == "disk"])
         for i, tier in enumerate(self.placement):
-            self._place(reader, i, tier, folder)
+            self._place(reader, i, tier, folder, kept.get(i))
             release_freed_memory()  # the layer's full-precision copy, before the next is read
         disk = sum(n for n, t in zip(self.layer_bytes, self.placement) if t == "disk")
         self.direct = DirectReader() if disk and reads_direct(disk, room) else None  # else page-cached reads
         if disk:
             log.info("disk tier: %d MiB read %s", disk >> 20, "with O_DIRECT" if self.direct else "buffered")
 
-    def _place(self, reader: CheckpointReader, i: int, tier: str, folder: Path | None) -> None:
-        kept = stored_layer(folder, i) if tier == "disk" else None
+    def _place(self, reader: CheckpointReader, i: int, tier: str, folder: Path | None, kept: dict | None) -> None:
         if kept is not None:  # written by an earlier run and complete (engine/offload.py)
             path = self.files[i] = layer_path(folder, i)
             self.meta[i] = kept or None
