@@ -13,6 +13,7 @@ without copies."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -113,6 +114,14 @@ def attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tenso
     return attend(q, k, v, mask, scale)
 
 
+def keep_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The first len(rows) rows of `x` (dim 0), holding rows `rows` (ascending) of x, written in place."""
+    n = len(rows)
+    if rows != list(range(n)):
+        x[:n].copy_(x.index_select(0, torch.tensor(rows, device=x.device)))
+    return x[:n]
+
+
 class QuantKVCache:
     """A preallocated 4-bit KV cache (groups along D), with engine.kv_cache.KVCache's interface.
 
@@ -164,6 +173,12 @@ class QuantKVCache:
         for qt in self.k + self.v:
             for t in (qt.data, qt.mins, qt.scales):
                 t[..., :count].copy_(t[..., first : first + count].clone())
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep batch rows `rows` (ascending), moved to the front (engine.kv_cache.KVCache.keep_rows)."""
+        for t in (self.k, self.v):
+            t[:] = [replace(qt, data=keep_rows(qt.data, rows), mins=keep_rows(qt.mins, rows),
+                            scales=keep_rows(qt.scales, rows), shape=(len(rows), *qt.shape[1:])) for qt in t]
 
     def nbytes(self) -> int:
         return sum(qt.nbytes for qt in self.k + self.v)

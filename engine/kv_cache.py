@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.cpu_attention import attention
+from engine.cpu_attention import attention, keep_rows
 
 
 class KVCache:
@@ -43,6 +43,12 @@ class KVCache:
         oldest live row; rotary positions are applied before K is stored, so moved keys keep their meaning)."""
         for t in self.k + self.v:
             t[:, :, :count].copy_(t[:, :, first : first + count].clone())
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep batch rows `rows` (ascending), moved to the front; the cache becomes views of its first
+        len(rows) rows (the buffers stay allocated)."""
+        for t in (self.k, self.v):
+            t[:] = [keep_rows(x, rows) for x in t]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -128,6 +128,14 @@ class PlacedActivations:
             d.compute_stream.wait(self._stored)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only batch rows `rows` (ascending) go on (each step stores new hidden states: nothing to move; a part's
+        view is the leading elements of its flat buffer)."""
+        kept = kept_segments(self.segments, rows)
+        if self.buffers:
+            self.buffers = [buf for (_, _, mine), buf in zip(kept, self.buffers) if mine]
+        self.segments = [(tier, seg) for tier, seg, mine in kept if mine]
+
     def _host_may_touch(self) -> None:
         """The host waits for the last copy on the act stream before it reads or rewrites a host buffer."""
         if self._stored is not None:
@@ -138,6 +146,17 @@ class PlacedActivations:
 def _view(buf: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """The leading elements of a flat buffer as a contiguous tensor of `shape`."""
     return buf[: torch.Size(shape).numel()].view(shape)
+
+
+def kept_segments(segments, rows: list[int]) -> list[tuple[str, slice, list[int]]]:
+    """For each (tier, rows slice, ...) segment: its tier, its slice among the kept `rows` (ascending) and which of
+    its own rows are kept."""
+    out, start = [], 0
+    for tier, seg, *_ in segments:
+        mine = [b - seg.start for b in rows if seg.start <= b < seg.stop]
+        out.append((tier, slice(start, start + len(mine)), mine))
+        start += len(mine)
+    return out
 
 
 class PlacedKV:
@@ -221,6 +240,16 @@ class PlacedKV:
                 return d.copy_into(dst[r : r + 1], src, dev, home)
 
             cache.store(layer, k_new[i : i + 1], v_new[i : i + 1], start, copy=copy)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only batch rows `rows` (ascending) go on: each segment keeps its live rows at its front."""
+        self._land(keep=0)
+        kept = []
+        for (tier, seg, mine), (_, _, cache) in zip(kept_segments(self.segments, rows), self.segments):
+            if mine:
+                cache.keep_rows(mine)
+                kept.append((tier, seg, cache))
+        self.segments = kept
 
     def shift_slots(self, first: int, count: int) -> None:
         """Move slots [first, first+count) of every segment's cache to [0, count)."""

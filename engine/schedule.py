@@ -22,6 +22,7 @@ ACT_DTYPE = torch.float32  # the residual stream between layers (see engine/mode
 
 
 COMPACT_SLOTS = 64  # with refill, shift the cache once at least this many (and T/4) leading slots are dead
+DROP_SHARE = 0.125  # finished rows leave a GPU batch once they are this share of it (and no row waits)
 
 
 class GpuBatch:
@@ -86,6 +87,18 @@ class GpuBatch:
             self.valid[b] = False
             self.valid[b, end - len(r.prompt_ids) + 1 : end + 1] = True
 
+    def drop_finished(self) -> None:
+        """Finished rows leave the batch (their KV rows and activations too), so that no step computes them
+        again; only once no waiting row can take their slots. Dropped once at least DROP_SHARE of the rows
+        have finished: each drop copies the live rows' cache."""
+        live = [b for b, r in enumerate(self.rows) if not r.done]
+        if self.slot < 0 or not live or len(self.rows) - len(live) < max(1, DROP_SHARE * len(self.rows)):
+            return
+        self.kv.keep_rows(live)
+        self.acts.keep_rows(live)
+        self.rows = [self.rows[b] for b in live]
+        self.valid, self.next_pos, self.last = self.valid[live], self.next_pos[live], self.last[live]
+
     def shift(self, first: int) -> None:
         """Drop cache slots [0, first): every later slot moves `first` places left."""
         count = self.slot + 1 - first
@@ -129,7 +142,8 @@ class BlockExecutor:
         self.kv_codec = kv_codec  # makes compressed caches; None keeps K/V in the compute dtype
         self.prefill_attention = kernels.prefill_attention if kernels is not None else None
         self.seconds = {"prefill": 0.0, "decode": 0.0}  # wall time of each phase's steps, over every block run
-        self.counts = {"steps": 0, "refilled_rows": 0, "shifts": 0}  # layer passes and refill work, likewise
+        # layer passes, rows computed over them, and refill work, likewise
+        self.counts = {"steps": 0, "row_steps": 0, "refilled_rows": 0, "shifts": 0}
         self._held: list[tuple[str, int]] = []
 
     def device(self, phase: str, layer: int) -> str:
@@ -151,6 +165,8 @@ class BlockExecutor:
             while True:
                 for b in batches if refill else ():
                     self._refill(b, waiting)
+                for b in batches if not waiting else ():
+                    b.drop_finished()
                 live = [b for b in batches if not b.done]
                 if not live:
                     break
@@ -158,6 +174,7 @@ class BlockExecutor:
                 t0 = time.perf_counter()
                 self._step(live, phase)
                 self.counts["steps"] += 1
+                self.counts["row_steps"] += sum(len(b.rows) for b in live)
                 self.seconds[phase] += time.perf_counter() - t0
         finally:
             for tier, nbytes in self._held:

@@ -1,6 +1,7 @@
 """Refill: finished rows' slots take waiting rows inside the zig-zag loop. Greedy fp32 tokens equal a run
 without refill row for row (and transformers' own), rows come back in input order, and fewer layer passes run."""
 
+import dataclasses
 import random
 
 import pytest
@@ -98,3 +99,21 @@ def test_choose_refill_skips_rows_that_do_not_fit_and_shifts_only_when_needed():
     assert [r.req.params.max_new_tokens for r in rows] == [5] and shift == 0  # 22 tokens do not fit before 20
     assert len(waiting) == 1
     assert choose_refill([0], waiting, next_slot=20, oldest_live=0, total=30) == ([], 0)
+
+
+@pytest.mark.parametrize("name", ["cpu-4bit-cache", "cache-cpu-disk", "gpu-cache-3-tiers", "split-both"])
+@pytest.mark.parametrize("refill", [False, True])
+def test_finished_rows_leave_the_batch_and_the_tokens_stay(checkpoint, one_thread, tmp_path, monkeypatch, name,
+                                                           refill):
+    """Once no row waits, finished rows' cache rows and activations are dropped (over every tier they span):
+    fewer rows are computed, and every row's tokens equal a run that keeps computing them."""
+    policy = dataclasses.replace(REFILL_POLICIES[name], refill=refill)
+    engine = Engine.load(checkpoint("llama_gqa_llama3"), dtype="float32", policy=policy, simulate_gpu=True,
+                         offload_dir=tmp_path)
+    got, dropped = engine.generate(_requests()), engine.schedule_counts["row_steps"]
+    monkeypatch.setattr("engine.schedule.DROP_SHARE", 2.0)  # a share above 1: finished rows are never dropped
+    want, kept = engine.generate(_requests()), engine.schedule_counts["row_steps"]
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert [(c.text, c.finish_reason) for c in got] == [(c.text, c.finish_reason) for c in want]
+    assert dropped < (kept if refill else 0.9 * kept)  # with refill only the drain at the end drops rows
+    engine.weights.close()
