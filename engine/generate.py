@@ -28,6 +28,9 @@ from engine.weight_store import WeightStore, globals_tier
 from engine.weights import CheckpointReader, LayerWeights
 
 log = logging.getLogger(__name__)
+# Without refill, blocks come from groups of this many blocks' rows of similar max_new_tokens (0: one group, blocks
+# by prompt length alone); measured by the W4 line of `flexbatch bench engine`.
+MAX_NEW_GROUP = 4
 
 
 class Engine:
@@ -126,12 +129,17 @@ class Engine:
 
     @staticmethod
     def _blocks(ready: list, policy: Policy) -> list[tuple[list, list]]:
-        """(block, waiting rows) pairs. Without refill, blocks of similar prompt lengths (less padding) and no
-        waiting rows. With refill, one block of the longest prompts, every other row waiting (longest first, so
-        that each fits before the shared cursor of the slot it takes)."""
+        """(block, waiting rows) pairs. Without refill, no waiting rows, and blocks of rows of similar
+        max_new_tokens (a block runs until its last row ends), taken MAX_NEW_GROUP blocks at a time and sorted by
+        prompt length within (less padding). With refill, one block of the longest prompts, every other row
+        waiting (longest first, so that each fits before the shared cursor of the slot it takes)."""
         if not policy.refill:
-            ready = sorted(ready, key=lambda item: len(item[1].prompt_ids))
-            return [(ready[i : i + policy.block_size], []) for i in range(0, len(ready), policy.block_size)]
+            n = policy.block_size
+            ready = sorted(ready, key=lambda item: (item[1].req.params.max_new_tokens, len(item[1].prompt_ids)))
+            group = n * MAX_NEW_GROUP if MAX_NEW_GROUP else len(ready)
+            ready = [item for g in range(0, len(ready), group)
+                     for item in sorted(ready[g : g + group], key=lambda item: len(item[1].prompt_ids))]
+            return [(ready[i : i + n], []) for i in range(0, len(ready), n)]
         ready = sorted(ready, key=lambda item: -len(item[1].prompt_ids))
         return [(ready[: policy.block_size], ready[policy.block_size :])] if ready else []
 

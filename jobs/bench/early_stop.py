@@ -1,24 +1,30 @@
-"""W4, rows that finish early (a line of `flexbatch bench engine`): prompts of 64-512 tokens, per-row
+"""W4, rows that finish early (lines of `flexbatch bench engine`): prompts of 64-512 tokens, per-row
 max_new_tokens uniform in [8, 256], and on every other row the stop string " " (the end of the first word: a
 one-word answer, as HELM's newline stop makes of most rows). fp32, greedy.
 
-Lines, timed interleaved round by round (the machine is shared: medians of the rounds):
+Runs, timed interleaved round by round (the machine is shared: medians of the rounds):
   - flexbatch with refill (finished rows' slots take waiting rows, engine/refill.py);
-  - flexbatch's block schedule without refill (blocks of similar prompt length run until their last row ends);
+  - flexbatch sorted: without refill, the engine's blocks of rows of similar max_new_tokens, finished rows
+    dropped from their GPU batch (the fallback where refill does not pay);
+  - the block schedule as it was before either (blocks by prompt length alone, every row computed until its block
+    ends): the baseline of the W4 target;
   - transformers `generate` at each batch size, rows sorted by prompt length, each batch generating up to its
     longest row's useful length (what flexbatch's run produced for the row: stopped rows included), so it never
     computes a token that row would discard: a favourable bound for transformers.
-Useful tokens/s counts each row's completion tokens up to its own stop. Exactness: the refill run's tokens equal
-the block run's, row for row (checked every round)."""
+Useful tokens/s counts each row's completion tokens up to its own stop. Exactness: every flexbatch run's tokens
+equal the refill run's, row for row (checked every round)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
 
 import torch
 
+import engine.generate as generate
+import engine.schedule as schedule
 from engine.generate import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
@@ -51,10 +57,24 @@ def w4_requests(cfg: EarlyStopConfig, vocab_size: int, seed: int = 0) -> list[Re
     return out
 
 
-def engine_w4_runner(eng: Engine, reqs: list[Request], policy: Policy, record: dict, name: str):
+@contextlib.contextmanager
+def block_schedule_before():
+    """The block schedule before rows were grouped by max_new_tokens and finished rows dropped: blocks by prompt
+    length alone, every row computed until its block ends."""
+    saved = generate.MAX_NEW_GROUP, schedule.DROP_SHARE
+    generate.MAX_NEW_GROUP, schedule.DROP_SHARE = 0, 2.0  # one group; a share above 1 never drops
+    try:
+        yield
+    finally:
+        generate.MAX_NEW_GROUP, schedule.DROP_SHARE = saved
+
+
+def engine_w4_runner(eng: Engine, reqs: list[Request], policy: Policy, record: dict, name: str,
+                     schedule_of=contextlib.nullcontext):
     def run(_gen_len: int) -> int:
         eng.policy = policy
-        comps = eng.generate(reqs)
+        with schedule_of():
+            comps = eng.generate(reqs)
         bad = [c for c in comps if c.error]
         assert not bad, f"{len(bad)} rows failed: {bad[0].error}"
         record[name] = comps
@@ -82,8 +102,9 @@ def hf_w4_runner(model, tokenizer, reqs: list[Request], useful: list[int], batch
     return run
 
 
-def early_stop_line(cfg: EarlyStopConfig, cache_dir: str) -> Line:
-    """W4: flexbatch with refill vs without, and vs transformers at its best batch (useful tokens/s)."""
+def early_stop_lines(cfg: EarlyStopConfig, cache_dir: str) -> list[Line]:
+    """W4: flexbatch with refill vs transformers at its best batch and vs the block schedule before; sorted vs
+    that block schedule (useful tokens/s)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = bm.build_checkpoint(cfg.preset, cache_dir)
@@ -94,22 +115,28 @@ def early_stop_line(cfg: EarlyStopConfig, cache_dir: str) -> Line:
     engine_w4_runner(eng, reqs, refill, record, "refill")(0)  # warm-up, and the useful length of every row
     useful = [c.completion_tokens for c in record["refill"]]
     runners = {"flexbatch refill": engine_w4_runner(eng, reqs, refill, record, "refill"),
-               "flexbatch blocks": engine_w4_runner(eng, reqs, plain, record, "blocks")}
+               "flexbatch sorted": engine_w4_runner(eng, reqs, plain, record, "sorted"),
+               "flexbatch blocks": engine_w4_runner(eng, reqs, plain, record, "blocks", block_schedule_before)}
     tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left", trust_remote_code=False)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=False).eval()
     runners |= {f"transformers bs {b}": hf_w4_runner(hf, tok, reqs, useful, b) for b in cfg.hf_batches}
     res = side_by_side(runners, 0, cfg.repeats, warmup=False)
-    exact = [a.token_ids for a in record["refill"]] == [b.token_ids for b in record["blocks"]]
+    tokens = {k: [c.token_ids for c in record[k]] for k in ("refill", "sorted", "blocks")}
+    exact = tokens["refill"] == tokens["blocks"] == tokens["sorted"]
     theirs = {k: v for k, v in res.items() if k.startswith("transformers")}
     hf_top = best(theirs)
-    ours = res["flexbatch refill"]["tokens_per_s"]
-    stopped = sum(c.finish_reason == "stop" for c in record["refill"])
-    detail = {"tokens_per_s": {k: v["tokens_per_s"] for k, v in res.items()},
-              "runs_tokens_per_s": {k: [r["tokens_per_s"] for r in v["runs"]] for k, v in res.items()},
-              "vs_blocks": ours / res["flexbatch blocks"]["tokens_per_s"], "refill_equals_blocks": exact,
-              "useful_tokens": sum(useful), "rows_stopped": stopped, "schedule": record["refill schedule"],
+    rate = {k: v["tokens_per_s"] for k, v in res.items()}
+    detail = {"tokens_per_s": rate, "runs_tokens_per_s": {k: [r["tokens_per_s"] for r in v["runs"]] for k, v in res.items()},
+              "vs_blocks": rate["flexbatch refill"] / rate["flexbatch blocks"], "tokens_equal": exact,
+              "refill_vs_sorted": rate["flexbatch refill"] / rate["flexbatch sorted"],
+              "useful_tokens": sum(useful), "rows_stopped": sum(c.finish_reason == "stop" for c in record["refill"]),
+              "schedule": {k: record[f"{k} schedule"] for k in ("refill", "sorted", "blocks")},
               "config": dataclasses.asdict(cfg)}
-    return Line("early-stop", f"W4 {cfg.prompts} rows: flexbatch refill vs {hf_top} (vs blocks: "
-                f"{detail['vs_blocks']:.2f}x, tokens equal: {exact})", "useful tokens/s", ours,
-                theirs[hf_top]["tokens_per_s"], 1.5, detail)
-
+    what = f"W4 {cfg.prompts} rows, tokens equal: {exact}"
+    return [Line("early-stop", f"{what}: flexbatch refill vs {hf_top}", "useful tokens/s", rate["flexbatch refill"],
+                 rate[hf_top], 1.5, detail),
+            Line("early-stop-blocks", f"{what}: refill vs the block schedule before (by prompt length, rows kept)",
+                 "useful tokens/s", rate["flexbatch refill"], rate["flexbatch blocks"], 1.5),
+            Line("early-stop-sorted", f"{what}: sorted by max_new_tokens, finished rows dropped, vs the block "
+                 f"schedule before (refill {detail['refill_vs_sorted']:.2f}x sorted)", "useful tokens/s",
+                 rate["flexbatch sorted"], rate["flexbatch blocks"], None)]

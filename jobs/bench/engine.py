@@ -9,8 +9,8 @@ interleaved repeat by repeat, with the median of the repeats quoted:
      (`device_map="auto"`, the same `max_memory`, an `offload_folder`) at its best batch size;
   4. compressed (4-bit weights and KV cache) vs uncompressed: tokens/s and peak memory;
   5. with --backends: kernel backends' prefill and decode tokens/s and peak memory (`jobs/bench/backends.py`);
-  6. W4, rows that finish early: useful tokens/s with refill vs transformers and vs no refill
-     (`jobs/bench/early_stop.py`);
+  6. W4, rows that finish early: useful tokens/s with refill vs transformers and vs the block schedule before,
+     and rows sorted by max_new_tokens vs that block schedule (`jobs/bench/early_stop.py`);
   7. with --memory-limit: each side a whole process in its own memory cgroup below the model size, flexbatch vs
      HF Accelerate at its best surviving batch, decode-heavy and prefill-heavy (`jobs/bench/memory_limit.py`)."""
 
@@ -33,7 +33,7 @@ from engine.policy import Policy, parse_bytes
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
 from jobs.bench.backends import backend_lines, parse_backends
-from jobs.bench.early_stop import EarlyStopConfig, early_stop_line
+from jobs.bench.early_stop import EarlyStopConfig, early_stop_lines
 from jobs.bench.memory_limit import CgroupUnavailable, MemoryLimitConfig, check_cgroups, memory_limit_lines
 from jobs.bench.report import Line, run_and_save
 from jobs.bench.runs import DTYPE, best, block_name, engine_runner, hf_runner, memory_probe, side_by_side
@@ -202,7 +202,7 @@ def run_engine_bench(cfg: BenchConfig) -> dict:
     if cfg.backends:
         lines += backend_lines(cfg, model_dir, prompts, block)
     if "early-stop" not in cfg.skip:
-        lines.append(early_stop_line(cfg.early_stop, cfg.cache_dir))
+        lines += early_stop_lines(cfg.early_stop, cfg.cache_dir)
     if cfg.memory_limit is not None:
         lines += memory_limit_lines(cfg.memory_limit, model_dir)
     return {"config": dataclasses.asdict(cfg), "machine": bm.machine_info(),

@@ -1,7 +1,7 @@
-"""The W4 line of `bench engine` (rows that finish early): refill and block runs give the same tokens, the
-stop string ends every other row, and every figure is filled in."""
+"""The W4 lines of `bench engine` (rows that finish early): refill, sorted and the block schedule before give the
+same tokens, the stop string ends every other row, each run does what it names, and every figure is filled in."""
 
-from jobs.bench.early_stop import EarlyStopConfig, early_stop_line, w4_requests
+from jobs.bench.early_stop import EarlyStopConfig, early_stop_lines, w4_requests
 
 
 def test_w4_requests_mix_lengths_and_stop_strings():
@@ -12,12 +12,16 @@ def test_w4_requests_mix_lengths_and_stop_strings():
     assert sum(bool(r.params.stop) for r in reqs) == 20
 
 
-def test_early_stop_line_is_exact_and_complete(tmp_path, one_thread):
+def test_early_stop_lines_are_exact_and_complete(tmp_path, one_thread):
     cfg = EarlyStopConfig(preset="tiny", prompts=10, prompt_lens=(4, 12), max_new=(2, 12), gbs=3, hf_batches=(4,),
                           repeats=1)
-    line = early_stop_line(cfg, str(tmp_path))
-    d = line.detail
-    assert d["refill_equals_blocks"] is True
-    assert d["rows_stopped"] == 5 and d["schedule"]["refilled_rows"] > 0
-    assert line.ours > 0 and line.baseline > 0 and d["vs_blocks"] > 0
+    lines = early_stop_lines(cfg, str(tmp_path))
+    assert [line.id for line in lines] == ["early-stop", "early-stop-blocks", "early-stop-sorted"]
+    d = lines[0].detail
+    assert d["tokens_equal"] is True
+    assert d["rows_stopped"] == 5 and d["schedule"]["refill"]["refilled_rows"] > 0
+    runs = d["schedule"]
+    assert runs["sorted"]["refilled_rows"] == runs["blocks"]["refilled_rows"] == 0
+    assert runs["sorted"]["row_steps"] < runs["blocks"]["row_steps"]  # finished rows dropped only in `sorted`
+    assert all(line.ours > 0 and line.baseline > 0 for line in lines) and d["vs_blocks"] > 0
     assert d["useful_tokens"] < 10 * 12
