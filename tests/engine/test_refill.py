@@ -71,7 +71,7 @@ def test_refill_is_exact_across_families_and_shifts_the_cache(checkpoint, plain_
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     counts = engine.schedule_counts
     assert counts["shifts"] > 0 and counts["refilled_rows"] >= len(got) - 5
-    assert counts["steps"] < 0.75 * plain_steps  # the same 5 slots, kept busy: fewer layer passes
+    assert counts["steps"] < plain_steps  # the same 5 slots, kept busy: fewer layer passes than blocks (grouped)
 
 
 def test_refill_matches_transformers(checkpoint, one_thread):
