@@ -150,3 +150,16 @@ def oom_kills(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgro
 def _counter(path: Path, key: str) -> int | None:
     value = _stat(path).get(key)
     return None if value is None else int(value)
+
+
+def oom_kills_here(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The kernel's OOM kills seen from this process: its memory cgroup's count (`oom_kills`), else the
+    machine's (/proc/vmstat `oom_kill`); None where neither can be read."""
+    kills = oom_kills(proc, cgroup_root)
+    if kills is not None:
+        return kills
+    try:
+        return next(int(line.split()[1]) for line in (proc / "vmstat").read_text().splitlines()
+                    if line.startswith("oom_kill "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None

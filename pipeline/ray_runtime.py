@@ -170,28 +170,15 @@ def start_actor(spec: ActorSpec, *args, soft: bool = False):
     ).remote(*args)
 
 
-def count_oom_kills() -> int | None:
-    """The kernel's OOM kills seen from this process: its memory cgroup's count, else the machine's
-    (/proc/vmstat `oom_kill`); None where neither can be read."""
-    from engine.memory_room import oom_kills
-
-    kills = oom_kills()
-    if kills is not None:
-        return kills
-    try:
-        return next(int(line.split()[1]) for line in Path("/proc/vmstat").read_text().splitlines()
-                    if line.startswith("oom_kill "))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return None
-
-
 def node_oom_kills(node_id: str, timeout: float = 15.0) -> int | None:
-    """`count_oom_kills` on the node `node_id`, read by a small task placed there (no CPU reserved, so busy
+    """`oom_kills_here` on the node `node_id`, read by a small task placed there (no CPU reserved, so busy
     actors do not hold it up); None if the node is gone or does not answer in `timeout` seconds."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(count_oom_kills).options(num_cpus=0, max_retries=0,
+    from engine.memory_room import oom_kills_here
+
+    task = ray.remote(oom_kills_here).options(num_cpus=0, max_retries=0,
                                                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
     ref = task.remote()
     try:

@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass
 
 from engine.errors import FlexbatchError
+from engine.memory_room import oom_kills_here
 from engine.request import Completion, Request
 from pipeline.errors import InputError
 from pipeline.openai_batch import line_completions, read_batch_shard
 from pipeline.openai_output import choices_by_line, jsonl_bytes, output_lines
 from pipeline.parquet_io import output_table, write_part_atomic
 from pipeline.planning import measured_workload, plan_budgets, prediction_record, refill_choice
-from pipeline.ray_runtime import count_oom_kills
 from pipeline.rows import build_requests, row_ids
 from pipeline.runner import JobSetup, choose, load_engine
 from pipeline.shards import Shard, read_shard
@@ -79,7 +79,7 @@ class ShardWorker:
             "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
             "policy": self.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
             "setup_seconds": time.perf_counter() - started, "node": _node_id(), "node_engines": node_engines,
-            "cpu_budget": budgets.get("cpu"), "oom_kills": count_oom_kills(),  # the driver's baseline for its node
+            "cpu_budget": budgets.get("cpu"), "oom_kills": oom_kills_here(),  # the driver's baseline for its node
         }
 
     def info(self) -> dict:

@@ -168,12 +168,13 @@ def test_a_two_node_cluster_gets_one_actor_per_node(tmp_path, tiny_llama_dir, ra
         assert sorted(r["id"] for r in _output_rows(tmp_path / "out")) == sorted(ids)
         import ray
 
-        from pipeline.ray_runtime import count_oom_kills, node_oom_kills
+        from engine.memory_room import oom_kills_here
+        from pipeline.ray_runtime import node_oom_kills
 
         # a lost worker's node is asked for its OOM kill count: here every node shares this process's group
         ray.init(address=cluster.address)
-        assert [w["oom_kills"] for w in summary.workers] == [count_oom_kills()] * 2
-        assert [node_oom_kills(w["node"]) for w in summary.workers] == [count_oom_kills()] * 2
+        assert [w["oom_kills"] for w in summary.workers] == [oom_kills_here()] * 2
+        assert [node_oom_kills(w["node"]) for w in summary.workers] == [oom_kills_here()] * 2
     finally:
         import ray
 

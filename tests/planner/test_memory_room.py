@@ -124,3 +124,15 @@ def test_engines_on_one_node_split_its_room(caplog):
         lowered = plan_budgets({"cpu": 30 * MIB}, room, engines=4)  # fits one engine's room, not a quarter of it
     assert lowered["cpu"] == pytest.approx(alone / 4) and "4 engines on this node" in caplog.text
     assert plan_budgets({"cpu": 30 * MIB}, room)["cpu"] == 30 * MIB
+
+
+def test_oom_kills_are_the_cgroups_count_else_the_machines(tmp_path):
+    from engine.memory_room import oom_kills_here
+
+    proc = _proc(tmp_path, ["4:memory:/job", "0::/"])
+    (proc / "vmstat").write_text("pgfault 10\noom_kill 7\n")
+    _files(tmp_path / "cg" / "memory" / "job", memory_oom_control="oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert oom_kills_here(proc, tmp_path / "cg") == 2
+    bare = _proc(tmp_path / "bare", ["0::/"])
+    (bare / "vmstat").write_text("pgfault 10\noom_kill 7\n")
+    assert oom_kills_here(bare, tmp_path / "bare" / "cg") == 7
