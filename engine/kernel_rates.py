@@ -1,14 +1,19 @@
 """Where the compressed kernels beat dequantize + dense GEMM on this machine, measured once per weight shape,
-format and compute dtype, and cached as JSON (~/.cache/flexbatch/kernel_rates.json) under a key of the CPU
-model, torch version and thread count, so that a run measures only shapes it has not seen.
+format and compute dtype, and cached as JSON (~/.cache/flexbatch/kernel_rates.json) under a key of the machine
+(CPU model, a hash of its flags, torch version, thread count), so that a run measures only shapes it has not
+seen. `flexbatch profile` measures a few shapes at every row count through `shape_timings` and prices the
+planner's compressed GEMMs from the same entries: the profile and the crossovers are one measurement.
 
 For each row count of ROWS in turn, the compressed kernel's time is compared with the dense path's: one
 dequantization (as a layer is dequantized once per step) plus the GEMM over the dequantized weight. The
 largest row count at which the compressed kernel won is `max_rows` (calls of up to that many rows take it);
-0 means never. The figures are only as good as the machine was quiet: delete the file to measure again."""
+0 means never. A cached entry is measured again when it is stale (older than MAX_AGE_S, or of another
+VERSION), implausible (a path that took less than half as long at more rows: a disturbed call), or was
+measured while the machine was busier than it is now (1-minute load average above the CPU count then)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -27,7 +32,8 @@ from engine.quant_int8 import dequantize_int8, int8_linear, quantize_int8
 
 log = logging.getLogger(__name__)
 ROWS = (1, 4, 16, 64, 256, 1024)
-VERSION = 2  # of the kernels measured: entries of another version are measured again
+VERSION = 3  # of the kernels measured and the entries' form: entries of another version are measured again
+MAX_AGE_S = 30 * 86400
 DEFAULT_PATH = Path.home() / ".cache" / "flexbatch" / "kernel_rates.json"
 _lock = threading.Lock()
 _memo: dict[tuple[Path, str], int] = {}
@@ -35,7 +41,8 @@ _memo: dict[tuple[Path, str], int] = {}
 
 def machine_key() -> str:
     cpu = cpu_info("model name") or platform.processor() or platform.machine()
-    return f"{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+    flags = hashlib.sha256((cpu_info("flags") or "").encode()).hexdigest()[:12]
+    return f"{cpu}|flags {flags}|torch {torch.__version__}|threads {torch.get_num_threads()}"
 
 
 def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
@@ -63,9 +70,10 @@ def fewest_seconds(fns, repeats: int) -> list[float]:
     return best
 
 
-def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int = 5) -> tuple[int, list]:
-    """The largest row count of ROWS at which the compressed kernel is faster (the scan stops after two row
-    counts in a row where it is not), and the timings."""
+def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int = 5,
+                     every_row_count: bool = False) -> tuple[int, list]:
+    """The largest row count of ROWS at which the compressed kernel is faster, and the timings. The scan stops
+    after two row counts in a row where it is not, unless `every_row_count` (the profile prices every one)."""
     fast, dense = _paths(fmt, n, k, dtype)
     best, losses, timings = 0, 0, []
     with torch.inference_mode():
@@ -75,28 +83,68 @@ def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int 
             timings.append({"rows": rows, "fast_s": t_fast, "dense_s": t_dense})
             losses = 0 if t_fast < t_dense else losses + 1
             best = rows if t_fast < t_dense else best
-            if losses == 2:
+            if losses == 2 and not every_row_count:
                 break
     return best, timings
 
 
 def max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, path: Path | None = None) -> int:
     """`max_rows` for this shape, from the cache or measured now (and cached)."""
+    return int(shape_timings(fmt, n, k, dtype, path=path)["max_rows"])
+
+
+def shape_timings(fmt: str, n: int, k: int, dtype: torch.dtype, every_row_count: bool = False,
+                  path: Path | None = None, refresh: bool = False) -> dict:
+    """This shape's entry ({"max_rows", "timings", ...}), from the cache when it is usable (and not `refresh`),
+    else measured now (and cached)."""
     path = path or DEFAULT_PATH
     key = f"{machine_key()}|v{VERSION}|{fmt}|{str(dtype).removeprefix('torch.')}|{n}x{k}"
     with _lock:
-        if (path, key) in _memo:
-            return _memo[(path, key)]
-        table = _read(path)
-        if key in table:
-            _memo[(path, key)] = int(table[key]["max_rows"])
-            return _memo[(path, key)]
-        best, timings = measure_max_rows(fmt, n, k, dtype)
-        log.info("%s kernel on [%d, %d] %s: faster than dequantize + GEMM up to %d rows", fmt, n, k, dtype, best)
-        table = _read(path) | {key: {"max_rows": best, "timings": timings}}
-        _write(path, table)
-        _memo[(path, key)] = best
-    return best
+        memo = _memo.get((path, key))
+        if memo is not None and not refresh and (not every_row_count or _complete(memo)):
+            return memo
+        entry = _read(path).get(key)
+        why = "measured again by request" if refresh else stale(entry, every_row_count)
+        if why:
+            best, timings = measure_max_rows(fmt, n, k, dtype, every_row_count=every_row_count)
+            log.info("%s kernel on [%d, %d] %s (%s): faster than dequantize + GEMM up to %d rows", fmt, n, k, dtype,
+                     why, best)
+            entry = {"max_rows": best, "timings": timings, "measured_at": time.time(),
+                     "load_average": os.getloadavg()[0], "cpus": os.cpu_count() or 1}
+            _write(path, _read(path) | {key: entry})
+        _memo[(path, key)] = entry
+    return entry
+
+
+def stale(entry: dict | None, every_row_count: bool = False, now: float | None = None) -> str | None:
+    """Why a cached entry must be measured again, or None when it can be used."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("timings"), list) or "max_rows" not in entry:
+        return "not measured yet"
+    now = time.time() if now is None else now
+    if now - float(entry.get("measured_at", 0)) > MAX_AGE_S:
+        return "the cached figure is older than 30 days"
+    if not plausible(entry["timings"]):
+        return "the cached figure is implausible"
+    busy_then = float(entry.get("load_average", 0)) > float(entry.get("cpus", 1))
+    if busy_then and os.getloadavg()[0] < float(entry.get("load_average", 0)):
+        return "the cached figure was measured on a busier machine"
+    if every_row_count and not _complete(entry):
+        return "the cached figure stops short of the largest row count"
+    return None
+
+
+def plausible(timings: list[dict]) -> bool:
+    """Each path takes at least half as long at more rows (more work is never much faster: a call that was, was
+    disturbed where it took longer at fewer rows)."""
+    for name in ("fast_s", "dense_s"):
+        times = [t[name] for t in timings]
+        if any(b < 0.5 * a for a, b in zip(times, times[1:])) or min(times, default=1) <= 0:
+            return False
+    return True
+
+
+def _complete(entry: dict) -> bool:
+    return len(entry.get("timings", ())) == len(ROWS)
 
 
 def _read(path: Path) -> dict:

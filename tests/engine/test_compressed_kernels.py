@@ -1,6 +1,9 @@
 """Compressed weights computed on directly: the int4pack and int8 x int8 kernels against dequantize + GEMM,
 the per-row-count choice, its measured and cached crossover, and what the int8 format stores."""
 
+import json
+import time
+
 import pytest
 import torch
 
@@ -12,6 +15,7 @@ from engine.policy import Policy
 from engine.qlinear import QLinear
 
 NAME = "mlp.down_proj.weight"
+TIMINGS = [{"rows": r, "fast_s": 1e-5 * r, "dense_s": 4e-5 + 1e-5 * r} for r in kernel_rates.ROWS]
 
 
 def _layer(fmt: str, dtype: torch.dtype, n: int = 96, k: int = 192):
@@ -56,7 +60,7 @@ def test_rows_above_max_rows_take_the_dense_path(fmt, monkeypatch):
 
 def test_max_rows_is_measured_once_and_cached(tmp_path, monkeypatch):
     path = tmp_path / "rates.json"
-    monkeypatch.setattr(kernel_rates, "measure_max_rows", lambda *a: (16, [{"rows": 16}]))
+    monkeypatch.setattr(kernel_rates, "measure_max_rows", lambda *a, **k: (16, TIMINGS))
     assert kernel_rates.max_rows("int8", 64, 32, torch.float32, path) == 16
     assert '"max_rows": 16' in path.read_text()
 
@@ -66,6 +70,38 @@ def test_max_rows_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(kernel_rates, "measure_max_rows", fail)
     kernel_rates._memo.clear()
     assert kernel_rates.max_rows("int8", 64, 32, torch.float32, path) == 16  # read back from the file
+
+
+def _entry(**changes) -> dict:
+    return {"max_rows": 16, "timings": TIMINGS, "measured_at": time.time(), "load_average": 0.5, "cpus": 2} | changes
+
+
+def test_a_cached_crossover_is_measured_again_when_stale_implausible_or_measured_busier(monkeypatch):
+    monkeypatch.setattr(kernel_rates.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    assert kernel_rates.stale(_entry()) is None
+    assert "older" in kernel_rates.stale(_entry(measured_at=time.time() - 31 * 86400))
+    disturbed = [dict(t) for t in TIMINGS]
+    disturbed[0]["dense_s"] = 1.0  # one row took longer than 64: the first call was disturbed
+    assert "implausible" in kernel_rates.stale(_entry(timings=disturbed))
+    assert "busier" in kernel_rates.stale(_entry(load_average=6.0))  # 6 on 2 CPUs then, 1 now
+    assert kernel_rates.stale(_entry(load_average=0.8)) is None
+    assert "short" in kernel_rates.stale(_entry(timings=TIMINGS[:2]), every_row_count=True)
+    assert kernel_rates.stale(None) == "not measured yet"
+
+
+def test_a_stale_entry_is_replaced_by_a_new_measurement(tmp_path, monkeypatch):
+    path = tmp_path / "rates.json"
+    key = f"{kernel_rates.machine_key()}|v{kernel_rates.VERSION}|int8|float32|64x32"
+    path.write_text(json.dumps({key: _entry(max_rows=1024, measured_at=0)}))
+    monkeypatch.setattr(kernel_rates, "measure_max_rows", lambda *a, **k: (16, TIMINGS))
+    kernel_rates._memo.clear()
+    assert kernel_rates.max_rows("int8", 64, 32, torch.float32, path) == 16
+    assert json.loads(path.read_text())[key]["measured_at"] > 0
+
+
+def test_the_machine_key_names_the_cpu_flags_torch_and_threads():
+    key = kernel_rates.machine_key()
+    assert "|flags " in key and f"torch {torch.__version__}" in key and f"threads {torch.get_num_threads()}" in key
 
 
 def test_measure_max_rows_times_both_paths():
