@@ -85,13 +85,14 @@ def plan_command(ctx, model, prompt_len, gen_len, num_prompts, input_, prompt_co
 @click.option("--output", type=click.Path(path_type=Path), default=None,
               help="Where to write the spec.  [default: ~/.cache/flexbatch/hardware.json, used by plan and run]")
 def profile_command(output) -> None:
-    """Measure GEMM rates by row count, decode attention over bf16 and 4-bit caches, dequantization, the
-    engine's per-call costs, memory, disk and page-cache rates (and the GPU and its links when CUDA exists)."""
+    """Measure GEMM rates by row count, the int4/int8 kernels on compressed weights (and so the engine's
+    crossovers for those shapes), decode attention over bf16 and 4-bit caches, dequantization, the engine's
+    per-call costs, memory, disk and page-cache rates (and the GPU and its links when CUDA exists)."""
     from planner.hardware import save_hardware
     from planner.profiler import DEFAULT_CACHE, profile_this_machine
 
     try:
-        spec = profile_this_machine()
+        spec = profile_this_machine(refresh_kernels=True)
         path = save_hardware(spec, output or DEFAULT_CACHE)
     except FlexbatchError as e:
         fail(e)

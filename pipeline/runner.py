@@ -230,7 +230,7 @@ def choose(config: RunConfig, job: JobSetup, num_prompts: int | None = None,
     work = workload_from_sample(job.sample, job.spec, workload_dtype(config.dtype),
                                 num_prompts or sum(f.num_rows for f in job.files))
     chosen = choose_policy(config, work, job.spec, budgets=budgets)
-    # the planner prices 4-bit weights; the user's format is kept (int8 moves 2x the bytes of int4)
+    # the planner prices the format's kernel (a pin) but counts 4-bit bytes; the user's format is what runs
     return dataclasses.replace(chosen.policy, weight_format=config.policy.weight_format), chosen.prediction
 
 

@@ -53,4 +53,6 @@ class EngineSettings:
         """What the planner keeps: the user's pins, and compression where the policy asks for it (compression is
         lossy, so the planner never turns it on by itself)."""
         asked = {name: True for name in ("compress_weight", "compress_cache") if getattr(self.policy, name)}
+        if self.policy.compress_weight:  # the format prices its own kernel
+            asked["weight_format"] = self.policy.weight_format
         return {**asked, **self.pins}

@@ -180,11 +180,29 @@ def weights_stay_cached(blk: Block, device: str) -> bool:
 
 
 def gemm_s(blk: Block, phase: str, device: str) -> float:
-    """Linear layers: sum over GPU batches of 2 * b * t * P_lin / matmul_rate(b * t rows, width H), at the
+    """Linear layers: sum over GPU batches of 2 * b * t * P_lin / rate, the rate being the compressed kernel's
+    at b * t rows where it computes the batch (`kernel_batches`), else matmul_rate(b * t rows, width H), at the
     cache-hot rate when the weights stay cached."""
     spec, t, p_lin = blk.hw.device(device), tokens(blk.work, phase), linear_params(blk.model)
     width, hot = blk.model.hidden_size, weights_stay_cached(blk, device)
-    return sum(2 * b * t * p_lin / spec.matmul_flop_per_s(b * t, width, hot) for b in blk.batches)
+    kernel = kernel_batches(blk, phase, device)
+    return sum(2 * b * t * p_lin / (spec.kernel_flop_per_s(blk.policy.weight_format, b * t, width) if k else
+                                    spec.matmul_flop_per_s(b * t, width, hot)) for b, k in zip(blk.batches, kernel))
+
+
+def kernel_batches(blk: Block, phase: str, device: str) -> list[bool]:
+    """Per GPU batch: whether compressed weights are computed on by their kernel, as the engine chooses (on the
+    CPU, where the kernel's measured time beats one dequantization + the dense GEMM; int4 only for layers kept
+    in CPU memory, which are packed for it at load). All False without compressed weights or without the
+    kernel's rates in the profile."""
+    spec, p, t = blk.hw.device(device), blk.policy, tokens(blk.work, phase)
+    resident = p.weight_format == "int8" or p.weight_cpu == 1.0  # int4 is packed for its kernel once, at load
+    if not p.compress_weight or device != "cpu" or not resident or p.weight_format not in spec.kernel_gflop_per_s:
+        return [False] * len(blk.batches)
+    flops, width, hot = 2 * t * linear_params(blk.model), blk.model.hidden_size, weights_stay_cached(blk, device)
+    deq = layer_dequant_s(blk, device)
+    return [b * flops / spec.kernel_flop_per_s(p.weight_format, b * t, width)
+            < b * flops / spec.matmul_flop_per_s(b * t, width, hot) + deq for b in blk.batches]
 
 
 def prefill_attention_s(blk: Block, device: str) -> float:
@@ -231,13 +249,18 @@ def layer_calls_s(blk: Block, device: str) -> Affine:
     return Affine.frac("weight_disk", spec.disk_layer_call_s) + len(blk.batches) * per_call
 
 
-def dequant_s(blk: Block, device: str) -> float:
-    """4-bit weights decompressed on the compute device, once per layer per step:
-    params_per_layer * dtype_bytes / dequant_bytes_per_s + dequant_call_s."""
+def layer_dequant_s(blk: Block, device: str) -> float:
+    """One layer's compressed weights decompressed on the compute device:
+    params_per_layer * dtype_bytes / dequant_bytes_per_s + dequant_call_s (0 without compression)."""
     if not blk.policy.compress_weight:
         return 0.0
     spec = blk.hw.device(device)
     return blk.model.params_per_layer * blk.elem / spec.dequant_bytes_per_s + spec.dequant_call_s
+
+
+def dequant_s(blk: Block, phase: str, device: str) -> float:
+    """Dequantization per layer per step: once, unless the compressed kernel computes every GPU batch."""
+    return 0.0 if all(kernel_batches(blk, phase, device)) else layer_dequant_s(blk, device)
 
 
 def compute_s(blk: Block, phase: str, device: str) -> Affine:
@@ -248,7 +271,7 @@ def compute_s(blk: Block, phase: str, device: str) -> Affine:
     return decode_attention_s(blk, device) + layer_calls_s(blk, device) + fixed
 
 
-def background_cpu_s(blk: Block, device: str) -> Affine:
+def background_cpu_s(blk: Block, phase: str, device: str) -> Affine:
     """The prefetch thread's CPU work that does not hide behind CPU compute on the CPU (4-bit weights, or disk
     layers it reads): (1 - overlap) * (page faults W * weight_disk / page_cache_bytes_per_s, none when read with
     O_DIRECT, + dequantization); more than the work itself where the threads oversubscribe the cores
@@ -257,7 +280,7 @@ def background_cpu_s(blk: Block, device: str) -> Affine:
         return Affine()
     copy = Affine() if disk_reads_direct(blk) else Affine.frac("weight_disk", blk.stored_layer_bytes
                                                                 / blk.hw.page_cache_bytes_per_s)
-    return (copy + dequant_s(blk, "cpu")) * (1.0 - blk.hw.cpu_background_overlap)
+    return (copy + dequant_s(blk, phase, "cpu")) * (1.0 - blk.hw.cpu_background_overlap)
 
 
 def lazy_disk_weights(blk: Block, device: str) -> bool:
@@ -274,11 +297,11 @@ def layer_chains(blk: Block, phase: str, device: str) -> dict[str, dict[str, Aff
     rates, weights = channel_rates(blk), weight_moves(blk, device)
     lazy = [m for m in weights if m[1] == "disk"] if lazy_disk_weights(blk, device) else []
     prefetch = priced([m for m in weights if not any(m is x for x in lazy)], rates)
-    prefetch["compute"] = Affine(const=dequant_s(blk, device))
+    prefetch["compute"] = Affine(const=dequant_s(blk, phase, device))
     kv = kv_moves(blk, phase, device)
     side = [m for m in kv if m[2] == "cpu"] if phase == "prefill" and device == "gpu" else []
     main = priced(lazy + [m for m in kv if not any(m is x for x in side)] + act_moves(blk, phase, device), rates)
-    main["compute"] = compute_s(blk, phase, device) + background_cpu_s(blk, device)
+    main["compute"] = compute_s(blk, phase, device) + background_cpu_s(blk, phase, device)
     return {"prefetch": prefetch, "main": main, "store": priced(side, rates)}
 
 

@@ -46,7 +46,10 @@ class DeviceSpec:
     hidden size: small layers run less efficiently), or a single curve when matmul_widths is empty. Between
     table points rates are interpolated in log rows and log width, outside held at the end values. These rates
     stream the weights from memory; matmul_hot_gflop_per_s, when given, holds the rates for weights that stay
-    in a last-level cache of cache_bytes (a model whose layers all fit in it).
+    in a last-level cache of cache_bytes (a model whose layers all fit in it). kernel_gflop_per_s holds, per
+    compressed weight format (int4, int8), the rates of the kernel that computes on compressed weights, shaped as
+    matmul_gflop_per_s (measured by `flexbatch profile` through engine/kernel_rates.py; none in a hand-written
+    spec: compressed weights are then priced as dequantization + GEMM).
     layer_call_s is the fixed cost of one layer call on one GPU batch (the dispatch of its few dozen operations),
     step_call_s that of one step's work outside the layers (masks, embedding, head, token choice); dequant_call_s,
     cache_codec_call_s, disk_layer_call_s and split_call_s what 4-bit weights (per layer per step), a 4-bit
@@ -71,6 +74,7 @@ class DeviceSpec:
     attention_prefill_gflop_per_s: tuple[float, ...] = ()
     cache_bytes: float = 0.0
     matmul_hot_gflop_per_s: tuple = ()
+    kernel_gflop_per_s: dict = field(default_factory=dict)  # compressed format -> curves like matmul_gflop_per_s
 
     def __post_init__(self) -> None:
         rows = tuple(int(r) for r in self.matmul_rows)
@@ -96,6 +100,7 @@ class DeviceSpec:
             if len(hot) != len(curves) or any(len(c) != len(rows) for c in hot) or min(min(c) for c in hot) <= 0:
                 raise HardwareSpecError("matmul_hot_gflop_per_s must have the shape of matmul_gflop_per_s")
             object.__setattr__(self, "matmul_hot_gflop_per_s", hot if widths else hot[0])
+        object.__setattr__(self, "kernel_gflop_per_s", self._kernel_tables(curves))
         lens = tuple(int(n) for n in self.attention_prefill_lens)
         rates = tuple(float(g) for g in self.attention_prefill_gflop_per_s)
         if lens:
@@ -114,14 +119,35 @@ class DeviceSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise HardwareSpecError(f"{name}={value!r} is invalid: expected seconds >= 0")
 
-    def matmul_flop_per_s(self, rows: float, width: float | None = None, hot: bool = False) -> float:
-        """GEMM FLOP/s at `rows` rows and input `width` (ignored with a single curve); `hot` when the weights
-        stay in the last-level cache (the hot table, where one was measured)."""
-        table = self.matmul_hot_gflop_per_s if hot and self.matmul_hot_gflop_per_s else self.matmul_gflop_per_s
+    def _kernel_tables(self, curves: tuple) -> dict:
+        """kernel_gflop_per_s checked: per compressed format (int4, int8), rates shaped as the GEMM table."""
+        out = {}
+        for fmt, table in (self.kernel_gflop_per_s or {}).items():
+            table = tuple(tuple(float(g) for g in c) for c in ([table] if not self.matmul_widths else table))
+            if fmt not in ("int4", "int8") or len(table) != len(curves) or any(
+                    len(c) != len(self.matmul_rows) or min(c) <= 0 for c in table):
+                raise HardwareSpecError(f"kernel_gflop_per_s[{fmt!r}] must name int4 or int8 and hold positive "
+                                        "rates shaped as matmul_gflop_per_s")
+            out[fmt] = table if self.matmul_widths else table[0]
+        return out
+
+    def kernel_flop_per_s(self, fmt: str, rows: float, width: float | None = None) -> float | None:
+        """FLOP/s of the compressed `fmt` kernel at `rows` rows and input `width`, None where it was not measured
+        (interpolated as `matmul_flop_per_s`)."""
+        table = self.kernel_gflop_per_s.get(fmt)
+        return None if table is None else self._interp(table, rows, width)
+
+    def _interp(self, table: tuple, rows: float, width: float | None) -> float:
         if not self.matmul_widths:
             return _log_interp(rows, self.matmul_rows, table) * 1e9
         by_width = tuple(_log_interp(rows, self.matmul_rows, c) for c in table)
         return _log_interp(width or self.matmul_widths[-1], self.matmul_widths, by_width) * 1e9
+
+    def matmul_flop_per_s(self, rows: float, width: float | None = None, hot: bool = False) -> float:
+        """GEMM FLOP/s at `rows` rows and input `width` (ignored with a single curve); `hot` when the weights
+        stay in the last-level cache (the hot table, where one was measured)."""
+        table = self.matmul_hot_gflop_per_s if hot and self.matmul_hot_gflop_per_s else self.matmul_gflop_per_s
+        return self._interp(table, rows, width)
 
     def prefill_attention_flop_per_s(self, prompt_len: float, head_dim: int) -> float:
         """Prefill attention FLOP/s by prompt length (the GEMM rate at prompt_len rows and width head_dim when

@@ -26,6 +26,8 @@ from safetensors.torch import load_file, save, save_file
 from engine.attention import attend, prefill_mask
 from engine.disk_read import DirectReader
 from engine.dtypes import cpu_info, resolve_dtype
+from engine.kernel_rates import ROWS as KERNEL_ROWS
+from engine.kernel_rates import shape_timings
 from engine.quant import dequantize, quantize
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
 from planner.microbench import attention_report, best_seconds, dequant_timings, median_seconds
@@ -33,12 +35,13 @@ from planner.overhead_probe import call_seconds, elementwise_bytes_per_s
 
 log = logging.getLogger(__name__)
 DEFAULT_CACHE = Path.home() / ".cache" / "flexbatch" / "hardware.json"
-MATMUL_ROWS = (1, 4, 16, 64, 256, 1024)
+MATMUL_ROWS = KERNEL_ROWS  # one row grid for the GEMM and compressed-kernel tables
+KERNEL_FORMATS = ("int4", "int8")
 MATMUL_WIDTHS = (128, 512, 2048)
 MATMUL_SHAPE = (2048, 2048)  # dequantization probe
 PREFILL_LENS = (32, 128, 512)
 DISK_PROBE_BYTES = 128 << 20
-PROFILE_VERSION = 12  # a cached profile of another version is measured again
+PROFILE_VERSION = 13  # a cached profile of another version is measured again
 
 
 def matmul_table(device: torch.device, dtype: torch.dtype, cold_bytes: float = 0.0,
@@ -59,6 +62,21 @@ def matmul_table(device: torch.device, dtype: torch.dtype, cold_bytes: float = 0
         out.append(tuple(rates))
         del ws
     return tuple(out)
+
+
+def kernel_tables(dtype: torch.dtype, refresh: bool = False) -> dict[str, tuple[tuple[float, ...], ...]]:
+    """GFLOP/s of each compressed kernel at MATMUL_ROWS for weights [3w, w] of each width w of MATMUL_WIDTHS,
+    from engine/kernel_rates.py's entries for those shapes (measured at every row count, or reused from its
+    cache unless `refresh`): the same figures decide the engine's crossovers for these shapes."""
+    out = {}
+    for fmt in KERNEL_FORMATS:
+        curves = []
+        for width in MATMUL_WIDTHS:
+            entry = shape_timings(fmt, 3 * width, width, dtype, every_row_count=True, refresh=refresh)
+            timings = {t["rows"]: t["fast_s"] for t in entry["timings"]}
+            curves.append(tuple(2 * rows * 3 * width * width / timings[rows] / 1e9 for rows in MATMUL_ROWS))
+        out[fmt] = tuple(curves)
+    return out
 
 
 def last_level_cache_bytes() -> float:
@@ -102,7 +120,7 @@ def copy_bytes_per_s(device: torch.device, nbytes: int = 64 << 20) -> float:
     return 2 * nbytes / _timed(lambda: dst.copy_(src), device, 3)
 
 
-def cpu_device_spec(dtype: torch.dtype) -> tuple[DeviceSpec, dict]:
+def cpu_device_spec(dtype: torch.dtype, refresh: bool = False) -> tuple[DeviceSpec, dict]:
     """The CPU: GEMMs, decode attention and dequantization as the engine runs them, memory streaming."""
     cpu, llc = torch.device("cpu"), last_level_cache_bytes()
     attn = [attention_report(batch=16, heads=16, kv_heads=16, slots=256, head_dim=64, repeats=3) for _ in range(3)]
@@ -115,10 +133,12 @@ def cpu_device_spec(dtype: torch.dtype) -> tuple[DeviceSpec, dict]:
                       attention_prefill_gflop_per_s=prefill_attention_table(dtype),
                       attention_bf16_bytes_per_s=max(a["chunked_bf16_gb_s"] for a in attn) * 1e9,
                       attention_4bit_bytes_per_s=max(a["chunked_4bit_gb_s"] for a in attn) * 1e9,
-                      dequant_bytes_per_s=w.numel() * w.element_size() / (deq_ms / 1e3), **call_seconds(dtype))
+                      dequant_bytes_per_s=w.numel() * w.element_size() / (deq_ms / 1e3),
+                      kernel_gflop_per_s=kernel_tables(dtype, refresh), **call_seconds(dtype))
     return spec, {"cpu": f"measured: {dtype} GEMMs of widths {MATMUL_WIDTHS}, weights streamed from memory "
                          "(cycling through 4x the last-level cache) and cache-hot; planner.microbench decode attention "
-                         "(16 x 16 heads x 256 slots x 64) and dequant; masked prefill attention; the layer's "
+                         "(16 x 16 heads x 256 slots x 64) and dequant; int4/int8 kernels on compressed weights "
+                         "[3w, w] (engine.kernel_rates, the engine's crossovers); masked prefill attention; the layer's "
                          "elementwise ops at 1024 tokens x 1024; the engine's block executor at tiny sizes "
                          f"(planner.overhead_probe); {torch.get_num_threads()} threads"}
 
@@ -232,11 +252,13 @@ def background_overlap(dtype: torch.dtype, width: int = 512) -> float:
     return max(-3.0, min(1.0, (t_gemm + t_background - t_both) / t_background))
 
 
-def profile_this_machine(offload_dir: Path | None = None, dtype: str = "auto") -> HardwareSpec:
-    """Measure this machine (a few seconds)."""
+def profile_this_machine(offload_dir: Path | None = None, dtype: str = "auto",
+                         refresh_kernels: bool = False) -> HardwareSpec:
+    """Measure this machine (a few seconds); the compressed kernels' figures are taken from their cache when
+    usable, unless `refresh_kernels`."""
     started, torch_dtype = time.perf_counter(), resolve_dtype(dtype)
     folder = Path(offload_dir or DEFAULT_CACHE.parent)
-    cpu, cpu_src = cpu_device_spec(torch_dtype)
+    cpu, cpu_src = cpu_device_spec(torch_dtype, refresh_kernels)
     gpu, links, gpu_src = gpu_device_spec(torch_dtype)
     disk = disk_rates(folder)
     overlap = background_overlap(torch_dtype)

@@ -117,12 +117,12 @@ def modes(model: ModelSpec, hw: HardwareSpec, pins: dict, allow_compression: boo
     for w in cw:  # last layer computes on the GPU, so the embeddings and head live there (globals_tier)
         fit = int(room // layer_bytes(model, dtype_bytes, w)) if hw.has_gpu else None
         pre, dec = (device_choices(model, hw, pins, phase, fit) for phase in ("prefill", "decode"))
-        out += _modes_for(w, cc, attn, pre, dec)
+        out += _modes_for(w, cc, attn, pre, dec, pins.get("weight_format", Policy.weight_format))
     return out
 
 
-def _modes_for(w, cc, attn, pre, dec) -> list[dict]:
-    return [dict(compress_weight=w, compress_cache=c, cpu_attention=a, prefill_device=p[0],
+def _modes_for(w, cc, attn, pre, dec, weight_format: str) -> list[dict]:
+    return [dict(compress_weight=w, weight_format=weight_format, compress_cache=c, cpu_attention=a, prefill_device=p[0],
                  prefill_split_layer=p[1], decode_device=d[0], decode_split_layer=d[1])
             for c, a, p, d in itertools.product(cc, attn, pre, dec)]
 

@@ -115,6 +115,30 @@ def test_compression_moves_fewer_bytes_and_adds_dequantization():
     assert p.peak_bytes["prefill"]["cpu"] < base.peak_bytes["prefill"]["cpu"] + 2 * 36992 * 2
 
 
+def _with_kernel(fmt: str, gflops: float) -> HardwareSpec:
+    hw = cpu_machine()
+    return replace(hw, cpu=replace(hw.cpu, kernel_gflop_per_s={fmt: (gflops,)}))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_a_faster_compressed_kernel_is_priced_at_its_rate_without_dequantization(fmt):
+    policy = Policy(gbs=2, num_gb=2, compress_weight=True, weight_format=fmt)
+    fast = predict(SMALL, _with_kernel(fmt, 400.0), WORK, policy)
+    assert cm.kernel_batches(block(policy, _with_kernel(fmt, 400.0)), "decode", "cpu") == [True, True]
+    assert fast.decode.prefetch_s["cpu"] == 0.0  # nothing dequantized
+    kernel_layer = 2 * 2 * 2 * 36864 / 4e11 + 5120 / 1e9 + 4 * 1536 * 2 / 1e10 + 2e-4
+    assert fast.decode_token_s == pytest.approx(2 * kernel_layer + 2 * (2 * 100 * 64 * 2 / 1e11 + 2e-4))
+
+
+def test_a_slower_kernel_leaves_compressed_weights_priced_as_dequantization_and_gemm():
+    policy = Policy(gbs=2, num_gb=2, compress_weight=True)
+    slow, without = predict(SMALL, _with_kernel("int4", 1.0), WORK, policy), predict(SMALL, cpu_machine(), WORK, policy)
+    assert not any(cm.kernel_batches(block(policy, _with_kernel("int4", 1.0)), "decode", "cpu"))
+    assert slow.total_s == pytest.approx(without.total_s)
+    staged = Policy(gbs=2, num_gb=2, compress_weight=True, weight_cpu=0.5)  # int4 packs only resident layers
+    assert not any(cm.kernel_batches(block(staged, _with_kernel("int4", 400.0)), "decode", "cpu"))
+
+
 def test_peak_memory_by_hand():
     need = memory_need(SMALL, cpu_machine(), WORK, POLICY, rows=4)
     home = 2 * 73984 + (100 * 64 + 64) * 2 + 4 * 12 * 2 * 128 + 4 * 8 * 64 * 2

@@ -1,8 +1,11 @@
+import dataclasses
 import json
 import math
 
 import pytest
+import torch
 
+from planner import profiler
 from planner.errors import HardwareSpecError
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
 from tests.planner.specs import cpu_machine, flat_cpu
@@ -123,3 +126,29 @@ def test_the_planning_process_room_is_not_saved_with_a_profile(tmp_path):
     assert back.memory_room_bytes is None and not back.memory_limit_binds
     with pytest.raises(HardwareSpecError, match="memory_room_bytes=-1"):
         replace(cpu_machine(), memory_room_bytes=-1)
+
+
+def test_kernel_rates_round_trip_and_interpolate_like_the_gemm_table(tmp_path):
+    hw = cpu_machine()
+    cpu = DeviceSpec(**{**hw.cpu.__dict__, "matmul_rows": (1, 16), "matmul_widths": (64, 128),
+                        "matmul_gflop_per_s": ((1, 2), (3, 4)), "kernel_gflop_per_s": {"int4": ((5, 6), (7, 8))}})
+    hw = dataclasses.replace(hw, cpu=cpu)
+    back = load_hardware(save_hardware(hw, tmp_path / "hw.json"))
+    assert back == hw and back.cpu.kernel_flop_per_s("int8", 4) is None
+    assert back.cpu.kernel_flop_per_s("int4", 16, 128) == 8e9 and back.cpu.kernel_flop_per_s("int4", 1, 64) == 5e9
+    with pytest.raises(HardwareSpecError, match="kernel_gflop_per_s"):
+        DeviceSpec(**{**cpu.__dict__, "kernel_gflop_per_s": {"int3": ((5, 6), (7, 8))}})
+
+
+def test_the_profile_prices_kernels_from_the_crossover_entries(monkeypatch):
+    seen = []
+
+    def entry(fmt, n, k, dtype, every_row_count=False, refresh=False):
+        seen.append((fmt, n, k, every_row_count))
+        return {"max_rows": 4, "timings": [{"rows": r, "fast_s": 1e-3 * r, "dense_s": 2e-3} for r in profiler.MATMUL_ROWS]}
+
+    monkeypatch.setattr(profiler, "shape_timings", entry)
+    tables = profiler.kernel_tables(torch.bfloat16)
+    assert set(tables) == {"int4", "int8"} and all(s[3] and s[1] == 3 * s[2] for s in seen)
+    w = profiler.MATMUL_WIDTHS[0]
+    assert tables["int8"][0][0] == pytest.approx(2 * 3 * w * w / 1e-3 / 1e9)

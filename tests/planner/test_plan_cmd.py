@@ -51,11 +51,13 @@ def test_plan_that_cannot_fit_names_the_tier(tiny_llama_dir, hw_file):
 
 
 def test_profile_writes_the_spec(tmp_path, monkeypatch):
-    monkeypatch.setattr(profiler, "profile_this_machine", lambda: cpu_machine())
+    asked = []
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda **kw: asked.append(kw) or cpu_machine())
     out = tmp_path / "hw.json"
     result = CliRunner().invoke(cli.main, ["profile", "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert load_hardware(out) == cpu_machine()
+    assert asked == [{"refresh_kernels": True}]  # an explicit profile measures the kernels' crossovers again
 
 
 def test_run_plans_by_default_and_reports_predicted_against_measured(tmp_path, tiny_llama_dir, hw_file):
