@@ -15,8 +15,8 @@ import threading
 
 import torch
 
-from engine.cpu_attention import QuantKVCache
 from engine.errors import InvalidParamsError
+from engine.kv_cache import QuantKVCache
 from engine.policy import WEIGHT_FORMATS
 from engine.quant import DEFAULT_CONFIG, PARAM_DTYPE, QTensor, QuantConfig, dequantize, quantize
 from engine.quant_int8 import FORMAT as INT8_FORMAT

@@ -13,20 +13,11 @@ without copies."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 
 from engine.attention import attend
-from engine.quant import (
-    DEFAULT_CONFIG,
-    QTensor,
-    QuantConfig,
-    dequantize,
-    dequantize_transposed,
-    empty_qtensor,
-    quantize,
-)
+from engine.quant import QTensor, dequantize, dequantize_transposed
 
 CacheTensor = torch.Tensor | QTensor
 CHUNK_BYTES = 4 << 20  # float32 bytes per chunk buffer: fastest here at B = 1 and B = 8 (64-1024 slots)
@@ -120,65 +111,3 @@ def keep_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
     if rows != list(range(n)):
         x[:n].copy_(x.index_select(0, torch.tensor(rows, device=x.device)))
     return x[:n]
-
-
-class QuantKVCache:
-    """A preallocated 4-bit KV cache (groups along D), with engine.kv_cache.KVCache's interface.
-
-    `update` returns QTensor views over slots [0, end) that `attention` / `decode_attention` read lazily."""
-
-    def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype,
-                 alloc=None, config: QuantConfig = DEFAULT_CONFIG):
-        shape = (batch, kv_heads, max_len, head_dim)
-        assert config.dim in (-1, 3), config
-        self.max_len = max_len
-        self.config = config
-        self.k = [empty_qtensor(shape, dtype, config, alloc) for _ in range(num_layers)]
-        self.v = [empty_qtensor(shape, dtype, config, alloc) for _ in range(num_layers)]
-
-    def store(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int, copy=torch.Tensor.copy_) -> int:
-        """Quantize k_new/v_new [B, KVH, S, D] where they are, then write the codes, mins and scales into slots
-        [start, start+S) with `copy(dst, src)` (only compressed bytes cross); bytes written."""
-        end = start + k_new.shape[2]
-        assert end <= self.max_len, (end, self.max_len)
-        moved = 0
-        for cache, new in ((self.k[layer], k_new), (self.v[layer], v_new)):
-            q = quantize(new, self.config)
-            for part in ("data", "mins", "scales"):
-                copy(getattr(cache, part)[..., start:end], getattr(q, part))
-            moved += q.nbytes
-        return moved
-
-    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: int):
-        """Quantize k_new/v_new [B, KVH, S, D] into slots [start, start+S); return lazy K, V over [0, end)."""
-        self.store(layer, k_new, v_new, start)
-        end = start + k_new.shape[2]
-        return self.k[layer].row_slice(0, end), self.v[layer].row_slice(0, end)
-
-    def dequantized(self, layer: int, end: int, dtype=None):
-        """Full K, V [B, KVH, end, D] (strided views of K^T / V^T buffers), e.g. for a prefill's SDPA."""
-        k, v = self.k[layer].row_slice(0, end), self.v[layer].row_slice(0, end)
-        return dequantize(k, dtype=dtype), dequantize(v, dtype=dtype)
-
-    def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale=None):
-        """Store this step's K/V in 4 bits, then attend. A prefill from slot 0 attends over the new K/V as
-        computed (full precision); later steps read the 4-bit cache chunk by chunk."""
-        k_all, v_all = self.update(layer, k_new, v_new, start)
-        if start == 0:
-            return attend(q, k_new, v_new, mask, scale)
-        return attention(q, k_all, v_all, mask, scale)
-
-    def shift_slots(self, first: int, count: int) -> None:
-        """Move slots [first, first+count) to [0, count) in every layer (slots are the last dim of each part)."""
-        for qt in self.k + self.v:
-            for t in (qt.data, qt.mins, qt.scales):
-                t[..., :count].copy_(t[..., first : first + count].clone())
-
-    def keep_rows(self, rows: list[int]) -> None:
-        """Keep batch rows `rows` (ascending), moved to the front (engine.kv_cache.KVCache.keep_rows)."""
-        for t in (self.k, self.v):
-            t[:] = [replace(qt, data=keep_rows(qt.data, rows), mins=keep_rows(qt.mins, rows),
-                            scales=keep_rows(qt.scales, rows), shape=(len(rows), *qt.shape[1:])) for qt in t]
-
-    def nbytes(self) -> int:
-        return sum(qt.nbytes for qt in self.k + self.v)

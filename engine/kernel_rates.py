@@ -97,20 +97,35 @@ def shape_timings(fmt: str, n: int, k: int, dtype: torch.dtype, every_row_count:
                   path: Path | None = None, refresh: bool = False) -> dict:
     """This shape's entry ({"max_rows", "timings", ...}), from the cache when it is usable (and not `refresh`),
     else measured now (and cached)."""
+
+    def measure() -> dict:
+        best, timings = measure_max_rows(fmt, n, k, dtype, every_row_count=every_row_count)
+        log.info("%s kernel on [%d, %d] %s: faster than dequantize + GEMM up to %d rows", fmt, n, k, dtype, best)
+        return {"max_rows": best, "timings": timings}
+
+    complete = _complete if every_row_count else (lambda entry: True)
+    return cached(entry_key(fmt, dtype, f"{n}x{k}"), measure, path, refresh, complete)
+
+
+def entry_key(*parts) -> str:
+    """The cache key of a measurement on this machine: the machine, VERSION, then what was measured."""
+    return "|".join([machine_key(), f"v{VERSION}", *(str(p).removeprefix("torch.") for p in parts)])
+
+
+def cached(key: str, measure, path: Path | None = None, refresh: bool = False, complete=lambda entry: True) -> dict:
+    """The entry under `key`: from this process's memo or the file when usable (not stale, `complete`, not
+    `refresh`), else `measure()` now, stamped with when and how busy the machine was, and written back."""
     path = path or DEFAULT_PATH
-    key = f"{machine_key()}|v{VERSION}|{fmt}|{str(dtype).removeprefix('torch.')}|{n}x{k}"
     with _lock:
         memo = _memo.get((path, key))
-        if memo is not None and not refresh and (not every_row_count or _complete(memo)):
+        if memo is not None and not refresh and complete(memo):
             return memo
         entry = _read(path).get(key)
-        why = "measured again by request" if refresh else stale(entry, every_row_count)
+        why = "measured again by request" if refresh else stale(entry) or (None if complete(entry) else "incomplete")
         if why:
-            best, timings = measure_max_rows(fmt, n, k, dtype, every_row_count=every_row_count)
-            log.info("%s kernel on [%d, %d] %s (%s): faster than dequantize + GEMM up to %d rows", fmt, n, k, dtype,
-                     why, best)
-            entry = {"max_rows": best, "timings": timings, "measured_at": time.time(),
-                     "load_average": os.getloadavg()[0], "cpus": os.cpu_count() or 1}
+            log.info("measuring %s (%s)", key.rsplit(f"|v{VERSION}|", 1)[-1], why)
+            entry = measure() | {"measured_at": time.time(), "load_average": os.getloadavg()[0],
+                                 "cpus": os.cpu_count() or 1}
             _write(path, _read(path) | {key: entry})
         _memo[(path, key)] = entry
     return entry
@@ -118,7 +133,7 @@ def shape_timings(fmt: str, n: int, k: int, dtype: torch.dtype, every_row_count:
 
 def stale(entry: dict | None, every_row_count: bool = False, now: float | None = None) -> str | None:
     """Why a cached entry must be measured again, or None when it can be used."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("timings"), list) or "max_rows" not in entry:
+    if not isinstance(entry, dict) or not isinstance(entry.get("timings"), list):
         return "not measured yet"
     now = time.time() if now is None else now
     if now - float(entry.get("measured_at", 0)) > MAX_AGE_S:
@@ -134,9 +149,9 @@ def stale(entry: dict | None, every_row_count: bool = False, now: float | None =
 
 
 def plausible(timings: list[dict]) -> bool:
-    """Each path takes at least half as long at more rows (more work is never much faster: a call that was, was
-    disturbed where it took longer at fewer rows)."""
-    for name in ("fast_s", "dense_s"):
+    """Each path (each `*_s` field) takes at least half as long at more rows or slots (more work is never much
+    faster: a call that was, was disturbed where it took longer with less)."""
+    for name in {k for t in timings for k in t if k.endswith("_s")}:
         times = [t[name] for t in timings]
         if any(b < 0.5 * a for a, b in zip(times, times[1:])) or min(times, default=1) <= 0:
             return False

@@ -106,6 +106,18 @@ def dense_compressed_weights(monkeypatch):
     monkeypatch.setattr("engine.kernels.max_rows", lambda fmt, n, k, dtype: 0)
 
 
+@pytest.fixture(autouse=True)
+def chunked_decode_attention(monkeypatch):
+    """Decode attention takes the chunked path in every test unless the test picks SDPA (`sdpa_decode`): which
+    kernel is faster is measured per machine, and tests must not depend on it."""
+    monkeypatch.setattr("engine.decode_kernel.decode_kernel", lambda *a: "chunked")
+
+
+@pytest.fixture
+def sdpa_decode(monkeypatch):
+    monkeypatch.setattr("engine.decode_kernel.decode_kernel", lambda *a: "sdpa")
+
+
 @pytest.fixture
 def compressed_kernels(monkeypatch):
     """Compressed weights computed by the compressed kernels (int4pack, int8 x int8) at every row count."""

@@ -7,8 +7,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from engine.attention import decode_mask
-from engine.cpu_attention import QuantKVCache, attention, decode_attention
-from engine.kv_cache import KVCache
+from engine.cpu_attention import attention, decode_attention
+from engine.kv_cache import KVCache, QuantKVCache
 from engine.quant import QTensor, dequantize, quantize
 
 pytestmark = pytest.mark.usefixtures("one_thread")

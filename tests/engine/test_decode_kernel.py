@@ -1,0 +1,64 @@
+"""Decode attention by measured kernel: SDPA and the chunked path agree, greedy float32 tokens equal transformers'
+with SDPA decode over plain and 4-bit caches, and the choice is measured once per shape and cached."""
+
+import pytest
+import torch
+
+from engine import decode_kernel as dk
+from engine import kernel_rates
+from engine.generate import Engine
+from engine.policy import Policy
+from engine.quant import quantize
+from engine.request import Request, SamplingParams
+from tests.engine.reference import PROMPTS, hf_greedy, hf_model
+
+MAX_NEW = 12
+
+
+@pytest.mark.parametrize("kind", ["plain", "4bit"])
+def test_sdpa_and_chunked_decode_agree(kind):
+    torch.manual_seed(0)
+    q = torch.randn(3, 8, 1, 32)
+    k, v = torch.randn(3, 2, 40, 32), torch.randn(3, 2, 40, 32)
+    if kind == "4bit":
+        k, v = quantize(k, dk.KV_CONFIG), quantize(v, dk.KV_CONFIG)
+    mask = torch.rand(3, 1, 1, 40) > 0.3
+    mask[..., -1] = True
+    torch.testing.assert_close(dk.sdpa(q, k, v, mask), dk.decode_attention(q, k, v, mask), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa_llama3", "opt", "mistral_window"])
+@pytest.mark.parametrize("compress_cache", [False, True])
+def test_greedy_fp32_with_sdpa_decode_matches_transformers(checkpoint, variant, compress_cache, sdpa_decode):
+    model_dir = checkpoint(variant)
+    engine = Engine.load(model_dir, dtype="float32", policy=Policy(gbs=4, num_gb=1, compress_cache=compress_cache))
+    requests = [Request(str(i), p, SamplingParams(max_new_tokens=MAX_NEW)) for i, p in enumerate(PROMPTS)]
+    got = [c.token_ids for c in engine.generate(requests)]
+    if compress_cache:  # lossy: the chunked path over the same 4-bit cache is the reference
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(dk, "decode_kernel", lambda *a: "chunked")
+            assert got == [c.token_ids for c in engine.generate(requests)]
+        return
+    ref = hf_model(model_dir)
+    assert got == [hf_greedy(ref, engine.tokenizer, p, MAX_NEW, engine.eos_ids) for p in PROMPTS]
+
+
+def test_the_kernel_is_measured_once_per_shape_bucket_and_cached(tmp_path, monkeypatch):
+    monkeypatch.undo()  # the autouse pin of the chunked path
+    monkeypatch.setattr(kernel_rates, "DEFAULT_PATH", tmp_path / "rates.json")
+    calls = []
+    real = dk.measure
+
+    def counted(*args, **kw):
+        calls.append(args)
+        return real(*args, repeats=1)
+
+    monkeypatch.setattr(dk, "measure", counted)
+    kernel_rates._memo.clear()
+    q = torch.randn(3, 4, 1, 16)
+    k = v = torch.randn(3, 2, 10, 16)
+    out = dk.decode(q, k, v, torch.ones(3, 1, 1, 10, dtype=torch.bool))
+    assert out.shape == q.shape and dk.decode_kernel("plain", torch.float32, 4, 4, 2, 16) in dk.KERNELS
+    assert calls == [("plain", torch.float32, 4, 4, 2, 16)]  # batch 3 measured as 4, once
+    assert "decode-attention|plain|float32|4x4x2x16" in (tmp_path / "rates.json").read_text()
+    kernel_rates._memo.clear()
