@@ -29,6 +29,7 @@ from engine.dtypes import cpu_info, resolve_dtype
 from engine.kernel_rates import ROWS as KERNEL_ROWS
 from engine.kernel_rates import shape_timings
 from engine.quant import dequantize, quantize
+from planner.errors import HardwareSpecError
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
 from planner.microbench import attention_report, best_seconds, dequant_timings, median_seconds
 from planner.overhead_probe import call_seconds, elementwise_bytes_per_s
@@ -287,19 +288,24 @@ def machine_key() -> str:
 
 
 def load_or_profile(path: Path | None = None, refresh: bool = False) -> HardwareSpec:
-    """This machine's spec: a cached profile measured under the same machine key (`path`, by default
-    ~/.cache/flexbatch/hardware.json, or the copy kept per key beside it, so that runs with different thread
-    counts do not measure again in turn), else a fresh profile, saved to both."""
+    """This machine's spec: a cached profile measured under the same machine key (the copy kept per key beside
+    `path`, by default ~/.cache/flexbatch/hardware.json, or `path` itself as `flexbatch profile` writes it),
+    else a fresh profile, saved to the per-key copy only: `path` may be read by another flexbatch version on this
+    machine, which a profile of this version's form would stop. A cached file this version cannot read (another
+    version's) is passed over."""
     path = Path(path or DEFAULT_CACHE)
     key = machine_key()
     keyed = path.with_name(f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}{path.suffix}")
-    for candidate in (path, keyed):
+    for candidate in (keyed, path):
         if candidate.is_file() and not refresh:
-            spec = load_hardware(candidate)
+            try:
+                spec = load_hardware(candidate)
+            except HardwareSpecError as e:
+                log.info("passing over %s: %s", candidate, e)
+                continue
             if spec.sources.get("machine") == key:
                 return spec
     log.info("no cached profile for %s; profiling this machine", key)
     spec = profile_this_machine()
     save_hardware(spec, keyed)
-    save_hardware(spec, path)
     return spec

@@ -72,6 +72,16 @@ def test_profiles_are_cached_per_machine_key(tmp_path, monkeypatch):
     profiler.load_or_profile(tmp_path / "hardware.json")
     assert len(calls) == 2  # measured again for the other key, and both are kept
     assert len(list(tmp_path.glob("hardware-*.json"))) == 2
+    assert not (tmp_path / "hardware.json").exists()  # left to `flexbatch profile`: other versions read it
+
+
+def test_a_cached_profile_of_another_version_is_passed_over(tmp_path, monkeypatch):
+    spec = _keyed(cpu_machine())
+    stored = {**spec.to_dict(), "field_of_another_version": 1}
+    stored.pop("memory_room_bytes"), stored.pop("memory_limit_binds")
+    (tmp_path / "hardware.json").write_text(json.dumps(stored))
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda: spec)
+    assert profiler.load_or_profile(tmp_path / "hardware.json") == spec
 
 
 def _keyed(spec):
