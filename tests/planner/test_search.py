@@ -115,15 +115,34 @@ def test_a_pinned_split_gets_its_layer_from_the_search():
 def test_refill_is_chosen_when_rows_finish_early_and_not_otherwise():
     from planner.predict import predict
 
-    model, hw = LLAMA_300M, server_cpu()
+    model, hw, shape = LLAMA_300M, server_cpu(), {"gbs": 64, "num_gb": 1}
     early = Workload(64, 256, 512, expected_gen_len=40.0)
     full = Workload(64, 256, 512)
-    assert search(model, hw, early).policy.refill
-    assert not search(model, hw, full).policy.refill
-    plan = search(model, hw, early)
+    assert search(model, hw, early, pins=shape).policy.refill
+    assert not search(model, hw, full, pins=shape).policy.refill
+    plan = search(model, hw, early, pins=shape)
     blocks = predict(model, hw, early, replace(plan.policy, refill=False))
-    assert plan.prediction.total_s < 0.5 * blocks.total_s  # 40 of 256 steps per row busy: far fewer steps
-    assert not search(model, hw, early, pins={"refill": False}).policy.refill
+    assert plan.prediction.total_s < 0.95 * blocks.total_s  # fewer steps than blocks whose finished rows leave
+    assert not search(model, hw, early, pins={"refill": False, **shape}).policy.refill
+
+
+def test_without_refill_a_block_is_priced_at_the_rows_still_live():
+    """Finished rows leave their GPU batch: without refill the decode steps of a block whose rows generate 64 of
+    256 tokens on average are priced at a quarter of its rows (gbs 16 -> 4), so the block costs less than a
+    block whose rows all run to the end, and the same when they do."""
+    from planner.cost_model import Block
+    from planner.predict import block_seconds, live_block, phase_cost
+
+    model, hw, policy = LLAMA_300M, server_cpu(), Policy(gbs=16, num_gb=2)
+    early, full = Workload(64, 256, 512, expected_gen_len=64.0), Workload(64, 256, 512)
+    blk = Block(model, hw, early, policy, 32)
+    live = live_block(blk)
+    assert (live.policy.gbs, live.rows, live.batches) == (4, 8, (4, 4))
+    seconds, pre, _ = block_seconds(blk)
+    assert seconds == pytest.approx(pre.step_s + 255 * phase_cost(live, "decode").step_s)
+    assert seconds < block_seconds(Block(model, hw, full, policy, 32))[0]
+    assert live_block(Block(model, hw, full, policy, 32)).policy.gbs == 16
+    assert live_block(Block(model, hw, early, replace(policy, refill=True), 32)).policy.gbs == 4  # block_seconds skips it
 
 
 @pytest.mark.parametrize("budget_gib", [None, 1.5, 0.6])
