@@ -103,11 +103,3 @@ def attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tenso
     if isinstance(k, QTensor):
         k, v = dequantize(k, dtype=q.dtype), dequantize(v, dtype=q.dtype)
     return attend(q, k, v, mask, scale)
-
-
-def keep_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """The first len(rows) rows of `x` (dim 0), holding rows `rows` (ascending) of x, written in place."""
-    n = len(rows)
-    if rows != list(range(n)):
-        x[:n].copy_(x.index_select(0, torch.tensor(rows, device=x.device)))
-    return x[:n]

@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from engine.attention import attend
-from engine.cpu_attention import attention, keep_rows
+from engine.cpu_attention import attention
 from engine.decode_kernel import decode
 from engine.quant import DEFAULT_CONFIG, QuantConfig, dequantize, empty_qtensor, quantize
 
@@ -121,3 +121,11 @@ class QuantKVCache:
 
     def nbytes(self) -> int:
         return sum(qt.nbytes for qt in self.k + self.v)
+
+
+def keep_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The first len(rows) rows of `x` (dim 0), holding rows `rows` (ascending) of x, written in place."""
+    n = len(rows)
+    if rows != list(range(n)):
+        x[:n].copy_(x.index_select(0, torch.tensor(rows, device=x.device)))
+    return x[:n]
