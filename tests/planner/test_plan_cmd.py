@@ -122,3 +122,12 @@ def test_a_run_without_planning_keeps_to_the_same_cpu_budget(tmp_path, tiny_llam
     monkeypatch.setattr(engine.memory_room, "memory_room", lambda: tiny)
     refused = CliRunner().invoke(cli.main, [*common, "--output", str(tmp_path / "b")])
     assert refused.exit_code == 2 and "on the cpu tier" in refused.output, refused.output
+
+
+@pytest.mark.parametrize(("option", "refill"), [("on", True), ("off", False)])
+def test_refill_option_pins_it(tiny_llama_dir, hw_file, option, refill):
+    """--refill on/off is a pin the planner keeps (auto, the default, leaves it to the planner)."""
+    result = plan("--model", tiny_llama_dir, "--prompt-len", 16, "--gen-len", 64, "--num-prompts", 256, "--gbs", 8,
+                  "--num-gb", 1, "--hardware", hw_file, "--refill", option, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["refill"] is refill
