@@ -5,6 +5,7 @@ retry or give up on."""
 from __future__ import annotations
 
 import logging
+import math
 import traceback
 from dataclasses import dataclass
 
@@ -36,6 +37,11 @@ class InlineDispatcher:
 
     def start(self) -> list[dict]:
         return [self._worker.info()]
+
+    def take_job(self, job, total_rows: int) -> list[dict]:
+        """Hand the worker the next job (it plans it, keeping its engine where it can); its set-up info."""
+        self._worker.take_job(job)
+        return self.start()
 
     def idle(self) -> list[int]:
         return [] if self._pending else [0]
@@ -93,6 +99,15 @@ class RayDispatcher:
         for info in infos:
             self._node_kills.note(info["node"], info["oom_kills"])
         return infos
+
+    def take_job(self, job, total_rows: int) -> list[dict]:
+        """Hand every actor the next job, each planning for its share of `total_rows` (and keeping its engine where
+        it can); their set-up infos, as `start` gives them."""
+        import ray
+
+        self._job, self._rows = job, math.ceil(total_rows / len(self._actors))
+        ray.get([actor.take_job.remote(job, self._rows) for actor in self._actors])
+        return self.start()
 
     def idle(self) -> list[int]:
         busy = {w for w, _ in self._inflight.values()}

@@ -14,6 +14,7 @@ import time
 from collections import Counter, deque
 from pathlib import Path
 
+from engine.errors import FlexbatchError
 from pipeline.manifest import append_manifest, read_manifest, write_success
 from pipeline.output_dir import JOB_FILES, check_output, open_output
 from pipeline.output_lock import lock_output
@@ -28,19 +29,55 @@ BLOCKS_PER_SHARD = 8  # a derived shard holds up to this many planned blocks
 _WAIT_SECONDS = 1.0
 
 
-def run_job(config: RunConfig) -> JobSummary:
-    """Check, lock the output folder, start the engines, complete every shard not yet committed, write
-    `_SUCCESS`."""
+class WorkerPool:
+    """Engines kept from one job to the next, for a command that runs many small jobs (a HELM suite's runs):
+    a job whose engines run where the last job's did (`--no-ray`, or the same Ray address and --workers) hands
+    its set-up to the same workers, which plan it and keep their loaded engine where `runner.load_key` allows.
+    Closed at the end of the command (a `with` block)."""
+
+    def __init__(self):
+        self._dispatcher, self._where = None, None
+
+    def workers(self, config: RunConfig, job: JobSetup, total: int):
+        where = (config.use_ray, config.address, config.workers)
+        if self._dispatcher is not None and where == self._where:
+            try:
+                return self._dispatcher, self._dispatcher.take_job(job, total)
+            except Exception as e:  # FlexbatchError: the user's to fix; else a lost worker: start afresh
+                self.close()
+                if isinstance(e, FlexbatchError):
+                    raise
+                log.warning("the kept engines could not take the next job (%s); starting new ones", e)
+        self.close()
+        self._dispatcher, infos = _start_workers(config, job, total)
+        self._where = where
+        return self._dispatcher, infos
+
+    def close(self) -> None:
+        dispatcher, self._dispatcher = self._dispatcher, None
+        if dispatcher is not None:
+            dispatcher.close()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_job(config: RunConfig, pool: WorkerPool | None = None) -> JobSummary:
+    """Check, lock the output folder, start the engines (or take `pool`'s), complete every shard not yet
+    committed, write `_SUCCESS`."""
     job = prepare_job(config)
     lock = lock_output(config.output)
     try:  # the folder as it is now that no other run can change it
         job = dataclasses.replace(job, output=check_output(config.output, job.record, config.overwrite))
-        return _run_locked(job, lock)
+        return _run_locked(job, lock, pool)
     finally:
         lock.release()
 
 
-def _run_locked(job: JobSetup, lock) -> JobSummary:
+def _run_locked(job: JobSetup, lock, pool: WorkerPool | None = None) -> JobSummary:
     config = job.config
     total = sum(f.num_rows for f in job.files)
     log.info("%d rows in %d files; model %s (%s)", total, len(job.files), config.model, job.spec.model_type)
@@ -49,7 +86,8 @@ def _run_locked(job: JobSetup, lock) -> JobSummary:
     if shards is not None and all(s.part_name in committed for s in shards):
         log.info("every shard of this job is already committed in %s", config.output)
         return _finish(job, shards, committed, {}, [], [], 0.0)
-    dispatcher, infos = _start_workers(config, job, total)
+    dispatcher, infos = pool.workers(config, job, total) if pool else _start_workers(config, job, total)
+    kept = False
     try:
         if shards is None:
             shards = make_shards(job.files, derived_shard_rows(total, infos))
@@ -63,8 +101,10 @@ def _run_locked(job: JobSetup, lock) -> JobSummary:
         new, failed = _dispatch(dispatcher, job, pending, total - sum(r["rows"] for r in committed.values()),
                                 lock)
         seconds = time.perf_counter() - started
+        kept = pool is not None
     finally:
-        dispatcher.close()
+        if not kept:  # a job that failed leaves no engines behind for the next
+            (pool or dispatcher).close()
     lock.check()
     return _finish(job, shards, committed, new, failed, infos, seconds)
 

@@ -234,6 +234,14 @@ def choose(config: RunConfig, job: JobSetup, num_prompts: int | None = None,
     return dataclasses.replace(chosen.policy, weight_format=config.policy.weight_format), chosen.prediction
 
 
+def load_key(config: RunConfig, policy: Policy, budgets: dict) -> tuple:
+    """What a loaded engine fixes: the model, dtype, kernels, budgets and offload folder, and the policy but for its
+    block shape and refill (each engine call takes those as they are). Jobs with equal keys can share an engine."""
+    fixed = {k: v for k, v in policy.to_dict().items() if k not in ("gbs", "num_gb", "refill")}
+    return (str(config.model), config.dtype, config.backend, sorted(budgets.items()), str(config.offload_dir),
+            sorted(fixed.items()))
+
+
 def load_engine(config: RunConfig, policy: Policy, budgets: dict) -> Engine:
     """The engine of `policy`, within `budgets` (`plan_budgets`: the same with or without planning)."""
     from engine.generate import Engine  # torch is imported only when a job runs, not for --help

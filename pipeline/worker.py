@@ -22,7 +22,7 @@ from pipeline.openai_output import choices_by_line, jsonl_bytes, output_lines
 from pipeline.parquet_io import output_table, write_part_atomic
 from pipeline.planning import measured_workload, plan_budgets, prediction_record, refill_choice
 from pipeline.rows import build_requests, row_ids
-from pipeline.runner import JobSetup, choose, load_engine
+from pipeline.runner import JobSetup, choose, load_engine, load_key
 from pipeline.shards import Shard, read_shard
 from pipeline.storage import Folder
 
@@ -60,10 +60,16 @@ class ShardWorker:
             import torch
 
             torch.set_num_threads(threads)
-        self.job, self.worker_id = job, worker_id
-        self._setup_error: FlexbatchError | None = None
+        self.worker_id, self.engine, self._loaded, self._node_engines = worker_id, None, None, node_engines
+        self.take_job(job, planned_rows)
+
+    def take_job(self, job: JobSetup, planned_rows: int | None = None) -> None:
+        """The next job of the same command (a HELM suite's next run), planned here again. The loaded engine is
+        kept where the new job's model, engine settings and policy keep the weights as they are (`load_key`);
+        else the model is loaded again."""
+        self.job, self._setup_error = job, None
         try:
-            self._setup(planned_rows, node_engines)
+            self._setup(planned_rows, self._node_engines)
         except FlexbatchError as e:  # a user error (model, budget, job): reported by info(), not a dead actor
             self._setup_error = e
 
@@ -73,14 +79,27 @@ class ShardWorker:
         self.policy, predicted = choose(self.job.config, self.job, planned_rows, budgets)
         self.work = predicted.workload if predicted is not None else None  # planned: refill re-chosen as rows finish
         self._measured = (0, 0)  # rows finished so far, and the tokens they generated
-        self.engine = load_engine(self.job.config, self.policy, budgets)
-        warm_up(self.engine)
+        key = load_key(self.job.config, self.policy, budgets)
+        reused = key == self._loaded
+        if reused:
+            self.engine.policy = self.policy  # the block shape and refill are taken per call
+        else:
+            self._close_engine()
+            self.engine = load_engine(self.job.config, self.policy, budgets)
+            self._loaded = key
+            warm_up(self.engine)
         self._info = {
             "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
             "policy": self.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
             "setup_seconds": time.perf_counter() - started, "node": _node_id(), "node_engines": node_engines,
             "cpu_budget": budgets.get("cpu"), "oom_kills": oom_kills_here(),  # the driver's baseline for its node
+            "engine_reused": reused,
         }
+
+    def _close_engine(self) -> None:
+        engine, self.engine, self._loaded = self.engine, None, None
+        if engine is not None:
+            engine.weights.close()
 
     def info(self) -> dict:
         if self._setup_error is not None:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from engine.request import SamplingParams
 from pipeline import JobSummary, RunConfig, run_job
+from pipeline.driver import WorkerPool
 from pipeline.rows import derive_seed
 from pipeline.settings import EngineSettings
 
@@ -67,8 +68,10 @@ def write_requests(path: Path, rows: list[dict]) -> bool:
     return True
 
 
-def run_requests(run_dir: Path, states: list[dict], model: Path, engine: EngineSettings) -> JobSummary:
-    """Complete every request of the run with the pipeline (resuming an interrupted job of the same requests)."""
+def run_requests(run_dir: Path, states: list[dict], model: Path, engine: EngineSettings,
+                 pool: WorkerPool | None = None) -> JobSummary:
+    """Complete every request of the run with the pipeline (resuming an interrupted job of the same requests), on
+    `pool`'s engines where given (the suite's runs share them)."""
     rows = request_rows(states)
     if write_requests(run_dir / REQUESTS_FILE, rows):
         log.info("%s: %d requests, %d rows written to %s", run_dir.name, len(states), len(rows), REQUESTS_FILE)
@@ -76,7 +79,7 @@ def run_requests(run_dir: Path, states: list[dict], model: Path, engine: EngineS
     config = RunConfig.for_job(engine, input=str(run_dir / REQUESTS_FILE), output=run_dir / COMPLETIONS_DIR,
                                model=model, params=params,
                                overwrite=True)  # same config: resume; changed requests or options: redo the run's job
-    return run_job(config)
+    return run_job(config, pool)
 
 
 def read_completions(summary: JobSummary) -> dict[str, dict]:

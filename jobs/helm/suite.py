@@ -3,7 +3,8 @@ complete the requests through the pipeline, score them with HELM's metrics, and 
 write the suite summary.
 
 Every run is checked (spec, scenario files, scenario states, model folders) before any model is loaded. The runs
-of one invocation share one Ray connection. A run whose shards failed every try is reported and its HELM files
+of one invocation share one Ray connection and its engines (`pipeline.driver.WorkerPool`: a run keeps the loaded
+model where its model, settings and weight placement equal the last run's). A run whose shards failed every try is reported and its HELM files
 are not written; rerunning the same command resumes it.
 """
 
@@ -43,6 +44,7 @@ from jobs.helm.state import (
     source_file,
     source_metrics,
 )
+from pipeline.driver import WorkerPool
 from pipeline.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -103,9 +105,9 @@ def run_suite(spec: HelmSpec, options: HelmOptions) -> SuiteResult:
             done[entry.run_name] = read_run_summary(run_dir)
         else:
             todo.append(prepare_run(entry, run_dir))
-    with _ray_session(options.engine, bool(todo)):
+    with _ray_session(options.engine, bool(todo)), WorkerPool() as pool:
         for prepared in todo:
-            done[prepared.entry.run_name] = execute_run(prepared, options.engine)
+            done[prepared.entry.run_name] = execute_run(prepared, options.engine, pool)
     runs = tuple(done[e.run_name] for e in spec.entries)
     table, md, js = write_summary(options.suite_dir, options.suite, list(runs))
     schema = write_suite_schema(options.suite_dir, run_groups([options.suite_dir / e.run_name for e in spec.entries]))
@@ -180,14 +182,15 @@ def _chance(entry: RunEntry, method: str, states: list[dict]) -> float | None:
     return builtin.chance if builtin else None
 
 
-def execute_run(run: PreparedRun, engine: EngineSettings) -> RunSummary:
-    """Complete the run's requests, score them, write its HELM files; a run with failed shards writes none."""
+def execute_run(run: PreparedRun, engine: EngineSettings, pool: WorkerPool | None = None) -> RunSummary:
+    """Complete the run's requests (on `pool`'s engines, shared by the suite's runs), score them, write its HELM
+    files; a run with failed shards writes none."""
     entry = run.entry
     policy = dataclasses.replace(engine.policy, compress_weight=entry.compress_weight,
                                  compress_cache=entry.compress_cache)
     engine = dataclasses.replace(engine, policy=policy)
     log.info("run %s: %d requests of %s on %s", entry.run_name, len(run.states), entry.scenario_label, entry.model)
-    summary = run_requests(run.run_dir, run.states, entry.model, engine)
+    summary = run_requests(run.run_dir, run.states, entry.model, engine, pool)
     tokens_per_s, plan = summary.job_tokens_per_s, plan_text(summary.workers)
     if not summary.run_completion_tokens:  # every shard was committed earlier: keep what that run measured
         tokens_per_s, plan = _earlier_measure(run.run_dir, tokens_per_s, plan)

@@ -1,4 +1,5 @@
-"""The job end to end on Ray: the bundled addition scenario through two engine actors."""
+"""The job end to end on Ray: the bundled addition scenario through two engine actors, which the suite's next run
+(compare) takes over with their models loaded."""
 
 import json
 import os
@@ -16,7 +17,8 @@ REPO = Path(__file__).resolve().parents[3]
 @pytest.mark.slow
 def test_bundled_scenario_through_two_ray_actors(tmp_path):
     spec = write_spec(tmp_path / "spec.yaml", [{"scenario": "addition", "adapter": DEMO_ADAPTER,
-                                                "metrics": ["exact_match", "quasi_exact_match"]}])
+                                                "metrics": ["exact_match", "quasi_exact_match"]},
+                                               {"scenario": "compare", "adapter": DEMO_ADAPTER}])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "jobs.helm", "--spec", str(spec), "--suite", "ray", "--output", str(tmp_path / "out"),
@@ -33,3 +35,7 @@ def test_bundled_scenario_through_two_ray_actors(tmp_path):
     assert em["mean"] >= 0.75  # the demo model adds two-digit numbers (99 % held out); chance is 1/179
     summary = json.loads((tmp_path / "out" / "runs" / "ray" / "flexbatch_summary.json").read_text())
     assert summary["runs"][0]["status"] == "done" and "| addition:model=demo-model | done |" in done.stdout
+    assert summary["runs"][1]["status"] == "done"
+    then = read_json(tmp_path / "out" / "runs" / "ray" / "compare:model=demo-model" / "flexbatch.json")["workers"]
+    assert [w["pid"] for w in then] == [w["pid"] for w in info["workers"]]  # the same two actors
+    assert [w["engine_reused"] for w in info["workers"] + then] == [False, False, True, True]

@@ -89,6 +89,12 @@ def test_several_outputs_are_rows_with_distinct_seeds(suite):
     assert {"exact_match", "exact_match@3"} <= stats
 
 
+def test_the_runs_of_a_suite_share_one_loaded_engine(suite):
+    suite_dir, _, _ = suite
+    first, second = (read_json(suite_dir / run / "flexbatch.json")["workers"][0] for run in (RUN, SAMPLED))
+    assert first["engine_reused"] is False and second["engine_reused"] is True  # same model, settings, placement
+
+
 def test_skip_completed_runs_loads_no_model(suite, monkeypatch):
     suite_dir, _, args = suite
 
@@ -116,7 +122,7 @@ def test_rerun_resumes_the_committed_pipeline_job(suite):
 def test_compression_reaches_the_pipeline_policy(tmp_path, monkeypatch):
     seen = []
 
-    def capture(config):
+    def capture(config, pool=None):
         seen.append(config)
         raise ConfigError("stop here")
 
