@@ -60,7 +60,8 @@ class ShardWorker:
             import torch
 
             torch.set_num_threads(threads)
-        self.worker_id, self.engine, self._loaded, self._node_engines = worker_id, None, None, node_engines
+        self.worker_id, self._node_engines = worker_id, node_engines
+        self.engine, self._loaded, self._read = None, None, ({}, {})  # the engine, its load_key, its budgets
         self.take_job(job, planned_rows)
 
     def take_job(self, job: JobSetup, planned_rows: int | None = None) -> None:
@@ -75,7 +76,7 @@ class ShardWorker:
 
     def _setup(self, planned_rows: int | None, node_engines: int) -> None:
         started = time.perf_counter()
-        budgets = plan_budgets(self.job.config.budgets, engines=node_engines)  # one reading for plan and engine
+        budgets = self._budgets(node_engines)
         self.policy, predicted = choose(self.job.config, self.job, planned_rows, budgets)
         self.work = predicted.workload if predicted is not None else None  # planned: refill re-chosen as rows finish
         self._measured = (0, 0)  # rows finished so far, and the tokens they generated
@@ -86,7 +87,7 @@ class ShardWorker:
         else:
             self._close_engine()
             self.engine = load_engine(self.job.config, self.policy, budgets)
-            self._loaded = key
+            self._loaded, self._read = key, (self.job.config.budgets, budgets)
             warm_up(self.engine)
         self._info = {
             "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
@@ -95,6 +96,13 @@ class ShardWorker:
             "cpu_budget": budgets.get("cpu"), "oom_kills": oom_kills_here(),  # the driver's baseline for its node
             "engine_reused": reused,
         }
+
+    def _budgets(self, node_engines: int) -> dict:
+        """The budgets to plan and load within: one reading of the memory room for plan and engine, and for a
+        loaded engine the reading it loaded with (so that a next job with the same budget options may keep it)."""
+        if self.engine is not None and self._read[0] == self.job.config.budgets:
+            return self._read[1]
+        return plan_budgets(self.job.config.budgets, engines=node_engines)
 
     def _close_engine(self) -> None:
         engine, self.engine, self._loaded = self.engine, None, None
