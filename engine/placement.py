@@ -196,7 +196,7 @@ class PlacedKV:
             o = cache.attend(layer, mv(q[rows], dev, home), k_home, v_home, start, mv(mask[rows], dev, home), scale)
             return mv(o, home, dev)
         k_all, v_all = cache.update(layer, k_home, v_home, start)
-        return attention(q[rows], self._fetch(k_all, home), self._fetch(v_all, home), mask[rows], scale)
+        return attention(q[rows], *self._fetch([k_all, v_all], home), mask[rows], scale)
 
     def _prefill(self, layer, q, k_new, v_new, start, mask, scale):
         """Store each segment's new K/V rows on its tier, then attend over the new K/V on the compute device
@@ -274,25 +274,41 @@ class PlacedKV:
             for dst, buf in pairs:
                 dst.copy_(buf)
 
-    def _fetch(self, x, home: str):
-        """A cache tensor moved to the compute device; a 4-bit one travels compressed. From a host cache to a CUDA
-        GPU each part is gathered by the host into reused pinned staging (a cache slice up to the current slot is
-        strided: copied as it is, it would go through a pageable temporary, synchronously) and crosses on the kv
-        stream; the compute stream waits for that copy's event."""
-        if isinstance(x, QTensor):
-            return replace(x, data=self._fetch(x.data, home), mins=self._fetch(x.mins, home),
-                           scales=self._fetch(x.scales, home))
+    def _fetch(self, tensors: list, home: str) -> list:
+        """Cache tensors moved to the compute device; a 4-bit one travels compressed."""
+        parts = [p for x in tensors for p in _parts(x)]
         d = self.devices
-        if not (d.async_moves and home == "cpu" and self.compute == "gpu"):
-            return d.move(x, home, self.compute)
-        slot, staged = d.staging.take(x.shape, x.dtype)  # the host waits for the copy that last read it
-        staged.copy_(x)
-        kv = d.streams["kv"]
-        kv.wait(d.compute_stream.record())  # out's memory is free on the GPU
-        out = torch.empty(x.shape, dtype=x.dtype, device=d.torch_device(self.compute))
+        if d.async_moves and home == "cpu" and self.compute == "gpu":
+            moved = self._fetch_staged(parts)
+        else:
+            moved = [d.move(p, home, self.compute) for p in parts]
+        out = []
+        for x in tensors:
+            n = len(_parts(x))
+            out.append(replace(x, data=moved[0], mins=moved[1], scales=moved[2]) if n == 3 else moved[0])
+            moved = moved[n:]
+        return out
+
+    def _fetch_staged(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Host tensors copied to the GPU through one set of reused pinned staging buffers, gathered by the host
+        (a cache slice up to the current slot is strided: copied as it is, it would go through a pageable
+        temporary, synchronously), then copied on the kv stream under one event that the compute stream waits
+        for."""
+        d, kv = self.devices, self.devices.streams["kv"]
+        slot, staged = d.staging.take(parts)  # the host waited for the copies that last read this set
+        for buf, p in zip(staged, parts):
+            buf.copy_(p)
+        kv.wait(d.compute_stream.record())  # the outputs' memory is free on the GPU
+        outs = [torch.empty(p.shape, dtype=p.dtype, device=d.torch_device(self.compute)) for p in parts]
         with kv:
-            d.copy_into(out, staged, home, self.compute, side=True)
+            for out, buf in zip(outs, staged):
+                d.copy_into(out, buf, "cpu", self.compute, side=True)
         ready = kv.record()
         d.staging.read_by(slot, ready)
         d.compute_stream.wait(ready)
-        return out
+        return outs
+
+
+def _parts(x) -> list[torch.Tensor]:
+    """The tensors a cache tensor moves as: a 4-bit one's codes, minimums and scales."""
+    return [x.data, x.mins, x.scales] if isinstance(x, QTensor) else [x]

@@ -2,8 +2,9 @@
 
 A strided host tensor (a slice of the KV cache up to the current slot) copied to the GPU as it is goes through
 a pageable temporary, synchronously. Gathered first into a contiguous pinned buffer, it crosses asynchronously
-on a side stream. The buffers are few and reused in turn; the host refills one only after the copy that last
-read it has finished (its event), so a buffer is never rewritten under a copy in flight."""
+on a side stream. One fetch (K and V of a layer, with every part of a 4-bit cache) takes one set of buffers and
+copies it under one event; the sets are few and reused in turn, and the host refills one only after the copies
+that last read it have finished (its event), so a buffer is never rewritten under a copy in flight."""
 
 from __future__ import annotations
 
@@ -11,33 +12,39 @@ import torch
 
 from engine.streams import synchronize
 
-STAGING_BUFFERS = 4  # K and V of two fetches: the host gathers the next while the previous one crosses
+STAGING_SETS = 2  # the host gathers the next fetch while the previous one crosses
 
 
 class StagingRing:
-    """STAGING_BUFFERS flat host buffers (pinned by `host_empty` with CUDA), grown to the largest request."""
+    """STAGING_SETS sets of flat host buffers (pinned by `host_empty` with CUDA), each grown to what it held."""
 
-    def __init__(self, host_empty, count: int = STAGING_BUFFERS):
+    def __init__(self, host_empty, count: int = STAGING_SETS):
         self._host_empty = host_empty
-        self.buffers: list[torch.Tensor | None] = [None] * count
+        self.sets: list[list[torch.Tensor]] = [[] for _ in range(count)]
         self.events: list = [None] * count
         self._next = 0
 
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, torch.Tensor]:
-        """The next buffer in turn as a contiguous tensor of `shape`, once the copy that last read it is done."""
+    def take(self, likes: list[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
+        """The next set in turn, once the copies that last read it are done: one contiguous buffer of each
+        tensor's shape and dtype."""
         i = self._next
-        self._next = (i + 1) % len(self.buffers)
+        self._next = (i + 1) % len(self.sets)
         synchronize(self.events[i])
         self.events[i] = None
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        buf = self.buffers[i]
-        if buf is None or buf.numel() < nbytes:
-            buf = self.buffers[i] = self._host_empty((nbytes,), torch.uint8)
-        return i, buf[:nbytes].view(dtype).view(shape)
+        bufs = self.sets[i]
+        out = []
+        for n, like in enumerate(likes):
+            nbytes = like.numel() * like.element_size()
+            if n == len(bufs):
+                bufs.append(self._host_empty((nbytes,), torch.uint8))
+            elif bufs[n].numel() < nbytes:
+                bufs[n] = self._host_empty((nbytes,), torch.uint8)
+            out.append(bufs[n][:nbytes].view(like.dtype).view(like.shape))
+        return i, out
 
     def read_by(self, i: int, event) -> None:
-        """Buffer i is being read by the copy that completes with `event`."""
+        """Set i is being read by the copies that complete with `event`."""
         self.events[i] = event
 
     def nbytes(self) -> int:
-        return sum(b.numel() for b in self.buffers if b is not None)
+        return sum(b.numel() for s in self.sets for b in s)

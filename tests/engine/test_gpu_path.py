@@ -87,10 +87,10 @@ def _deferred(engine: Engine) -> list:
     d.copy_into = copy_into
     take, read_by = d.staging.take, d.staging.read_by
 
-    def logged_take(shape, dtype):
-        slot, buf = take(shape, dtype)
+    def logged_take(likes):
+        slot, bufs = take(likes)
         log.append(("fill", slot))
-        return slot, buf
+        return slot, bufs
 
     def logged_read_by(slot, event):
         log.append(("fetch", (slot, event)))
@@ -203,30 +203,32 @@ def test_deferred_streams_catch_a_missing_host_wait(checkpoint, tmp_path, monkey
 
 @pytest.mark.parametrize("name", ["offload-gpu-attention", "offload-4bit-gpu-attention"])
 def test_strided_cache_fetch_goes_through_reused_staging_on_the_kv_stream(checkpoint, tmp_path, name):
-    """GPU decode attention over a CPU cache: each fetched part is gathered into one of the few reused staging
-    buffers and crosses on the kv stream, which the compute stream waits for; the host refills a buffer only
-    after waiting for the copy that last read it; the bytes crossing are those of the direct path (weights
-    resident on the GPU here, so that nothing else crosses)."""
+    """GPU decode attention over a CPU cache: a layer's K and V (every part of a 4-bit one: codes, minimums,
+    scales) are gathered into one of the two reused staging sets and cross on the kv stream under one event,
+    which the compute stream waits for; the host refills a set only after waiting for the copies that last read
+    it; the bytes crossing are those of the direct path (weights resident on the GPU here, so that nothing else
+    crosses)."""
     policy = replace(SIDE_POLICIES[name], weight_gpu=1.0, weight_cpu=0.0)  # no weight crosses: links exact
     got, engine, log = _run(checkpoint(VARIANT), policy, tmp_path, deferred=True)
     direct = _run(checkpoint(VARIANT), policy, tmp_path)[1]
     assert got == _cpu_tokens(checkpoint(VARIANT), policy)
     assert engine.devices.links.moved == direct.devices.links.moved
-    _check_staging_protocol(log, len(engine.devices.staging.buffers))
+    _check_staging_protocol(log, len(engine.devices.staging.sets))
+    assert [len(s) for s in engine.devices.staging.sets] == [6 if policy.compress_cache else 2] * 2
 
 
-def _check_staging_protocol(log: list, buffers: int) -> None:
-    """Each fetch's copy is waited for by the compute stream; each refill of a buffer comes after the host
-    waited for the copy that last read it."""
+def _check_staging_protocol(log: list, sets: int) -> None:
+    """Each fetch's copies are waited for by the compute stream; each refill of a staging set comes after the
+    host waited for the copies that last read it."""
     fetches = [e for kind, e in log if kind == "fetch"]
     waited = {e for kind, e in log if kind == "compute waits"}
-    assert len(fetches) > buffers and all(e in waited for _, e in fetches)
+    assert len(fetches) > sets and all(e in waited for _, e in fetches)
     last, host_waited = {}, set()
     for kind, e in log:
         if kind == "host waits":
             host_waited.add(e)
         elif kind == "fill" and e in last:
-            assert last[e] in host_waited, f"buffer {e} refilled before the copy {last[e]} that read it was done"
+            assert last[e] in host_waited, f"set {e} refilled before the copy {last[e]} that read it was done"
         elif kind == "fetch":
             last[e[0]] = e[1]
 
@@ -237,7 +239,7 @@ def test_staging_check_catches_a_buffer_refilled_too_early(checkpoint, tmp_path,
     monkeypatch.setattr("engine.staging.synchronize", lambda event: None)
     _, engine, log = _run(checkpoint(VARIANT), SIDE_POLICIES["offload-gpu-attention"], tmp_path, deferred=True)
     with pytest.raises(AssertionError, match="refilled before the copy"):
-        _check_staging_protocol(log, len(engine.devices.staging.buffers))
+        _check_staging_protocol(log, len(engine.devices.staging.sets))
 
 
 # -- the same on CUDA -------------------------------------------------------------------------------------
@@ -253,7 +255,7 @@ def test_cuda_side_streams_and_head_keep_fp32_tokens(checkpoint, tmp_path, name)
     if engine.globals_on == "gpu":
         assert all(t.is_cuda for t in engine.gw.values())
     if not policy.cpu_attention:
-        assert all(b.is_pinned() for b in engine.devices.staging.buffers if b is not None)
+        assert all(b.is_pinned() for s in engine.devices.staging.sets for b in s)
 
 
 @pytest.mark.gpu
