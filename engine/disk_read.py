@@ -39,6 +39,13 @@ def reads_direct(disk_bytes: float, room_bytes: float) -> bool:
 
 
 
+def aligned_empty(n: int) -> torch.Tensor:
+    """An uninitialized uint8 buffer of n bytes starting on an ALIGN boundary, as O_DIRECT wants."""
+    raw = torch.empty(n + ALIGN, dtype=torch.uint8)
+    pad = -raw.data_ptr() % ALIGN
+    return raw[pad : pad + n]
+
+
 class DirectReader:
     """Reads safetensors files into reused aligned buffers, bypassing the page cache."""
 
@@ -52,10 +59,8 @@ class DirectReader:
             for k, buf in enumerate(self._free):
                 if buf.numel() >= n:
                     return self._free.pop(k)
-        raw = torch.empty(n + ALIGN, dtype=torch.uint8)
-        pad = -raw.data_ptr() % ALIGN
         self.buffers_made += 1
-        return raw[pad : pad + n]
+        return aligned_empty(n)
 
     def release(self, buf: torch.Tensor) -> None:
         with self._lock:

@@ -1,5 +1,6 @@
-"""The offload folder: where the disk tier lives. Disk-tier tensors made during a run (KV cache, activations)
-are scratch files mapped into memory; nothing of them outlives the mapping.
+"""The offload folder: where the disk tier lives. Disk-tier tensors made during a run (activations, a 4-bit KV
+cache) are scratch files mapped into memory; nothing of them outlives the mapping. A plain KV cache on disk is
+a scratch file read and written with direct I/O instead (engine/disk_kv.py).
 
 A scratch file is made in a fresh private folder (`mkdtemp`, mode 0700) under the offload folder, opened with
 O_CREAT | O_EXCL | O_NOFOLLOW (a name planted in advance, such as a symlink, makes the open fail rather than
@@ -36,17 +37,32 @@ def scratch_tensor(offload_dir: str | Path | None, shape: tuple[int, ...], dtype
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
-    private = tempfile.mkdtemp(prefix="scratch-", dir=offload_root(offload_dir))
-    path = os.path.join(private, "tensor.bin")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = scratch_file(offload_dir)
     try:
-        os.unlink(path)
-        os.rmdir(private)
         os.ftruncate(fd, nbytes)
         mapped = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)  # the mapping keeps the file alive until the tensor is freed
     return torch.frombuffer(mapped, dtype=dtype, count=numel).view(shape)
+
+
+def scratch_file(offload_dir: str | Path | None, direct: bool = False) -> int:
+    """The descriptor of a new, already unlinked scratch file under the offload folder; with `direct`, opened
+    with O_DIRECT where the filesystem takes it (tmpfs does not: then buffered)."""
+    private = tempfile.mkdtemp(prefix="scratch-", dir=offload_root(offload_dir))
+    path = os.path.join(private, "scratch.bin")
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(path, flags | (os.O_DIRECT if direct else 0), 0o600)
+        except OSError:
+            if not direct:
+                raise
+            fd = os.open(path, flags, 0o600)
+        os.unlink(path)
+    finally:
+        os.rmdir(private)
+    return fd
 
 
 # Disk-tier layers: one safetensors file per layer, `layer_NNNN.safetensors`, in a folder per (checkpoint,

@@ -10,6 +10,7 @@ import time
 import torch
 
 from engine.attention import decode_mask, prefill_mask
+from engine.disk_kv import DirectKVCache
 from engine.kv_cache import KVCache
 from engine.models import StepContext
 from engine.placement import PlacedActivations, PlacedKV, alloc, row_segments
@@ -206,8 +207,14 @@ class BlockExecutor:
         segments = []
         for tier, rows in row_segments(B, fractions):
             n = rows.stop - rows.start
-            make = self.kv_codec.cache if self.kv_codec else KVCache
-            cache = make(spec.num_layers, n, spec.num_kv_heads, T, spec.head_dim, self.dtype, alloc=self._alloc(tier))
+            shape = (spec.num_layers, n, spec.num_kv_heads, T, spec.head_dim, self.dtype)
+            if tier == "disk" and not self.kv_codec:  # read and written with direct I/O (engine/disk_kv.py)
+                cache = DirectKVCache(*shape, offload_dir=self.devices.offload_dir)
+                self.devices.tiers["disk"].reserve(cache.nbytes(), "KV cache")
+                self._held.append(("disk", cache.nbytes()))
+            else:
+                make = self.kv_codec.cache if self.kv_codec else KVCache
+                cache = make(*shape, alloc=self._alloc(tier))
             segments.append((tier, rows, cache))
         return PlacedKV(self.devices, segments, p.cpu_attention, self.prefill_attention)
 

@@ -112,9 +112,9 @@ def planning_process(hw: HardwareSpec, room) -> HardwareSpec:
     if room.available_bytes is None:
         return hw
     if room.limit_binds:
-        log.info("a memory cgroup limit binds (%s): disk-tier scratch (KV cache, activations) counts in the CPU "
-                 "budget, and disk-tier weights above %.0f MiB are read with O_DIRECT", room.describe(),
-                 room.available_bytes / 2 / 2**20)
+        log.info("a memory cgroup limit binds (%s): memory-mapped disk-tier scratch (activations, a 4-bit KV "
+                 "cache) counts in the CPU budget, and disk-tier weights above %.0f MiB are read with O_DIRECT",
+                 room.describe(), room.available_bytes / 2 / 2**20)
     return replace(hw, memory_room_bytes=room.available_bytes, memory_limit_binds=room.limit_binds)
 
 

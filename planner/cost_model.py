@@ -143,19 +143,31 @@ def attention_io_bytes(blk: Block) -> float:
     return blk.rows * 2 * blk.model.num_heads * blk.model.head_dim * blk.elem
 
 
+def kv_disk_scale(blk: Block, channel: str) -> float:
+    """A plain KV cache on the disk tier is read and written with direct I/O (engine/disk_kv.py), at the disk's
+    cold rate whatever the page cache does for the weights, so its bytes on the shared disk channel count
+    rate(channel) / cold rate times (1 when the channel is cold). A 4-bit cache there is mapped: 1."""
+    if blk.policy.compress_cache:
+        return 1.0
+    cold = blk.hw.disk_read_bytes_per_s if channel == "disk_read" else blk.hw.disk_write_bytes_per_s
+    return channel_rates(blk)[channel] / cold
+
+
 def kv_moves(blk: Block, phase: str, device: str) -> list[tuple[Affine, str, str]]:
     """Cache traffic of a layer on the main thread: this step's K/V stored to each tier; in decode, either the
     cache fetched to the compute device, or (cpu_attention) only q and the output crossing to where each part
     of the cache lives, plus disk parts read into the CPU. FlexInfer's KV hand-off, when prefill computes away
     from the cache's tier, is the prefill store."""
-    moves = [(Affine.frac(f"cache_{tier}", new_kv_bytes(blk, phase)), device, tier) for tier in TIERS]
+    scale = {t: kv_disk_scale(blk, "disk_write") if t == "disk" else 1.0 for t in TIERS}
+    moves = [(Affine.frac(f"cache_{tier}", new_kv_bytes(blk, phase) * scale[tier]), device, tier) for tier in TIERS]
     if phase == "prefill":
         return moves
-    R = decode_kv_bytes(blk)
+    R, read_scale = decode_kv_bytes(blk), kv_disk_scale(blk, "disk_read")
     if not blk.policy.cpu_attention:
-        return moves + [(Affine.frac(f"cache_{tier}", R), tier, device) for tier in TIERS]
+        return moves + [(Affine.frac(f"cache_{tier}", R * (read_scale if tier == "disk" else 1.0)), tier, device)
+                        for tier in TIERS]
     half_io = attention_io_bytes(blk) / 2
-    moves.append((Affine.frac("cache_disk", R), "disk", "cpu"))
+    moves.append((Affine.frac("cache_disk", R * read_scale), "disk", "cpu"))
     for tier in TIERS:
         home = "cpu" if tier == "disk" else tier
         share = Affine.frac(f"cache_{tier}", half_io)

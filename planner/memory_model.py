@@ -130,9 +130,11 @@ def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
                charged_scratch: bool = False) -> dict[str, Affine]:
     """Home memory per tier, linear in the fractions (the disk staging term is separate: it is a step):
     L * W * weight_<tier> + KV * cache_<tier> + A * act_<tier>, plus the globals on their tier (the gpu when
-    decode's last layer computes there). With `charged_scratch` (a binding memory limit,
-    `HardwareSpec.memory_limit_binds`) the disk tier's KV cache and activations, memory-mapped scratch whose page
-    cache the limit charges, count on the CPU as well: + KV * cache_disk + A * act_disk."""
+    decode's last layer computes there), plus the two one-layer buffers a plain disk-tier cache moves through
+    on the CPU (engine/disk_kv.py): 2 * KV / L * cache_disk. With `charged_scratch` (a binding memory limit,
+    `HardwareSpec.memory_limit_binds`) the disk tier's memory-mapped scratch, whose page cache the limit charges,
+    counts on the CPU as well: + A * act_disk, and + KV * cache_disk for a 4-bit cache (a plain one bypasses the
+    page cache)."""
     W = layer_bytes(model, work.dtype_bytes, policy.compress_weight)
     kv = kv_block_bytes(model, work, rows, policy.compress_cache)
     act = act_block_bytes(model, work, rows)
@@ -142,8 +144,11 @@ def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
                      + Affine.frac(f"act_{tier}", act))
     where = globals_tier(policy, model.num_layers)
     out[where] = out[where] + global_bytes(model, work.dtype_bytes)
+    if not policy.compress_cache:
+        out["cpu"] = out["cpu"] + Affine.frac("cache_disk", 2 * kv / model.num_layers)
     if charged_scratch:
-        out["cpu"] = out["cpu"] + Affine.frac("cache_disk", kv) + Affine.frac("act_disk", act)
+        mapped_cache = kv if policy.compress_cache else 0.0
+        out["cpu"] = out["cpu"] + Affine.frac("cache_disk", mapped_cache) + Affine.frac("act_disk", act)
     return out
 
 

@@ -196,9 +196,12 @@ def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
     from planner.profiler import load_or_profile
 
     lines = []
-    hardware = str(save_hardware(load_or_profile(), Path(tempfile.mkdtemp(prefix="flexbatch-hw-")) / "hw.json"))
+    with tempfile.TemporaryDirectory(prefix="flexbatch-hw-") as tmp:
+        hardware = str(save_hardware(load_or_profile(), Path(tmp) / "hw.json"))
+        reports = {name: memory_limit_runs(cfg, model_dir, rows, P, G, hardware)
+                   for name, (rows, P, G, _) in MEMORY_WORKLOADS.items()}
     for name, (rows, P, G, target) in MEMORY_WORKLOADS.items():
-        rep = memory_limit_runs(cfg, model_dir, rows, P, G, hardware)
+        rep = reports[name]
         theirs = rep["best"].get("accelerate")
         for ours_name in ("flexbatch", "flexbatch-4bit"):
             ours = rep["best"].get(ours_name)

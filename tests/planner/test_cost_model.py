@@ -96,16 +96,34 @@ def test_disk_weights_larger_than_half_the_room_are_read_direct_by_the_prefetch_
     assert not cm.disk_reads_direct(block(POLICY, cpu_machine(memory_bytes=10)))  # nothing on disk
 
 
-def test_a_binding_memory_limit_counts_the_disk_tiers_kv_cache_and_activations_in_cpu_memory():
-    spilled = Policy(gbs=2, num_gb=2, cache_cpu=0.5, act_cpu=0.5)
+def test_a_binding_memory_limit_counts_the_disk_tiers_mapped_scratch_in_cpu_memory():
+    """Activations and a 4-bit cache on the disk tier are mapped files whose page cache a binding limit charges; a
+    plain cache there bypasses it (direct I/O) and holds two one-layer buffers in memory instead."""
     free, limited = cpu_machine(), replace(cpu_machine(), memory_room_bytes=5e8, memory_limit_binds=True)
-    kv, act = mm.kv_block_bytes(SMALL, WORK, 4, False), mm.act_block_bytes(SMALL, WORK, 4)
-    base = memory_need(SMALL, free, WORK, spilled, 4)
-    counted = memory_need(SMALL, limited, WORK, spilled, 4)
-    for phase in ("prefill", "decode"):
-        assert counted[phase]["cpu"] == pytest.approx(base[phase]["cpu"] + 0.5 * kv + 0.5 * act)
-        assert counted[phase]["disk"] == pytest.approx(base[phase]["disk"])  # the files are on disk too
-    assert cm.disk_is_warm(block(spilled, limited))  # counted in memory: read at the page-cache rate
+    act = mm.act_block_bytes(SMALL, WORK, 4)
+    for compress in (False, True):
+        spilled = Policy(gbs=2, num_gb=2, cache_cpu=0.5, act_cpu=0.5, compress_cache=compress)
+        in_memory = Policy(gbs=2, num_gb=2, compress_cache=compress)
+        kv = mm.kv_block_bytes(SMALL, WORK, 4, compress)
+        base, counted = memory_need(SMALL, free, WORK, spilled, 4), memory_need(SMALL, limited, WORK, spilled, 4)
+        whole = memory_need(SMALL, free, WORK, in_memory, 4)
+        buffers = 0.0 if compress else 0.5 * 2 * kv / SMALL.num_layers
+        for phase in ("prefill", "decode"):
+            assert base[phase]["cpu"] == pytest.approx(whole[phase]["cpu"] - 0.5 * kv - 0.5 * act + buffers)
+            assert counted[phase]["cpu"] == pytest.approx(base[phase]["cpu"] + 0.5 * act + (0.5 * kv if compress
+                                                                                            else 0.0))
+            assert counted[phase]["disk"] == pytest.approx(base[phase]["disk"])  # the files are on disk too
+        assert cm.disk_is_warm(block(spilled, limited))
+
+
+def test_a_plain_disk_cache_is_priced_at_the_cold_disk_rate_even_when_the_weights_are_warm():
+    spilled = Policy(gbs=2, num_gb=2, cache_cpu=0.5)
+    blk = block(spilled)
+    assert cm.disk_is_warm(blk)  # nothing read with O_DIRECT: the shared disk channel is at the page-cache rate
+    assert cm.kv_disk_scale(blk, "disk_read") == pytest.approx(1e9 / 1e8)
+    assert cm.kv_disk_scale(block(Policy(gbs=2, num_gb=2, cache_cpu=0.5, compress_cache=True)), "disk_read") == 1.0
+    R = cm.decode_kv_bytes(blk)
+    assert predict(SMALL, cpu_machine(), WORK, spilled).decode.main_s["cpu"] >= 0.5 * R / 1e8
 
 
 def test_compression_moves_fewer_bytes_and_adds_dequantization():

@@ -88,7 +88,10 @@ def test_the_budget_inside_a_real_memory_cgroup_fits_its_limit():
 
 
 @pytest.mark.slow
-def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(tmp_path, demo_model_dir):
+@pytest.mark.parametrize("pins", [(), ("--percent", "0", "100", "0", "0", "0", "100")], ids=["planned", "kv-on-disk"])
+def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(tmp_path, demo_model_dir, pins):
+    """Planned freely with a profile whose disk is as fast as memory, and with the KV cache pinned to the disk
+    tier (read and written with direct I/O, engine/disk_kv.py), 1,000 rows finish inside a 500 MiB group."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -96,8 +99,6 @@ def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(
 
     prompts = pq.read_table(DEMO_PROMPTS, columns=["prompt"]).column(0).to_pylist()
     pq.write_table(pa.table({"prompt": [prompts[i % len(prompts)] for i in range(1000)]}), tmp_path / "in.parquet")
-    # a disk as fast as memory: the plan would spill the KV cache to the disk tier, memory-mapped scratch whose
-    # page cache the group charges, and it must count that scratch in the CPU budget
     fast_disk = replace(server_cpu(), disk_read_bytes_per_s=20e9, disk_write_bytes_per_s=20e9,
                         page_cache_bytes_per_s=20e9)
     spec_file = save_hardware(fast_disk, tmp_path / "fast-disk.json")
@@ -105,15 +106,17 @@ def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(
     try:
         done = run_in_cgroup(group, [sys.executable, "-m", "jobs.cli", "run", "--no-ray", "--model", str(demo_model_dir),
                                      "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
-                                     "--max-new-tokens", "16", "--hardware", str(spec_file)],
+                                     "--max-new-tokens", "16", "--hardware", str(spec_file), *pins],
                              cwd=REPO, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
         kills = (group / "memory.oom_control").read_text()
     finally:
         remove_cgroup(group)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # was 137: killed at the limit
     assert "oom_kill 0" in kills and "memory cgroup limit 500 MiB" in done.stderr
-    assert "disk-tier scratch (KV cache, activations) counts in the CPU budget" in done.stderr
+    assert "memory-mapped disk-tier scratch (activations, a 4-bit KV cache) counts in the CPU budget" in done.stderr
     assert "rows: 1000 in 1 files, 0 with errors" in done.stdout
+    if pins:
+        assert '"cache_cpu": 0.0' in done.stderr and '"cache_gpu": 0.0' in done.stderr  # all of it on disk
 
 
 def test_engines_on_one_node_split_its_room(caplog):
