@@ -27,7 +27,7 @@ def _aligned(n: int) -> int:
 class DirectKVCache:
     def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype,
                  offload_dir: str | Path | None = None):
-        self.max_len, self.batch, self.dtype = max_len, batch, dtype
+        self.num_layers, self.max_len, self.batch, self.dtype = num_layers, max_len, batch, dtype
         self.slot_shape = (batch, kv_heads, head_dim)
         self.slot_bytes = batch * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         self.region = _aligned(max_len * self.slot_bytes)  # one of K or V of one layer
@@ -109,8 +109,7 @@ class DirectKVCache:
 
     def shift_slots(self, first: int, count: int) -> None:
         """Move slots [first, first+count) to [0, count) in every layer."""
-        layers = range(os.fstat(self.fd).st_size // (2 * self.region))
-        for layer in layers:
+        for layer in range(self.num_layers):
             def put(k, v):
                 for t in (k, v):
                     t[:count].copy_(t[first : first + count].clone())
@@ -119,6 +118,24 @@ class DirectKVCache:
             for which in (0, 1):
                 self._io(layer, which, 0, stop, write=False)
             self._write_slots(layer, 0, count, put, read=False)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep batch rows `rows` (ascending): every layer is rewritten with those rows only (the file and the
+        buffers keep their size)."""
+        if rows == list(range(self.batch)):
+            return
+        full = _aligned(self.max_len * self.slot_bytes)
+        kept_shape = (len(rows), *self.slot_shape[1:])
+        index = torch.tensor(rows)
+        for layer in range(self.num_layers):
+            for which in (0, 1):
+                self._io(layer, which, 0, full, write=False)
+                kept = self._view(which).index_select(1, index)
+                n = kept.numel() * kept.element_size()
+                self.buffers[which][:n].view(self.dtype).copy_(kept.reshape(-1))
+                self._io(layer, which, 0, _aligned(n), write=True)
+        self.slot_bytes = self.slot_bytes // self.batch * len(rows)
+        self.batch, self.slot_shape = len(rows), kept_shape
 
     def nbytes(self) -> int:
         return os.fstat(self.fd).st_size

@@ -44,6 +44,13 @@ def test_direct_cache_equals_the_memory_cache_through_prefill_decode_rows_and_sh
         kd, vd = disk.update(layer, k, v, 18)
         km, vm = mem.update(layer, k, v, 18)
         assert torch.equal(kd, km) and torch.equal(vd, vm)
+    disk.keep_rows([0, 2])  # row 1 finished: the others go on as a batch of two
+    mem.keep_rows([0, 2])
+    for layer in range(L):
+        k, v = new(1, 2)
+        kd, vd = disk.update(layer, k, v, 19)
+        km, vm = mem.update(layer, k, v, 19)
+        assert kd.shape[0] == 2 and torch.equal(kd, km) and torch.equal(vd, vm)
 
 
 def test_the_scratch_file_bypasses_the_page_cache_in_the_offload_folder():
