@@ -1,7 +1,8 @@
 """The sample a job plans from: the first rows of its input, read once by the driver (the prompt column and the
 rows' own max_new_tokens and stop columns, in one pass) and each prompt tokenized once. The planner takes its
-prompt and generation lengths from it (pipeline/planning.py); the sampled Parquet rows' token ids travel with
-the job, so the worker whose shard holds such a row hands the engine its ids instead of tokenizing it again."""
+prompt and generation lengths from it (pipeline/planning.py); the sampled rows' token ids (a Parquet row's, a
+batch file line's) travel with the job, so the worker whose shard holds such a row hands the engine its ids
+instead of tokenizing it again."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ PARAM_COLUMNS = ("max_new_tokens", "stop")  # the row columns that set how long 
 class InputSample:
     """Token counts of up to SAMPLE_ROWS usable prompts (0: a conversation the chat template cannot render),
     (max_new_tokens, whether a stop string may end it) of up to SAMPLE_ROWS rows, and the token ids of the
-    sampled Parquet prompts by (file, row)."""
+    sampled prompts by (file, row: a Parquet row or a batch file's line)."""
 
     prompt_lengths: tuple[int, ...]
     row_lengths: tuple[tuple[int, bool], ...]
@@ -30,6 +31,13 @@ class InputSample:
     def __post_init__(self):
         if not self.row_lengths:
             raise ValueError("an InputSample needs at least one row length (the job's max_new_tokens and stop)")
+
+    def with_line_ids(self, lines: list, shard) -> None:
+        """The same for a shard of a batch file: each sampled line's requests (its `n` choices) carry its ids."""
+        for line in lines:
+            ids = self.prompt_ids.get((shard.path, line.row))
+            if ids:
+                line.requests = [dataclasses.replace(r, prompt_ids=ids) for r in line.requests]
 
     def with_ids(self, items: list, shard) -> list:
         """`items` (a shard's requests and failed rows, in row order) with each sampled row's request carrying
@@ -47,13 +55,13 @@ def take_sample(files: tuple[InputFile, ...], column: str, tokenizer, gen_len: i
     """The first `limit` usable prompts of `column` (strings, or conversations from a messages column) and the
     first `limit` rows' generation lengths, each row's own max_new_tokens and stop where present and valid, else
     the job's `gen_len` and `stop`. A batch file gives its prompts only (its rows are measured as they finish)."""
-    prompts: list[tuple[tuple[str, int] | None, object]] = []
+    prompts: list[tuple[tuple[str, int], object]] = []
     rows: list[tuple[int, bool]] = []
     for f in files:
         if f.format == "openai":
             from pipeline.openai_batch import sample_batch_prompts
 
-            prompts += [(None, p) for p in sample_batch_prompts(f.path, limit - len(prompts))]
+            prompts += [((str(f.path), row), p) for row, p in sample_batch_prompts(f.path, limit - len(prompts))]
         else:
             _sample_parquet(f, column, gen_len, stop, limit, prompts, rows)
         if len(prompts) >= limit:
@@ -61,7 +69,7 @@ def take_sample(files: tuple[InputFile, ...], column: str, tokenizer, gen_len: i
     ids = [(key, prompt_ids(tokenizer, p)) for key, p in prompts[:limit]]
     return InputSample(prompt_lengths=tuple(len(t or ()) for _, t in ids),
                        row_lengths=tuple(rows[:limit]) or ((gen_len, bool(stop)),),
-                       prompt_ids={key: tuple(t) for key, t in ids if key is not None and t})
+                       prompt_ids={key: tuple(t) for key, t in ids if t})
 
 
 def _sample_parquet(f: InputFile, column: str, gen_len: int, stop: tuple[str, ...], limit: int, prompts: list,

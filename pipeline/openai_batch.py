@@ -119,17 +119,18 @@ def read_batch_shard(shard, file: InputFile, defaults: SamplingParams, chat: boo
     return lines
 
 
-def sample_batch_prompts(location, limit: int) -> list:
-    """Up to `limit` prompts (strings, token-id lists or conversations) from the first lines, for the planner."""
+def sample_batch_prompts(location, limit: int) -> list[tuple[int, object]]:
+    """(line, prompt) of the first `limit` lines that have one (a string, token-id list or conversation), for the
+    planner."""
     out: list = []
-    for _, text in batch_lines(str(location), 0, limit):
+    for row, text in batch_lines(str(location), 0, limit):
         try:
             body = json.loads(text).get("body") or {}
             value = body.get("messages", body.get("prompt"))
         except (ValueError, AttributeError):
             continue
         if isinstance(value, (str, list)) and value:
-            out.append(value)
+            out.append((row, value))
     return out
 
 

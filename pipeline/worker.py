@@ -152,6 +152,8 @@ class ShardWorker:
         config = self.job.config
         file = next(f for f in self.job.files if str(f.path) == shard.path)
         lines = read_batch_shard(shard, file, config.params, self.job.chat)
+        if self.job.sample is not None:  # the lines the driver sampled are tokenized already
+            self.job.sample.with_line_ids(lines, shard)
         items = line_completions(lines)
         completions, seconds = self._complete(items, shard)
         check_one_per_row(completions, [item.id for item in items])

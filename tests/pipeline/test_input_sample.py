@@ -94,3 +94,31 @@ def test_a_planned_ray_data_stage_tokenizes_its_first_batch_once(tmp_path, demo_
     assert planned["error"] == given["error"] == [None] * 3
     assert planned["generated_tokens"] == given["generated_tokens"]
     assert planned["num_input_tokens"] == given["num_input_tokens"]
+
+
+def test_a_planned_batch_file_tokenizes_each_sampled_line_once(tmp_path, tiny_llama_dir, spies):
+    import json
+
+    calls, _ = spies
+    prompts = ["Q: What is 12 plus 30? A:", "def add(a, b):", "Product A: red kettle"]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "b.jsonl").write_text("".join(json.dumps(
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": p, "max_tokens": 4, "temperature": 0, "n": 2 if i == 1 else 1}}) + "\n" for i, p in enumerate(prompts)))
+    hw = save_hardware(server_cpu(), tmp_path / "hw.json")
+
+    def run(name, **kw):
+        config = RunConfig(model=tiny_llama_dir, input=str(tmp_path / "in" / "b.jsonl"), output=tmp_path / name,
+                           dtype="float32", use_ray=False, hardware=hw, **kw)
+        summary = run_job(config)
+        return summary, [json.loads(t) for t in (tmp_path / name / "b.jsonl").read_text().splitlines()]
+
+    planned, lines = run("planned", pins={"gbs": 2, "num_gb": 1})
+    assert planned.workers[0]["predicted"] is not None
+    assert {p: calls[p] for p in prompts} == {p: 1 for p in prompts}  # the line of two choices too
+    calls.clear()
+    _, alone = run("given", plan=False, policy=Policy(gbs=2, num_gb=1))
+    assert {p: calls[p] for p in prompts} == {prompts[0]: 1, prompts[1]: 2, prompts[2]: 1}  # the engine's own
+    texts = [[c["text"] for c in line["response"]["body"]["choices"]] for line in lines]
+    assert texts == [[c["text"] for c in line["response"]["body"]["choices"]] for line in alone]
+    assert [len(t) for t in texts] == [1, 2, 1]
