@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.policy import Policy, parse_bytes  # noqa: E402
-from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, weight_bytes  # noqa: E402
+from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, default_gpu_budget  # noqa: E402
 from jobs.bench.gpu_policies import act_bytes, kv_bytes, offload_gpu_layers  # noqa: E402
 from planner.memory_model import global_bytes  # noqa: E402
 
@@ -52,7 +52,7 @@ def placement(args) -> dict:
     """FlexGen's six percents and the matching flexbatch Policy for the budget and block (see the module doc)."""
     spec = spec_for(args.preset)
     rows = args.gpu_batch_size * args.num_gpu_batches
-    budget = parse_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem else 0.25 * weight_bytes(spec)
+    budget = parse_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem else default_gpu_budget(spec)
     layers = offload_gpu_layers(spec, budget, 2, rows, args.prompt_len)
     wg = 100 * layers // spec.num_layers
     free = budget - layers * spec.params_per_layer * 2 - 2 * spec.params_per_layer * 2 - global_bytes(spec, 2)
@@ -185,7 +185,7 @@ def summary_line(place: dict, results: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=[k for k, v in GPU_PRESETS.items() if v.family == "opt"], default="opt-1.3b")
-    p.add_argument("--gpu-mem", default=None, help="GPU budget (e.g. 640MiB); default: a quarter of the bf16 weights")
+    p.add_argument("--gpu-mem", default=None, help="GPU budget (e.g. 640MiB); default: as flexbatch bench gpu's, the embeddings and head plus a quarter of the bf16 layers")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--gen-len", type=int, default=32)
     p.add_argument("--gpu-batch-size", type=int, default=32)

@@ -20,7 +20,7 @@ import click
 from engine.errors import FlexbatchError
 from engine.policy import parse_bytes
 from jobs.bench import models as bm
-from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, weight_bytes
+from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, default_gpu_budget, weight_bytes
 from jobs.bench.gpu_policies import (
     BASELINE,
     KINDS,
@@ -37,7 +37,6 @@ from planner.microbench import timed_call
 
 log = logging.getLogger(__name__)
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
-DEFAULT_BUDGET_SHARE = 0.25  # of the weights in the run's dtype: a large GPU behaves like a small one
 
 
 class GpuMissingError(FlexbatchError):
@@ -51,7 +50,7 @@ class GpuBenchConfig:
     prompt_len: int = 512
     gen_len: int = 32
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    gpu_mem: float | None = None  # bytes; None: DEFAULT_BUDGET_SHARE of the weights
+    gpu_mem: float | None = None  # bytes; None: gpu_models.default_gpu_budget
     dtype: str = "bfloat16"
     repeats: int = 3
     policies: tuple[str, ...] = KINDS
@@ -156,7 +155,7 @@ class GpuBench:
             raise FlexbatchError(f"--prompt-len {cfg.prompt_len} + --gen-len {cfg.gen_len} exceeds the model's context "
                                  f"of {self.spec.max_position_embeddings}; shorten them")
         self.weight_bytes = weight_bytes(self.spec, DTYPE_BYTES[cfg.dtype])
-        self.gpu_bytes = cfg.gpu_mem or DEFAULT_BUDGET_SHARE * self.weight_bytes
+        self.gpu_bytes = cfg.gpu_mem or default_gpu_budget(self.spec, DTYPE_BYTES[cfg.dtype])
         self.hw = bench_hardware(cfg, self.gpu_bytes)
         self.eos, self.offload = _eos(self.model_dir, self.spec), Path(cfg.cache_dir) / "offload"
         self.policies = bench_policies(self.spec, self.gpu_bytes, DTYPE_BYTES[cfg.dtype], max(cfg.batch_sizes),
@@ -297,8 +296,8 @@ _D = GpuBenchConfig()
               help="Random-weight model to build once under --cache-dir (opt-1.3b is the shape FlexGen's "
                    "comparison runs; tiny-* are for tests).")
 @click.option("--gpu-mem", default=None, metavar="SIZE",
-              help="GPU budget (e.g. 640MiB, 2GiB) that every policy must fit.  [default: a quarter of the model's "
-                   "weights in --dtype, so that a large GPU behaves like a small one]")
+              help="GPU budget (e.g. 640MiB, 2GiB) that every policy must fit.  [default: the embeddings and LM head "
+                   "plus a quarter of the layers' weights in --dtype, so that a large GPU behaves like a small one]")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=_D.prompt_len, show_default=True)
 @click.option("--gen-len", type=click.IntRange(min=2), default=_D.gen_len, show_default=True)
 @click.option("--batch-sizes", default=",".join(map(str, _D.batch_sizes)), show_default=True,

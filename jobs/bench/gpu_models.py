@@ -1,6 +1,6 @@
 """The checkpoints `flexbatch bench gpu` runs: random-weight OPT and Llama shapes of released models (built once with
-`transformers` + `save_pretrained`, then cached), or any checkpoint folder; and the bf16 size of a model's
-weights, from which the default GPU budget is taken."""
+`transformers` + `save_pretrained`, then cached), or any checkpoint folder; the bf16 size of a model's weights,
+and the default GPU budget."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from jobs.bench.models import Preset
 
 log = logging.getLogger(__name__)
 BF16_BYTES = 2
+DEFAULT_LAYER_SHARE = 0.25  # of the layers' weights in the GPU budget: a large GPU behaves like a small one
 
 
 # opt-1.3b is the shape FlexGen's flex_opt runs as "facebook/opt-1.3b" (the FlexGen comparison uses it); llama-1b is
@@ -36,3 +37,12 @@ def weight_bytes(spec: ModelSpec, dtype_bytes: int = BF16_BYTES) -> float:
     from planner.memory_model import global_bytes, layer_bytes
 
     return spec.num_layers * layer_bytes(spec, dtype_bytes, False) + global_bytes(spec, dtype_bytes)
+
+
+def default_gpu_budget(spec: ModelSpec, dtype_bytes: int = BF16_BYTES) -> float:
+    """The embeddings and LM head (which every policy that decodes its last layer on the GPU keeps there) plus
+    DEFAULT_LAYER_SHARE of the layers' weights, at `dtype_bytes` each."""
+    from planner.memory_model import global_bytes, layer_bytes
+
+    return global_bytes(spec, dtype_bytes) + DEFAULT_LAYER_SHARE * spec.num_layers * layer_bytes(spec, dtype_bytes,
+                                                                                               False)
