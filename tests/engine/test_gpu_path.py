@@ -19,7 +19,7 @@ from engine.placement import PlacedActivations
 from engine.policy import Policy
 from engine.tiers import BudgetError
 from engine.weight_store import globals_tier
-from tests.engine.test_gpu import COMPRESSED, GPU_POLICIES, VARIANT, _on_cpu, _reqs
+from tests.engine.test_gpu import COMPRESSED, GPU_POLICIES, VARIANT, _agreement, _on_cpu, _reqs
 
 SIDE_POLICIES = {name: GPU_POLICIES[name] for name in ("offload-both", "split-resident", "offload-gpu-attention",
                                                        "prefill-gpu-decode-split")}
@@ -248,10 +248,16 @@ def test_staging_check_catches_a_buffer_refilled_too_early(checkpoint, tmp_path,
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(SIDE_POLICIES))
 def test_cuda_side_streams_and_head_keep_fp32_tokens(checkpoint, tmp_path, name):
+    """fp32 tokens equal the CPU run's; a 4-bit cache quantized on the GPU agrees on at least 95 % of them (as
+    in tests/engine/test_gpu.py: the GPU's rounding of a code may differ)."""
     policy = SIDE_POLICIES[name]
     got, engine, _ = _run(checkpoint(VARIANT), policy, tmp_path, simulate=False)
     assert engine.devices.async_moves and engine.devices.has_cuda
-    assert got == _cpu_tokens(checkpoint(VARIANT), policy)
+    want = _cpu_tokens(checkpoint(VARIANT), policy)
+    if policy.compress_cache or policy.compress_weight:
+        assert _agreement(got, want) >= 0.95
+    else:
+        assert got == want
     if engine.globals_on == "gpu":
         assert all(t.is_cuda for t in engine.gw.values())
     if not policy.cpu_attention:
