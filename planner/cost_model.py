@@ -27,9 +27,9 @@ from engine.weight_store import globals_tier
 from planner.hardware import HardwareSpec
 from planner.memory_model import (
     kv_slot_bytes,
-    layer_bytes,
     layers_on,
     linear_params,
+    stored_layer_bytes,
 )
 from planner.workload import TIERS, Affine, Workload
 
@@ -60,7 +60,7 @@ class Block:
 
     @property
     def stored_layer_bytes(self) -> float:
-        return layer_bytes(self.model, self.elem, self.policy.compress_weight)
+        return stored_layer_bytes(self.model, self.elem, self.policy)
 
 
 def tokens(work: Workload, phase: str) -> int:

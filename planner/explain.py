@@ -10,7 +10,7 @@ from engine.tiers import human
 from engine.weight_store import globals_tier
 from planner.cost_model import CHANNELS
 from planner.hardware import HardwareSpec
-from planner.memory_model import act_block_bytes, global_bytes, kv_block_bytes, layer_bytes
+from planner.memory_model import act_block_bytes, global_bytes, kv_block_bytes, stored_layer_bytes
 from planner.predict import PHASES, PhaseCost, Prediction
 from planner.search import Plan
 from planner.workload import KINDS, TIERS
@@ -86,7 +86,7 @@ def binding_lines(plan: Plan) -> list[str]:
 
 def tensor_bytes(model: ModelSpec, p: Prediction) -> dict[str, float]:
     w, pol = p.workload, p.policy
-    return {"weight": model.num_layers * layer_bytes(model, w.dtype_bytes, pol.compress_weight),
+    return {"weight": model.num_layers * stored_layer_bytes(model, w.dtype_bytes, pol),
             "cache": kv_block_bytes(model, w, p.block_rows, pol.compress_cache),
             "act": act_block_bytes(model, w, p.block_rows)}
 

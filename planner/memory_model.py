@@ -38,14 +38,25 @@ def int4_bytes(out: int, inp: int) -> int:
     return out * math.ceil(inp / GROUP) * (GROUP // 2 + GROUP_PARAM_BYTES)
 
 
-def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool) -> float:
-    """W: one layer as stored and moved. Dense: params_per_layer * dtype_bytes; 4-bit: int4_bytes of each
-    Linear weight plus the norms and biases, which stay dense."""
+def int8_bytes(out: int, inp: int) -> int:
+    """Bytes of a row-wise 8-bit [out, in] weight (engine/quant_int8.py): out * in codes + out float32 scales."""
+    return out * inp + out * 4
+
+
+def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool, weight_format: str = "int4") -> float:
+    """W: one layer as stored and moved. Dense: params_per_layer * dtype_bytes; compressed: int4_bytes or
+    int8_bytes (by `weight_format`) of each Linear weight plus the norms and biases, which stay dense."""
     dense = model.params_per_layer * dtype_bytes
     if not compressed:
         return dense
     other = model.params_per_layer - linear_params(model)
-    return sum(int4_bytes(o, i) for o, i in linear_shapes(model)) + other * dtype_bytes
+    size = int8_bytes if weight_format == "int8" else int4_bytes
+    return sum(size(o, i) for o, i in linear_shapes(model)) + other * dtype_bytes
+
+
+def stored_layer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
+    """W of one layer in the form `policy` stores it (dense, or compressed in its weight format)."""
+    return layer_bytes(model, dtype_bytes, policy.compress_weight, policy.weight_format)
 
 
 def global_bytes(model: ModelSpec, dtype_bytes: int) -> float:
@@ -76,10 +87,10 @@ def act_block_bytes(model: ModelSpec, work: Workload, rows: int) -> float:
     return rows * work.max_prompt_len * model.hidden_size * work.dtype_bytes
 
 
-def disk_staging_bytes(model: ModelSpec, work: Workload, compressed: bool) -> float:
+def disk_staging_bytes(model: ModelSpec, work: Workload, policy: Policy) -> float:
     """Two layers read from disk held on the CPU (the one computing, the one prefetched): 2 * W. Counted when
     any layer lives on disk."""
-    return 2 * layer_bytes(model, work.dtype_bytes, compressed)
+    return 2 * stored_layer_bytes(model, work.dtype_bytes, policy)
 
 
 def intermediate_bytes(model: ModelSpec, gbs: int, tokens: int, dtype_bytes: int) -> float:
@@ -122,7 +133,7 @@ def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) 
         if policy.compress_weight:
             out[device] += 2 * model.params_per_layer * work.dtype_bytes
         if device == "gpu" and streams_to_gpu(policy, model.num_layers):
-            out[device] += 2 * layer_bytes(model, work.dtype_bytes, policy.compress_weight)
+            out[device] += 2 * stored_layer_bytes(model, work.dtype_bytes, policy)
     return out
 
 
@@ -135,7 +146,7 @@ def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
     `HardwareSpec.memory_limit_binds`) the disk tier's memory-mapped scratch, whose page cache the limit charges,
     counts on the CPU as well: + A * act_disk, and + KV * cache_disk for a 4-bit cache (a plain one bypasses the
     page cache)."""
-    W = layer_bytes(model, work.dtype_bytes, policy.compress_weight)
+    W = stored_layer_bytes(model, work.dtype_bytes, policy)
     kv = kv_block_bytes(model, work, rows, policy.compress_cache)
     act = act_block_bytes(model, work, rows)
     out = {}

@@ -130,7 +130,7 @@ def live_block(blk: Block) -> Block:
 def memory_need(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Policy, rows: int) -> dict:
     """Peak bytes per phase per tier for a block of `rows` rows (the realized placement)."""
     x = np.array([getattr(policy, n) for n in PLACEMENT], dtype=float)
-    staged = disk_staging_bytes(model, work, policy.compress_weight) if policy.weight_disk > 0 else 0.0
+    staged = disk_staging_bytes(model, work, policy) if policy.weight_disk > 0 else 0.0
     out = {}
     for phase in PHASES:
         peak = {t: a.at(x) for t, a in peak_bytes(model, work, policy, rows, phase, hw.memory_limit_binds).items()}

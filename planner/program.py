@@ -174,7 +174,7 @@ def memory_rows(blk: Block, per_count: np.ndarray, capacity: dict):
     GB, which must be 0)."""
     rows = len(PHASES) * len(TIERS)
     m, m0, stage, scale = np.zeros((rows, NV)), np.zeros(rows), np.zeros(rows), []
-    staged = disk_staging_bytes(blk.model, blk.work, blk.policy.compress_weight)
+    staged = disk_staging_bytes(blk.model, blk.work, blk.policy)
     for r, (phase, tier) in enumerate(_mem_keys()):
         peak = peak_bytes(blk.model, blk.work, blk.policy, blk.rows, phase, blk.hw.memory_limit_binds)[tier]
         cap = capacity[tier]

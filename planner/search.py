@@ -114,10 +114,11 @@ def modes(model: ModelSpec, hw: HardwareSpec, pins: dict, allow_compression: boo
     cc = [pins["compress_cache"]] if "compress_cache" in pins else lossy
     attn = [pins["cpu_attention"]] if "cpu_attention" in pins else ((True, False) if hw.has_gpu else (True,))
     out, room = [], max(0.0, gpu_capacity * SPLIT_FIT_SHARE - global_bytes(model, dtype_bytes))  # a split's
+    fmt = pins.get("weight_format", Policy.weight_format)
     for w in cw:  # last layer computes on the GPU, so the embeddings and head live there (globals_tier)
-        fit = int(room // layer_bytes(model, dtype_bytes, w)) if hw.has_gpu else None
+        fit = int(room // layer_bytes(model, dtype_bytes, w, fmt)) if hw.has_gpu else None
         pre, dec = (device_choices(model, hw, pins, phase, fit) for phase in ("prefill", "decode"))
-        out += _modes_for(w, cc, attn, pre, dec, pins.get("weight_format", Policy.weight_format))
+        out += _modes_for(w, cc, attn, pre, dec, fmt)
     return out
 
 

@@ -16,10 +16,12 @@ POLICIES = [
            prefill_device="gpu", decode_device="split", decode_split_layer=1),
     Policy(gbs=3, num_gb=1, weight_cpu=0.0, cache_cpu=0.34, act_gpu=1.0, act_cpu=0.0, compress_weight=True,
            compress_cache=True, prefill_device="gpu", decode_device="gpu"),
+    Policy(gbs=2, num_gb=2, compress_weight=True, weight_format="int8"),
+    Policy(gbs=2, num_gb=1, weight_cpu=0.5, compress_weight=True, weight_format="int8"),
 ]
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=["cpu", "split", "compressed-disk"])
+@pytest.mark.parametrize("policy", POLICIES, ids=["cpu", "split", "compressed-disk", "int8", "int8-disk"])
 def test_home_bytes_match_the_engine(tmp_path, tiny_llama_dir, policy):
     spec = load_model_spec(tiny_llama_dir)
     eng = Engine.load(tiny_llama_dir, dtype="float32", policy=policy, simulate_gpu=True, offload_dir=tmp_path)
@@ -33,7 +35,7 @@ def test_home_bytes_match_the_engine(tmp_path, tiny_llama_dir, policy):
         x = [getattr(real, n) for n in PLACEMENT]
         ours = {t: a.at(x) for t, a in home_bytes(spec, work, real, rows).items()}
         if real.weight_disk > 0:
-            ours["cpu"] += disk_staging_bytes(spec, work, policy.compress_weight)
+            ours["cpu"] += disk_staging_bytes(spec, work, policy)
         assert ours == pytest.approx(engine_bytes, rel=0, abs=1)
     finally:
         eng.weights.close()
