@@ -129,7 +129,20 @@ def baseline_bytes(side: Side, timeout_s: float = 600.0) -> int:
     return out["peak_bytes"]
 
 
+def drop_cached(folder: Path) -> None:
+    """Drop the page cache of the checkpoint's files: pages an earlier process read stay cached, charged to
+    another group (or to the parent once that group is gone), and a side reading them would not be held to its
+    own limit (Accelerate maps offloaded weights straight from the checkpoint's safetensors file)."""
+    for f in folder.glob("*.safetensors"):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def run_side(side: Side, limit_bytes: int, timeout_s: float) -> dict:
+    drop_cached(Path(side.model_dir))
     with MemoryGroup(f"{side.name}-{side.batch}", limit_bytes) as group:
         out = group.run(side_args(side), timeout_s)
     return {"side": side.name, "batch": side.batch, "limit_bytes": limit_bytes, **out}
