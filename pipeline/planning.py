@@ -37,9 +37,12 @@ def workload_from_sample(sample: InputSample, spec: ModelSpec, dtype: str, num_p
     """prompt_len: the TYPICAL_QUANTILE of the sampled token lengths; max_prompt_len: the longest sampled, both
     capped at what the context leaves after the longest generation; the sampled rows' own max_new_tokens and
     stop give the generation lengths (`generation_lengths`); num_prompts: the job's rows, or a worker's share."""
-    longest, expected = generation_lengths(list(sample.row_lengths), spec)
+    rows = list(sample.row_lengths)
+    longest, expected = generation_lengths(rows, spec)
     work = workload_from_lengths(sample.prompt_lengths, spec, longest, dtype, num_prompts)
-    return dataclasses.replace(work, expected_gen_len=min(expected, work.gen_len))
+    expected = min(expected, work.gen_len)
+    block = sum(min(m, work.gen_len) for m, _ in rows) / len(rows)  # blocks group rows by their max_new_tokens
+    return dataclasses.replace(work, expected_gen_len=expected, block_gen_len=max(expected, block))
 
 
 def generation_lengths(rows: list[tuple[int, bool]], spec: ModelSpec) -> tuple[int, float]:
@@ -54,7 +57,8 @@ def measured_workload(work: Workload, rows: int, tokens: int) -> Workload:
     """`work` with the tokens its finished rows really generated on average (stop strings and EOS included)."""
     if rows < 1:
         return work
-    return dataclasses.replace(work, expected_gen_len=min(float(work.gen_len), max(1.0, tokens / rows)))
+    expected = min(work.block_gen_len, max(1.0, tokens / rows))
+    return dataclasses.replace(work, expected_gen_len=expected)
 
 
 def refill_choice(settings: EngineSettings, work: Workload, spec: ModelSpec, policy: Policy) -> Policy:

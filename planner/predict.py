@@ -109,18 +109,20 @@ def phase_cost(blk: Block, phase: str) -> PhaseCost:
 
 
 def block_seconds(blk: Block) -> tuple[float, PhaseCost, PhaseCost]:
-    """T_block = prefill step + (n - 1) decode steps, each of the rows still live on average (`live_block`)."""
+    """T_block = prefill step + (n - 1) decode steps, each of the rows still live on average (`live_block`); n is
+    gen_len, or without refill Workload.block_gen_len (rows grouped by their own max_new_tokens)."""
     pre, dec = phase_cost(blk, "prefill"), phase_cost(blk, "decode")
     live = blk if blk.policy.refill else live_block(blk)
     step = dec.step_s if live is blk else phase_cost(live, "decode").step_s
-    return pre.step_s + (blk.work.gen_len - 1) * step, pre, dec
+    n = blk.work.gen_len if blk.policy.refill else blk.work.block_gen_len
+    return pre.step_s + (n - 1) * step, pre, dec
 
 
 def live_block(blk: Block) -> Block:
     """`blk` as its decode steps see it on average without refill: a row generates E of the block's n tokens
-    (E = Workload.expected_gen_len, n = gen_len), and finished rows leave their GPU batch (engine/schedule.py),
-    so each batch computes about gbs * E / n rows while the block runs until its longest row ends."""
-    share = blk.work.expected_gen_len / blk.work.gen_len
+    (E = Workload.expected_gen_len, n = block_gen_len), and finished rows leave their GPU batch
+    (engine/schedule.py), so each batch computes about gbs * E / n rows while the block runs."""
+    share = blk.work.expected_gen_len / blk.work.block_gen_len
     gbs = max(1, round(blk.policy.gbs * share))
     if gbs >= blk.policy.gbs:
         return blk

@@ -22,7 +22,9 @@ class Workload:
     (it sizes memory: the largest block must fit). gen_len is the largest max_new_tokens (it sizes the KV cache);
     expected_gen_len the tokens a row generates on average (its own max_new_tokens, or fewer where a stop string
     or EOS ends it; measured on the first blocks when known; gen_len when not given): without refill a block
-    runs until its last row ends, with refill a finished row's slot takes the next row (engine/refill.py)."""
+    runs until its last row ends, with refill a finished row's slot takes the next row (engine/refill.py).
+    block_gen_len: the tokens a block runs for without refill, the mean of the rows' own max_new_tokens (the engine
+    groups rows by it, so a block runs about as long as its rows may)."""
 
     prompt_len: int
     gen_len: int
@@ -30,6 +32,7 @@ class Workload:
     max_prompt_len: int | None = None
     dtype: str = "bfloat16"
     expected_gen_len: float | None = None
+    block_gen_len: float | None = None  # tokens a block runs for without refill (see below); gen_len when not given
 
     def __post_init__(self) -> None:
         for name in ("prompt_len", "gen_len", "num_prompts"):
@@ -46,6 +49,11 @@ class Workload:
             raise InvalidParamsError(f"expected_gen_len={expected!r} is invalid: expected a number in [1, gen_len "
                                      f"= {self.gen_len}]")
         object.__setattr__(self, "expected_gen_len", float(expected))
+        block = self.gen_len if self.block_gen_len is None else self.block_gen_len
+        if isinstance(block, bool) or not isinstance(block, (int, float)) or not expected <= block <= self.gen_len:
+            raise InvalidParamsError(f"block_gen_len={block!r} is invalid: expected a number in [expected_gen_len "
+                                     f"= {expected:g}, gen_len = {self.gen_len}]")
+        object.__setattr__(self, "block_gen_len", float(block))
         if self.dtype not in DTYPE_BYTES:
             raise InvalidParamsError(f"dtype={self.dtype!r} is invalid: use one of {', '.join(DTYPE_BYTES)}")
 

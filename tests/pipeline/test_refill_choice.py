@@ -14,6 +14,7 @@ from pipeline.planning import (
     generation_lengths,
     measured_workload,
     refill_choice,
+    workload_from_sample,
 )
 from pipeline.settings import EngineSettings
 from planner.hardware import save_hardware
@@ -39,8 +40,12 @@ def test_row_lengths_come_from_the_rows_own_columns(tmp_path, tiny_llama_dir):
     rows = list(take_sample(files, "prompt", tok, gen_len=20, stop=()).row_lengths)
     assert rows == [(10, True), (20, False), (30, False), (20, False)]  # a bad value counts as the job's
     assert take_sample(files, "prompt", tok, gen_len=20, stop=(".",)).row_lengths[1] == (20, True)  # the job's stop
-    longest, expected = generation_lengths(rows, load_model_spec(tiny_llama_dir))
+    spec = load_model_spec(tiny_llama_dir)
+    longest, expected = generation_lengths(rows, spec)
     assert longest == 30 and expected == pytest.approx((10 * STOP_PRIOR + 20 + 30 + 20) / 4)
+    work = workload_from_sample(take_sample(files, "prompt", tok, gen_len=20, stop=()), spec, "float32", 4)
+    assert (work.gen_len, work.expected_gen_len) == (30, pytest.approx(expected))
+    assert work.block_gen_len == pytest.approx((10 + 20 + 30 + 20) / 4)  # blocks group rows by max_new_tokens
 
 
 def test_the_measured_length_decides_refill(hardware_file):

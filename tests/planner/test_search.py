@@ -143,6 +143,12 @@ def test_without_refill_a_block_is_priced_at_the_rows_still_live():
     assert seconds < block_seconds(Block(model, hw, full, policy, 32))[0]
     assert live_block(Block(model, hw, full, policy, 32)).policy.gbs == 16
     assert live_block(Block(model, hw, early, replace(policy, refill=True), 32)).policy.gbs == 4  # block_seconds skips it
+    grouped = Workload(64, 256, 512, expected_gen_len=64.0, block_gen_len=128.0)  # max_new_tokens vary per row
+    blk = Block(model, hw, grouped, policy, 32)
+    assert live_block(blk).policy.gbs == 8  # 64 of 128 tokens: half the rows live
+    assert block_seconds(blk)[0] == pytest.approx(pre.step_s + 127 * phase_cost(live_block(blk), "decode").step_s)
+    with pytest.raises(InvalidParamsError, match="block_gen_len=32"):
+        Workload(64, 256, 512, expected_gen_len=64.0, block_gen_len=32)
 
 
 @pytest.mark.parametrize("budget_gib", [None, 1.5, 0.6])
