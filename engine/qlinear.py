@@ -36,6 +36,12 @@ class QWeight:
     max_rows: int
 
 
+def kernel_layout_bytes(weights) -> int:
+    """Bytes the int4 kernel's own layout (Int4Packed) keeps beside the stored codes, over a layer's weights."""
+    return sum(w.fast.weight.nbytes + w.fast.scales_and_zeros.nbytes for w in weights
+               if isinstance(w, QWeight) and isinstance(w.fast, Int4Packed))
+
+
 @dataclass
 class QLinear:
     """One step's view of a QWeight: `dense()` dequantizes on first call, through `make_dense`."""

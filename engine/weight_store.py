@@ -23,6 +23,7 @@ from engine.heap import release_freed_memory
 from engine.kernels import NativeKernels
 from engine.offload import layer_path, offload_root, stored_layer, write_layer
 from engine.policy import Policy
+from engine.qlinear import kernel_layout_bytes
 from engine.tiers import Devices, tensor_bytes
 from engine.weights import CheckpointReader, LayerWeights
 
@@ -146,6 +147,8 @@ class WeightStore:
             resident = {k: v.to(dev) for k, v in stored.items()}
             if tier == "cpu" and self._cpu_only[i]:
                 resident = self.kernels.pack_resident(resident, self.meta[i], self.codec)
+                if layout := kernel_layout_bytes(resident.values()):  # beside the codes the dense path reads
+                    self.devices.tiers["cpu"].reserve(layout, f"layer {i} (int4 kernel layout)")
             elif tier == "cpu":  # crosses PCIe whenever it computes on the GPU
                 resident = {k: self.devices.pinned(v) for k, v in resident.items()}
             self.resident[i] = resident

@@ -54,6 +54,15 @@ def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool, weight_for
     return sum(size(o, i) for o, i in linear_shapes(model)) + other * dtype_bytes
 
 
+def int4_kernel_layout_bytes(model: ModelSpec) -> int:
+    """Bytes the int4 kernel's layout keeps beside the codes of one CPU-resident layer (engine.quant.pack_int4):
+    each fused Linear [out, in] with out padded to a multiple of 16, in int4_bytes' own format."""
+    h, f = model.hidden_size, model.ffn_size
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    mlp = [(f, h), (h, f)] if model.family == "opt" else [(2 * f, h), (h, f)]
+    return sum(int4_bytes(-(-o // 16) * 16, i) for o, i in [(q + 2 * kv, h), (h, q), *mlp])
+
+
 def stored_layer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
     """W of one layer in the form `policy` stores it (dense, or compressed in its weight format)."""
     return layer_bytes(model, dtype_bytes, policy.compress_weight, policy.weight_format)
@@ -137,10 +146,17 @@ def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) 
     return out
 
 
+def packs_int4(policy: Policy) -> bool:
+    """Whether CPU-resident 4-bit layers may be kept in the int4 kernel's layout too: they compute on the CPU
+    only (engine.kernels.pack_resident), which this model counts when no layer computes on the GPU."""
+    return (policy.compress_weight and policy.weight_format == "int4"
+            and policy.prefill_device == "cpu" and policy.decode_device == "cpu")
+
+
 def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
                charged_scratch: bool = False) -> dict[str, Affine]:
     """Home memory per tier, linear in the fractions (the disk staging term is separate: it is a step):
-    L * W * weight_<tier> + KV * cache_<tier> + A * act_<tier>, plus the globals on their tier (the gpu when
+    L * W * weight_<tier> + KV * cache_<tier> + A * act_<tier>, plus the int4 kernel's layout of CPU-resident 4-bit layers (`packs_int4`), plus the globals on their tier (the gpu when
     decode's last layer computes there), plus the two one-layer buffers a plain disk-tier cache moves through
     on the CPU (engine/disk_kv.py): 2 * KV / L * cache_disk. With `charged_scratch` (a binding memory limit,
     `HardwareSpec.memory_limit_binds`) the disk tier's memory-mapped scratch, whose page cache the limit charges,
@@ -155,6 +171,8 @@ def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
                      + Affine.frac(f"act_{tier}", act))
     where = globals_tier(policy, model.num_layers)
     out[where] = out[where] + global_bytes(model, work.dtype_bytes)
+    if packs_int4(policy):  # counted as if the kernel won at some row count (the engine measures whether it does)
+        out["cpu"] = out["cpu"] + Affine.frac("weight_cpu", model.num_layers * int4_kernel_layout_bytes(model))
     if not policy.compress_cache:
         out["cpu"] = out["cpu"] + Affine.frac("cache_disk", 2 * kv / model.num_layers)
     if charged_scratch:

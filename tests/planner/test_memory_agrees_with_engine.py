@@ -1,12 +1,17 @@
 """The planner's home memory per tier equals what the engine reserves for the same policy: its weights and
 globals at load, plus `BlockExecutor.block_bytes` for a block (the engine's budget check)."""
 
+import dataclasses
+
 import pytest
+import torch
 
 from engine.generate import Engine
 from engine.policy import Policy
+from engine.qlinear import QWeight
+from engine.quant import Int4Packed
 from engine.spec import load_model_spec
-from planner.memory_model import disk_staging_bytes, home_bytes
+from planner.memory_model import disk_staging_bytes, global_bytes, home_bytes
 from planner.predict import realized_policy
 from planner.workload import PLACEMENT, TIERS, Workload
 
@@ -23,6 +28,37 @@ POLICIES = [
 
 @pytest.mark.parametrize("policy", POLICIES, ids=["cpu", "split", "compressed-disk", "int8", "int8-disk"])
 def test_home_bytes_match_the_engine(tmp_path, tiny_llama_dir, policy):
+    check_home_bytes(tmp_path, tiny_llama_dir, policy)
+
+
+@pytest.mark.parametrize("policy", [Policy(gbs=2, num_gb=2, compress_weight=True),
+                                    Policy(gbs=2, num_gb=1, weight_cpu=0.5, compress_weight=True)],
+                         ids=["int4", "int4-disk"])
+def test_the_int4_kernels_layout_counts_where_the_engine_keeps_it(tmp_path, tiny_llama_dir, policy,
+                                                                  compressed_kernels):
+    """CPU-resident 4-bit layers packed for the int4 kernel (which wins at every row count here) keep that
+    layout beside their codes: the engine reserves it and the planner counts it."""
+    eng = check_home_bytes(tmp_path, tiny_llama_dir, policy)
+    held = {}
+    for layer in eng.weights.resident.values():
+        for value in layer.values():
+            collect_tensors(value, held)
+    assert any(isinstance(v, QWeight) and isinstance(v.fast, Int4Packed)
+               for layer in eng.weights.resident.values() for v in layer.values())
+    globals_bytes = global_bytes(load_model_spec(tiny_llama_dir), 4)
+    assert eng.devices.tiers["cpu"].used - globals_bytes == sum(held.values())
+
+
+def collect_tensors(value, out: dict) -> None:
+    """Every tensor a kept weight holds (its stored codes and any kernel layout), by storage."""
+    if isinstance(value, torch.Tensor):
+        out[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            collect_tensors(getattr(value, f.name), out)
+
+
+def check_home_bytes(tmp_path, tiny_llama_dir, policy):
     spec = load_model_spec(tiny_llama_dir)
     eng = Engine.load(tiny_llama_dir, dtype="float32", policy=policy, simulate_gpu=True, offload_dir=tmp_path)
     try:
@@ -37,5 +73,6 @@ def test_home_bytes_match_the_engine(tmp_path, tiny_llama_dir, policy):
         if real.weight_disk > 0:
             ours["cpu"] += disk_staging_bytes(spec, work, policy)
         assert ours == pytest.approx(engine_bytes, rel=0, abs=1)
+        return eng
     finally:
         eng.weights.close()
