@@ -15,6 +15,7 @@ import torch
 from engine.attention import attend
 from engine.cpu_attention import decode_attention
 from engine.kernel_rates import cached, entry_key, fewest_seconds
+from engine.memory_room import memory_room
 from engine.quant import DEFAULT_CONFIG, QTensor, QuantConfig, dequantize, quantize
 
 KERNELS = ("chunked", "sdpa")
@@ -48,13 +49,25 @@ def decode_kernel(kind: str, dtype: torch.dtype, batch: int, heads: int, kv_head
     return cached(key, lambda: measure(kind, dtype, rows, heads, kv_heads, head_dim))["kernel"]
 
 
+def kv_bytes(batch: int, kv_heads: int, slots: int, head_dim: int) -> int:
+    """Float32 K and V of a measuring cache."""
+    return 2 * batch * kv_heads * slots * head_dim * 4
+
+
 def measure(kind: str, dtype: torch.dtype, batch: int, heads: int, kv_heads: int, head_dim: int,
             repeats: int = 5) -> dict:
-    """Both kernels at each length of SLOTS that fits MAX_BYTES (at least the first); the faster over all."""
+    """Both kernels at each length of SLOTS whose float32 K and V fit the measuring budget (at least the first);
+    the faster over all. The budget is MAX_BYTES, or a sixteenth of the memory this process may still fill if
+    less (the measurement runs inside a job, beside its budgeted tensors); where even the first length does not
+    fit it, fewer rows are measured (both kernels' time is linear in the rows)."""
+    room = memory_room().available_bytes
+    limit = MAX_BYTES if room is None else min(MAX_BYTES, int(room // 16))
+    while batch > 1 and kv_bytes(batch, kv_heads, SLOTS[0], head_dim) > limit:
+        batch //= 2
     timings = []
     with torch.inference_mode():
         for slots in SLOTS:
-            if timings and 2 * batch * kv_heads * slots * head_dim * 4 > MAX_BYTES:
+            if timings and kv_bytes(batch, kv_heads, slots, head_dim) > limit:
                 break
             q = torch.randn(batch, heads, 1, head_dim).to(dtype)
             k, v = (torch.randn(batch, kv_heads, slots, head_dim).to(dtype) for _ in range(2))
@@ -65,4 +78,4 @@ def measure(kind: str, dtype: torch.dtype, batch: int, heads: int, kv_heads: int
                                                 lambda: sdpa(q, k, v, mask)], repeats)  # noqa: B023
             timings.append({"rows": slots, "chunked_s": chunked_s, "sdpa_s": sdpa_s})
     faster = sum(t["sdpa_s"] for t in timings) < sum(t["chunked_s"] for t in timings)
-    return {"kernel": "sdpa" if faster else "chunked", "timings": timings}
+    return {"kernel": "sdpa" if faster else "chunked", "timings": timings, "batch_measured": batch}

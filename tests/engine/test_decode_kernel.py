@@ -62,3 +62,18 @@ def test_the_kernel_is_measured_once_per_shape_bucket_and_cached(tmp_path, monke
     assert calls == [("plain", torch.float32, 4, 4, 2, 16)]  # batch 3 measured as 4, once
     assert "decode-attention|plain|float32|4x4x2x16" in (tmp_path / "rates.json").read_text()
     kernel_rates._memo.clear()
+
+
+def test_the_measurement_fits_a_small_memory_room(monkeypatch):
+    """Measured inside a job, the kernels' caches stay within a sixteenth of the memory left: fewer rows and
+    only the lengths that fit, not 2 x 64 MiB beside a block that filled its budget."""
+    from types import SimpleNamespace
+
+    from engine import decode_kernel as dk
+
+    monkeypatch.setattr(dk, "memory_room", lambda: SimpleNamespace(available_bytes=32 << 20))
+    out = dk.measure("plain", torch.float32, 1024, 8, 4, 64, repeats=1)
+    assert out["batch_measured"] < 1024 and [t["rows"] for t in out["timings"]] == [64]
+    assert dk.kv_bytes(out["batch_measured"], 4, 64, 64) <= (32 << 20) // 16
+    monkeypatch.setattr(dk, "memory_room", lambda: SimpleNamespace(available_bytes=None))
+    assert dk.measure("plain", torch.float32, 4, 8, 4, 64, repeats=1)["batch_measured"] == 4
