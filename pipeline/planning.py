@@ -90,7 +90,10 @@ def plan_budgets(budgets: dict, room=None, engines: int = 1) -> dict:
     from engine.memory_room import memory_room
 
     out = dict(budgets or {})
-    room = room or memory_room()
+    if room is None:
+        import engine.generate  # noqa: F401  (torch and the engine: the room is read after their ~100 MiB, which
+        import engine.tokenizer  # noqa: F401  the process holds anyway once it loads the model, not from it)
+        room = memory_room()
     if room.available_bytes is None:
         return out
     share = room.available_bytes * CPU_BUDGET_SHARE / max(1, engines)
