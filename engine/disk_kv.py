@@ -16,12 +16,8 @@ from pathlib import Path
 import torch
 
 from engine.cpu_attention import attention
-from engine.disk_read import ALIGN, aligned_empty
+from engine.disk_read import ALIGN, aligned_empty, aligned_size
 from engine.offload import scratch_file
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 class DirectKVCache:
@@ -30,7 +26,7 @@ class DirectKVCache:
         self.num_layers, self.max_len, self.batch, self.dtype = num_layers, max_len, batch, dtype
         self.slot_shape = (batch, kv_heads, head_dim)
         self.slot_bytes = batch * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-        self.region = _aligned(max_len * self.slot_bytes)  # one of K or V of one layer
+        self.region = aligned_size(max_len * self.slot_bytes)  # one of K or V of one layer
         self.fd = scratch_file(offload_dir, direct=True)
         os.ftruncate(self.fd, 2 * num_layers * self.region)
         self.buffers = (aligned_empty(self.region), aligned_empty(self.region))  # K, V
@@ -61,7 +57,7 @@ class DirectKVCache:
 
     def _span(self, start: int, end: int) -> tuple[int, int]:
         """The aligned bytes holding slots [start, end)."""
-        return start * self.slot_bytes // ALIGN * ALIGN, _aligned(end * self.slot_bytes)
+        return start * self.slot_bytes // ALIGN * ALIGN, aligned_size(end * self.slot_bytes)
 
     def _write_slots(self, layer: int, start: int, end: int, put, read: bool = True) -> None:
         """Slots [start, end) of K and V changed by put(k_view, v_view) ([T, B, KVH, D] views of the buffers):
@@ -91,7 +87,7 @@ class DirectKVCache:
         return K, V [B, KVH, start+S, D], views of the buffers valid until the next call."""
         end = start + k_new.shape[2]
         assert end <= self.max_len, (end, self.max_len)
-        stop = _aligned(end * self.slot_bytes)
+        stop = aligned_size(end * self.slot_bytes)
         for which in (0, 1):
             self._io(layer, which, 0, stop, write=False)
         k, v = self._view(0), self._view(1)
@@ -114,7 +110,7 @@ class DirectKVCache:
                 for t in (k, v):
                     t[:count].copy_(t[first : first + count].clone())
 
-            stop = _aligned((first + count) * self.slot_bytes)
+            stop = aligned_size((first + count) * self.slot_bytes)
             for which in (0, 1):
                 self._io(layer, which, 0, stop, write=False)
             self._write_slots(layer, 0, count, put, read=False)
@@ -124,7 +120,7 @@ class DirectKVCache:
         buffers keep their size)."""
         if rows == list(range(self.batch)):
             return
-        full = _aligned(self.max_len * self.slot_bytes)
+        full = aligned_size(self.max_len * self.slot_bytes)
         kept_shape = (len(rows), *self.slot_shape[1:])
         index = torch.tensor(rows)
         for layer in range(self.num_layers):
@@ -133,7 +129,7 @@ class DirectKVCache:
                 kept = self._view(which).index_select(1, index)
                 n = kept.numel() * kept.element_size()
                 self.buffers[which][:n].view(self.dtype).copy_(kept.reshape(-1))
-                self._io(layer, which, 0, _aligned(n), write=True)
+                self._io(layer, which, 0, aligned_size(n), write=True)
         self.slot_bytes = self.slot_bytes // self.batch * len(rows)
         self.batch, self.slot_shape = len(rows), kept_shape
 

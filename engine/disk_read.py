@@ -39,6 +39,11 @@ def reads_direct(disk_bytes: float, room_bytes: float) -> bool:
 
 
 
+def aligned_size(n: int) -> int:
+    """n rounded up to a multiple of ALIGN (what an O_DIRECT read or write moves)."""
+    return -(-n // ALIGN) * ALIGN
+
+
 def aligned_empty(n: int) -> torch.Tensor:
     """An uninitialized uint8 buffer of n bytes starting on an ALIGN boundary, as O_DIRECT wants."""
     raw = torch.empty(n + ALIGN, dtype=torch.uint8)
@@ -69,7 +74,7 @@ class DirectReader:
     def read(self, path: Path) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The file's tensors (views of one buffer) and that buffer, to `release` once they are no longer used."""
         size = path.stat().st_size
-        buf = self._buffer(-(-size // ALIGN) * ALIGN)
+        buf = self._buffer(aligned_size(size))
         _read_into(path, buf, size)
         return _tensors(buf), buf
 

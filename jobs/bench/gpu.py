@@ -27,7 +27,6 @@ from jobs.bench.gpu_policies import (
     STAGED_LAYERS,
     BenchPolicy,
     bench_policies,
-    layer_bytes,
     load_key,
 )
 from jobs.bench.gpu_policies import place as place_batch
@@ -98,7 +97,7 @@ def free_gpu_bytes(eng, gpu_bytes: float, spec, cfg: GpuBenchConfig) -> float:
     when it streams layers there, two staged layers."""
     p = eng.policy
     streams = p.uses_gpu() and p.weight_gpu < 1
-    staged = STAGED_LAYERS * layer_bytes(spec, DTYPE_BYTES[cfg.dtype]) if streams else 0
+    staged = STAGED_LAYERS * spec.layer_bytes(DTYPE_BYTES[cfg.dtype]) if streams else 0
     return gpu_bytes - eng.devices.tiers["gpu"].used - staged
 
 

@@ -47,10 +47,6 @@ def split_layers(num_layers: int) -> list[int]:
     return sorted({min(num_layers - 1, max(1, round(num_layers * q))) for q in SPLIT_POINTS}) if num_layers > 1 else []
 
 
-def layer_bytes(spec: ModelSpec, dtype_bytes: int) -> float:
-    return spec.params_per_layer * dtype_bytes
-
-
 def act_bytes(spec: ModelSpec, batch: int, prompt_len: int) -> float:
     """Activations of one block of `batch` rows: batch * prompt_len * hidden * 4 bytes."""
     return batch * prompt_len * spec.hidden_size * ACT_BYTES
@@ -72,9 +68,9 @@ def fitting_layers(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batc
     """Whole layers whose weights fit the GPU budget after `staged` staged layers, the largest batch's
     activations, and the embeddings and LM head (every policy sized here computes decode's last layer on the
     GPU, so they live there: engine.weight_store.globals_tier)."""
-    room = (gpu_bytes - staged * layer_bytes(spec, dtype_bytes) - act_bytes(spec, max_batch, prompt_len)
+    room = (gpu_bytes - staged * spec.layer_bytes(dtype_bytes) - act_bytes(spec, max_batch, prompt_len)
             - global_bytes(spec, dtype_bytes))
-    return max(0, min(spec.num_layers, int(room // layer_bytes(spec, dtype_bytes))))
+    return max(0, min(spec.num_layers, int(room // spec.layer_bytes(dtype_bytes))))
 
 
 def split_policy(L: int, k: int, fit: tuple[int, int], prefill: str) -> Policy:
