@@ -20,17 +20,19 @@ from pipeline.errors import InputError
 from pipeline.openai_batch import line_completions, read_batch_shard
 from pipeline.openai_output import choices_by_line, jsonl_bytes, output_lines
 from pipeline.parquet_io import output_table, write_part_atomic
-from pipeline.planning import measured_workload, plan_budgets, prediction_record, refill_choice
+from pipeline.planning import (
+    BLOCKS_PER_CALL,
+    measured_workload,
+    plan_budgets,
+    prediction_record,
+    refill_choice,
+)
 from pipeline.rows import build_requests, row_ids
 from pipeline.runner import JobSetup, choose, load_engine, load_key
 from pipeline.shards import Shard, read_shard
 from pipeline.storage import Folder
 
 log = logging.getLogger(__name__)
-
-# Requests handed to the engine per call: large enough for it to group prompts by length, small enough that
-# a shard's progress is logged often.
-_REQUESTS_PER_CALL_PER_BLOCK = 16
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ class ShardWorker:
         seconds, start = 0.0, 0
         while start < len(slots):
             block = self.engine.policy.block_size
-            chunk = slots[start : start + block * (_REQUESTS_PER_CALL_PER_BLOCK if self._measured[0] >= block else 1)]
+            chunk = slots[start : start + block * (BLOCKS_PER_CALL if self._measured[0] >= block else 1)]
             began = time.perf_counter()
             out = self.engine.generate([items[i] for i in chunk], truncate=self.job.config.truncate)
             seconds += time.perf_counter() - began

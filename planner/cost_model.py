@@ -68,9 +68,15 @@ def tokens(work: Workload, phase: str) -> int:
     return work.prompt_len if phase == "prefill" else 1
 
 
-def decode_kv_len(work: Workload) -> float:
-    """Average cached slots a decode step attends over: s + n / 2 (FlexGen's linearization)."""
-    return work.prompt_len + work.gen_len / 2
+def decode_kv_len(work: Workload, refill: bool = False) -> float:
+    """Average cached slots a decode step attends over (FlexGen's linearization, s + n / 2, for the steps a block
+    runs): without refill a block's rows share their start, and it runs block_gen_len steps: s + n_block / 2. With
+    refill the rows share one cache cursor (engine/refill.py) and attention walks every slot from the oldest live
+    row's first: the cursor stays the longest prompt past it (rows enter longest first, each ending at the cursor)
+    and a row lives up to gen_len steps: max_prompt_len + gen_len / 2."""
+    if refill:
+        return work.max_prompt_len + work.gen_len / 2
+    return work.prompt_len + work.block_gen_len / 2
 
 
 def memory_room(hw: HardwareSpec) -> float:
@@ -133,8 +139,8 @@ def new_kv_bytes(blk: Block, phase: str) -> float:
 
 
 def decode_kv_bytes(blk: Block) -> float:
-    """R: the cache a decode step reads per layer: rows * (s + n/2) * kv_slot_bytes."""
-    return blk.rows * decode_kv_len(blk.work) * kv_slot_bytes(blk.model, blk.elem, blk.policy.compress_cache)
+    """R: the cache a decode step reads per layer: rows * decode_kv_len * kv_slot_bytes."""
+    return blk.rows * decode_kv_len(blk.work, blk.policy.refill) * kv_slot_bytes(blk.model, blk.elem, blk.policy.compress_cache)
 
 
 def attention_io_bytes(blk: Block) -> float:

@@ -12,7 +12,11 @@ Runs, timed interleaved round by round (the machine is shared: medians of the ro
     longest row's useful length (what flexbatch's run produced for the row: stopped rows included), so it never
     computes a token that row would discard: a favourable bound for transformers.
 Useful tokens/s counts each row's completion tokens up to its own stop. Exactness: every flexbatch run's tokens
-equal the refill run's, row for row (checked every round)."""
+equal the refill run's, row for row (checked every round).
+
+The refill choice: what `--refill auto` picks (the planner's prediction, `refill_pick`) against the other choice,
+measured, on W4 and on a workload where refill should pay (every row allowed one max_new_tokens, short prompts):
+the pick agrees with measurement where its line's ratio is >= 1."""
 
 from __future__ import annotations
 
@@ -45,6 +49,11 @@ class EarlyStopConfig:
     gbs: int = 32
     hf_batches: tuple[int, ...] = (8, 32)
     repeats: int = 2
+    # the refill-choice line's second workload, where refill should pay: short prompts, every row allowed the same
+    # max_new_tokens (so grouping rows by it gains nothing), the same stop string on every other row
+    one_length_prompt_lens: tuple[int, int] = (8, 64)
+    one_length_max_new: int = 256
+    hardware: str | None = None  # the profile the refill choice is planned with (a file); this machine's by default
 
 
 def w4_requests(cfg: EarlyStopConfig, vocab_size: int, seed: int = 0) -> list[Request]:
@@ -102,6 +111,55 @@ def hf_w4_runner(model, tokenizer, reqs: list[Request], useful: list[int], batch
     return run
 
 
+def refill_pick(eng: Engine, reqs: list[Request], comps, gbs: int, hardware: str | None) -> dict:
+    """What `--refill auto` picks for these rows at GPU batch `gbs`: the planner's prediction of each choice with
+    this machine's profile, on the workload a job would plan (`pipeline.planning`: the rows' prompt lengths, own
+    max_new_tokens and stop strings), with the tokens the rows really generated measured."""
+    from pipeline.input_sample import InputSample
+    from pipeline.planning import measured_workload, workload_from_sample
+    from planner.hardware import load_hardware
+    from planner.predict import predict
+    from planner.profiler import load_or_profile
+
+    sample = InputSample(tuple(len(eng.tokenizer(r.prompt)["input_ids"]) for r in reqs),
+                         tuple((r.params.max_new_tokens, bool(r.params.stop)) for r in reqs))
+    work = workload_from_sample(sample, eng.spec, "float32", len(reqs))
+    work = measured_workload(work, len(comps), sum(c.completion_tokens for c in comps))
+    hw = load_hardware(hardware) if hardware else load_or_profile()
+    seconds = {r: predict(eng.spec, hw, work, Policy(gbs=gbs, num_gb=1, refill=r)).total_s for r in (False, True)}
+    return {"refill": seconds[True] < seconds[False], "predicted_s": {"refill": seconds[True], "sorted": seconds[False]},
+            "workload": dataclasses.asdict(work)}
+
+
+def choice_line(name: str, what: str, pick: dict, rate: dict) -> Line:
+    """The planner's pick (refill or sorted) against the other, measured: a ratio >= 1 means it picked the faster."""
+    ours, other = ("flexbatch refill", "flexbatch sorted") if pick["refill"] else ("flexbatch sorted", "flexbatch refill")
+    p = pick["predicted_s"]
+    return Line(name, f"{what}: refill auto picks {ours.split()[1]} (predicted refill/sorted time "
+                f"{p['refill'] / p['sorted']:.2f}x) vs {other.split()[1]}", "useful tokens/s", rate[ours], rate[other],
+                1.0, pick)
+
+
+def one_length_lines(cfg: EarlyStopConfig, eng: Engine) -> list[Line]:
+    """The refill choice where refill should pay: every row allowed one max_new_tokens, short prompts; refill vs
+    sorted timed interleaved, tokens checked equal."""
+    one = dataclasses.replace(cfg, prompt_lens=cfg.one_length_prompt_lens,
+                              max_new=(cfg.one_length_max_new, cfg.one_length_max_new))
+    reqs, record = w4_requests(one, eng.spec.vocab_size), {}
+    refill, plain = Policy(gbs=cfg.gbs, num_gb=1, refill=True), Policy(gbs=cfg.gbs, num_gb=1)
+    engine_w4_runner(eng, reqs, refill, record, "refill")(0)  # warm-up
+    res = side_by_side({"flexbatch refill": engine_w4_runner(eng, reqs, refill, record, "refill"),
+                        "flexbatch sorted": engine_w4_runner(eng, reqs, plain, record, "sorted")}, 0, cfg.repeats,
+                       warmup=False)
+    exact = [c.token_ids for c in record["refill"]] == [c.token_ids for c in record["sorted"]]
+    pick = refill_pick(eng, reqs, record["refill"], cfg.gbs, cfg.hardware)
+    pick |= {"tokens_equal": exact, "runs_tokens_per_s": {k: [r["tokens_per_s"] for r in v["runs"]]
+                                                          for k, v in res.items()}}
+    what = (f"W4 one length ({cfg.prompts} rows, prompts {one.prompt_lens[0]}-{one.prompt_lens[1]}, max_new_tokens "
+            f"{cfg.one_length_max_new}), tokens equal: {exact}")
+    return [choice_line("early-stop-choice-one-length", what, pick, {k: v["tokens_per_s"] for k, v in res.items()})]
+
+
 def early_stop_lines(cfg: EarlyStopConfig, cache_dir: str) -> list[Line]:
     """W4: flexbatch with refill vs transformers at its best batch and vs the block schedule before; sorted vs
     that block schedule (useful tokens/s)."""
@@ -139,4 +197,6 @@ def early_stop_lines(cfg: EarlyStopConfig, cache_dir: str) -> list[Line]:
                  "useful tokens/s", rate["flexbatch refill"], rate["flexbatch blocks"], 1.5),
             Line("early-stop-sorted", f"{what}: sorted by max_new_tokens, finished rows dropped, vs the block "
                  f"schedule before (refill {detail['refill_vs_sorted']:.2f}x sorted)", "useful tokens/s",
-                 rate["flexbatch sorted"], rate["flexbatch blocks"], None)]
+                 rate["flexbatch sorted"], rate["flexbatch blocks"], None),
+            choice_line("early-stop-choice", what, refill_pick(eng, reqs, record["refill"], cfg.gbs, cfg.hardware), rate),
+            *one_length_lines(cfg, eng)]

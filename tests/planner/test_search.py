@@ -151,6 +151,26 @@ def test_without_refill_a_block_is_priced_at_the_rows_still_live():
         Workload(64, 256, 512, expected_gen_len=64.0, block_gen_len=32)
 
 
+def test_refill_is_priced_at_its_shared_cursor_span_and_sorted_blocks_at_their_own():
+    """Refill's rows share one cache cursor, so its decode attention walks the longest prompt plus the rows'
+    generation (max_prompt_len + gen_len / 2), while a block of rows grouped by max_new_tokens walks its own
+    prompts and the tokens it runs for (prompt_len + block_gen_len / 2). So on W4's shape (long prompts of
+    varied length, varied max_new_tokens) the sorted blocks are chosen, as measured there (refill 0.78x sorted),
+    and refill where rows share one max_new_tokens and half of them stop early (as measured: refill 1.5x)."""
+    from planner.cost_model import decode_kv_bytes, kv_slot_bytes
+    from planner.search import with_refill_choice
+
+    model, hw, policy = llama(hidden=128, ffn=352, layers=10, heads=4, kv_heads=4, vocab=512, context=1024), \
+        server_cpu(), Policy(gbs=32, num_gb=1)
+    w4 = Workload(394, 256, 512, max_prompt_len=512, dtype="float32", expected_gen_len=67.4, block_gen_len=160.0)
+    slot = kv_slot_bytes(model, 4, False)
+    assert decode_kv_bytes(Block(model, hw, w4, replace(policy, refill=True), 32)) == 32 * (512 + 128) * slot
+    assert decode_kv_bytes(Block(model, hw, w4, policy, 32)) == 32 * (394 + 80) * slot
+    assert not with_refill_choice(model, hw, w4, policy, {}).policy.refill
+    one_length = Workload(51, 256, 512, max_prompt_len=64, dtype="float32", expected_gen_len=129.0)
+    assert with_refill_choice(model, hw, one_length, policy, {}).policy.refill
+
+
 @pytest.mark.parametrize("budget_gib", [None, 1.5, 0.6])
 def test_an_all_memory_placement_is_the_programs_optimum_and_skips_it(budget_gib, monkeypatch):
     """Without a GPU, the direct all-in-memory placement equals the program's solution for every candidate where

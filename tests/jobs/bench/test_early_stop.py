@@ -13,10 +13,20 @@ def test_w4_requests_mix_lengths_and_stop_strings():
 
 
 def test_early_stop_lines_are_exact_and_complete(tmp_path, one_thread):
+    from planner.hardware import save_hardware
+    from tests.planner.specs import server_cpu
+
     cfg = EarlyStopConfig(preset="tiny", prompts=10, prompt_lens=(4, 12), max_new=(2, 12), gbs=3, hf_batches=(4,),
-                          repeats=1)
+                          repeats=1, one_length_prompt_lens=(2, 6), one_length_max_new=12,
+                          hardware=str(save_hardware(server_cpu(), tmp_path / "hw.json")))
     lines = early_stop_lines(cfg, str(tmp_path))
-    assert [line.id for line in lines] == ["early-stop", "early-stop-blocks", "early-stop-sorted"]
+    assert [line.id for line in lines] == ["early-stop", "early-stop-blocks", "early-stop-sorted", "early-stop-choice",
+                                           "early-stop-choice-one-length"]
+    for choice in lines[3:]:  # the planner's pick vs the other, both measured
+        picked = "refill" if choice.detail["refill"] else "sorted"
+        assert picked in choice.what and choice.ours > 0 and choice.baseline > 0 and choice.target == 1.0
+        assert set(choice.detail["predicted_s"]) == {"refill", "sorted"}
+    assert lines[4].detail["tokens_equal"] is True
     d = lines[0].detail
     assert d["tokens_equal"] is True
     assert d["rows_stopped"] == 5 and d["schedule"]["refill"]["refilled_rows"] > 0
