@@ -6,7 +6,8 @@ rendered by the checkpoint's chat template), and optionally `sampling_params`, a
 (max_tokens, temperature, top_p, top_k, stop, seed). Out: every input column plus `generated_text`,
 `generated_tokens`, `num_generated_tokens`, `num_input_tokens`, `finish_reason` and `error` (a bad row fails
 alone, with its reason there). The policy (and so the block size) is planned from the first batch, for batches
-of that size, unless `policy` is given. Rows without an `id` column get seeds from their place in the batch,
+of that size, unless `policy` is given: from its prompt lengths and each row's own max_new_tokens and stop
+strings, as a job plans its sample; refill is chosen again after each batch from what its rows generated. Rows without an `id` column get seeds from their place in the batch,
 so sampled (not greedy) outputs then depend on the batching."""
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Processor:
         self.defaults = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                        top_k=top_k, stop=tuple(stop), seed=seed)
         self.engine = None
+        self.work, self.measured = None, (0, 0)  # planned: the workload, and the rows finished and their tokens
 
     def __call__(self, batch) -> dict:
         columns = _columns(batch)
@@ -58,9 +60,27 @@ class Processor:
         runnable = [item for item in items if isinstance(item, Request)]
         if self.engine is None:
             self.engine, runnable = self._load(runnable)
-        done = iter(self.engine.generate(runnable, truncate=self.truncate)) if runnable else iter(())
+        out = self.engine.generate(runnable, truncate=self.truncate) if runnable else []
+        self._measure(out)
+        done = iter(out)
         results = [next(done) if isinstance(item, Request) else item for item in items]
         return {**columns, **_output_columns(results)}
+
+    def _measure(self, completions: list[Completion]) -> None:
+        """As a job's worker does: count what finished rows generated, and choose refill again for the batches to
+        come (planned engines only)."""
+        from pipeline.planning import refill_after
+
+        ok = [c for c in completions if c.finish_reason != "error"]
+        self.measured = (self.measured[0] + len(ok), self.measured[1] + sum(c.completion_tokens for c in ok))
+        if self.work is not None and ok:
+            self.engine.policy = refill_after(self._settings(), self.work, self.engine.spec, self.engine.policy,
+                                              *self.measured)
+
+    def _settings(self):
+        from pipeline.settings import EngineSettings
+
+        return EngineSettings(dtype=self.dtype, budgets=self.budgets, hardware=self.hardware)
 
     def _item(self, row_id: str, prompt, sampling: dict | None, chat: bool) -> Request | Completion:
         from engine.chat import messages_problem
@@ -83,20 +103,20 @@ class Processor:
         from engine.generate import Engine
         from engine.spec import load_model_spec
         from engine.tokenizer import load_tokenizer
-        from pipeline.input_sample import prompt_ids
-        from pipeline.planning import choose_policy, plan_budgets, workload_dtype, workload_from_lengths
-        from pipeline.settings import EngineSettings
+        from pipeline.input_sample import InputSample, prompt_ids
+        from pipeline.planning import choose_policy, plan_budgets, workload_dtype, workload_from_sample
 
         policy, budgets = self.policy, plan_budgets(self.budgets, engines=self.engines_per_node)
         if policy is None:
             spec, tokenizer = load_model_spec(self.model), load_tokenizer(self.model)
             ids = [prompt_ids(tokenizer, list(r.messages) if r.messages is not None else r.prompt) for r in first]
             first = [dataclasses.replace(r, prompt_ids=tuple(t)) if t else r for r, t in zip(first, ids)]
-            gen = max([r.params.max_new_tokens for r in first] or [self.defaults.max_new_tokens])
-            work = workload_from_lengths([len(t or ()) for t in ids], spec, gen, workload_dtype(self.dtype),
-                                         max(1, len(first)))
-            settings = EngineSettings(dtype=self.dtype, budgets=self.budgets, hardware=self.hardware)
-            policy = choose_policy(settings, work, spec, budgets=budgets).policy
+            rows = [(r.params.max_new_tokens, bool(r.params.stop)) for r in first]  # none: the defaults
+            sample = InputSample(tuple(len(t or ()) for t in ids),
+                                 tuple(rows or [(self.defaults.max_new_tokens, bool(self.defaults.stop))]))
+            work = workload_from_sample(sample, spec, workload_dtype(self.dtype), max(1, len(first)))
+            plan = choose_policy(self._settings(), work, spec, budgets=budgets)
+            policy, self.work = plan.policy, plan.prediction.workload
         engine = Engine.load(self.model, dtype=self.dtype, policy=policy, budgets=budgets, backend=self.backend)
         return engine, first
 

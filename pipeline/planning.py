@@ -86,6 +86,20 @@ def refill_choice(settings: EngineSettings, work: Workload, spec: ModelSpec, pol
     return dataclasses.replace(policy, refill=chosen.policy.refill)
 
 
+def refill_after(settings: EngineSettings, work: Workload, spec: ModelSpec, policy: Policy, rows: int,
+                 tokens: int) -> Policy:
+    """`policy` with refill chosen again for the rows to come, now that `rows` finished rows generated `tokens`
+    (`measured_workload`); as it was where refill is pinned or nothing was measured."""
+    if rows < 1 or settings.refill != "auto":
+        return policy
+    measured = measured_workload(work, rows, tokens)
+    chosen = refill_choice(settings, measured, spec, policy)
+    if chosen.refill != policy.refill:
+        log.info("refill %s: rows generate %.1f tokens on average (%d measured), of up to %d",
+                 "on" if chosen.refill else "off", measured.expected_gen_len, rows, work.gen_len)
+    return chosen
+
+
 def workload_from_lengths(prompt_lengths, spec: ModelSpec, gen_len: int, dtype: str, num_prompts: int) -> Workload:
     """The workload of `num_prompts` prompts with token counts like `prompt_lengths` (a 0 is left out)."""
     from planner.workload import Workload

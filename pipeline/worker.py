@@ -22,10 +22,9 @@ from pipeline.openai_output import choices_by_line, jsonl_bytes, output_lines
 from pipeline.parquet_io import output_table, write_part_atomic
 from pipeline.planning import (
     BLOCKS_PER_CALL,
-    measured_workload,
     plan_budgets,
     prediction_record,
-    refill_choice,
+    refill_after,
 )
 from pipeline.rows import build_requests, row_ids
 from pipeline.runner import JobSetup, choose, load_engine, load_key
@@ -193,15 +192,9 @@ class ShardWorker:
         choose refill again for the rows to come with that measured length."""
         ok = [c for c in completions if c.finish_reason != "error"]
         self._measured = (self._measured[0] + len(ok), self._measured[1] + sum(c.completion_tokens for c in ok))
-        config = self.job.config
-        if self.work is None or not ok or config.refill != "auto":
-            return
-        work = measured_workload(self.work, *self._measured)
-        policy = refill_choice(config, work, self.job.spec, self.engine.policy)
-        if policy.refill != self.engine.policy.refill:
-            log.info("refill %s: rows generate %.1f tokens on average (%d measured), of up to %d",
-                     "on" if policy.refill else "off", work.expected_gen_len, self._measured[0], work.gen_len)
-        self.engine.policy = policy
+        if self.work is not None and ok:
+            self.engine.policy = refill_after(self.job.config, self.work, self.job.spec, self.engine.policy,
+                                              *self._measured)
 
 
 def warm_up(engine) -> None:

@@ -1,5 +1,7 @@
 """`flexbatch.run` and the Ray Data stage: the same completions as a `flexbatch run` job."""
 
+from dataclasses import replace
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -51,6 +53,27 @@ def test_a_processor_loads_within_its_share_of_the_nodes_memory(demo_model_dir, 
     assert stage.engine.devices.tiers["cpu"].budget == pytest.approx(CPU_BUDGET_SHARE * 8 * 2**30 / 2)
     with pytest.raises(ConfigError, match="engines_per_node=0 is invalid"):
         Processor(demo_model_dir, engines_per_node=0)
+
+
+def test_a_planned_processor_plans_from_each_rows_own_lengths_and_measures_them(tmp_path, demo_model_dir):
+    """A planned stage's workload comes from its first batch as a job's comes from its sample: each row's own
+    max_new_tokens and stop strings (not only the largest max_new_tokens); then what its rows generate is counted,
+    and refill is chosen again from it, as the planner prices it."""
+    from planner.hardware import save_hardware
+    from planner.search import with_refill_choice
+    from tests.planner.specs import server_cpu
+
+    hw = save_hardware(server_cpu(), tmp_path / "hw.json")
+    stage = Processor(demo_model_dir, max_new_tokens=8, dtype="float32", hardware=hw)
+    out = stage({"prompt": ["Q: What is 2 plus 3? A:", "copy: abc ->", "The capital of France is"],
+                 "sampling_params": [{"max_tokens": 16, "stop": ["\n"]}, None, {"max_tokens": 4}]})
+    assert out["error"] == [None] * 3
+    work = stage.work
+    assert (work.gen_len, work.expected_gen_len) == (16, pytest.approx((16 * 0.5 + 8 + 4) / 3))
+    assert stage.measured == (3, sum(out["num_generated_tokens"]))
+    measured = replace(work, expected_gen_len=min(work.block_gen_len, max(1.0, stage.measured[1] / 3)))
+    want = with_refill_choice(stage.engine.spec, server_cpu(), measured, stage.engine.policy, {}).policy.refill
+    assert stage.engine.policy.refill == want
 
 
 @pytest.mark.slow
