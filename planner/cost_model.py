@@ -232,15 +232,16 @@ def prefill_attention_s(blk: Block, device: str) -> float:
 
 
 def decode_attention_s(blk: Block, device: str) -> Affine:
-    """Decode attention, memory-bound: R * share / attention_rate of the device that runs it. With
-    cpu_attention each part runs where it lives (disk parts on the CPU), else all on the compute device."""
-    R, compressed = decode_kv_bytes(blk), blk.policy.compress_cache
+    """Decode attention, memory-bound: R * share / attention_rate of the device that runs it (the rate of the
+    cache's kind: 4-bit, or plain in the workload's dtype). With cpu_attention each part runs where it lives (disk
+    parts on the CPU), else all on the compute device."""
+    R, kind = decode_kv_bytes(blk), (blk.policy.compress_cache, blk.elem)
     if not blk.policy.cpu_attention:
-        return Affine(const=R / blk.hw.device(device).attention_bytes_per_s(compressed))
-    cpu_rate = blk.hw.cpu.attention_bytes_per_s(compressed)
+        return Affine(const=R / blk.hw.device(device).attention_bytes_per_s(*kind))
+    cpu_rate = blk.hw.cpu.attention_bytes_per_s(*kind)
     out = Affine.of(("cache_cpu", "cache_disk"), R / cpu_rate)
     if blk.hw.gpu is not None:
-        out = out + Affine.frac("cache_gpu", R / blk.hw.gpu.attention_bytes_per_s(compressed))
+        out = out + Affine.frac("cache_gpu", R / blk.hw.gpu.attention_bytes_per_s(*kind))
     return out
 
 

@@ -75,6 +75,9 @@ class DeviceSpec:
     cache_bytes: float = 0.0
     matmul_hot_gflop_per_s: tuple = ()
     kernel_gflop_per_s: dict = field(default_factory=dict)  # compressed format -> curves like matmul_gflop_per_s
+    # decode attention over a float32 cache (SDPA runs it natively, ~3x the bytes/s of bf16 on the CPU, where bf16
+    # is converted); 0: priced at the bf16 rate (a spec written before it was measured, or by hand)
+    attention_f32_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         rows = tuple(int(r) for r in self.matmul_rows)
@@ -113,6 +116,8 @@ class DeviceSpec:
         for name in ("memory_bytes", "attention_bf16_bytes_per_s", "attention_4bit_bytes_per_s",
                      "dequant_bytes_per_s", "elementwise_bytes_per_s"):
             _positive("device", name, getattr(self, name))
+        if self.attention_f32_bytes_per_s != 0:
+            _positive("device", "attention_f32_bytes_per_s", self.attention_f32_bytes_per_s)
         for name in ("layer_call_s", "step_call_s", "dequant_call_s", "cache_codec_call_s", "disk_layer_call_s",
                      "split_call_s"):
             value = getattr(self, name)
@@ -156,8 +161,13 @@ class DeviceSpec:
             return self.matmul_flop_per_s(prompt_len, head_dim)
         return _log_interp(prompt_len, self.attention_prefill_lens, self.attention_prefill_gflop_per_s) * 1e9
 
-    def attention_bytes_per_s(self, compressed: bool) -> float:
-        return self.attention_4bit_bytes_per_s if compressed else self.attention_bf16_bytes_per_s
+    def attention_bytes_per_s(self, compressed: bool, dtype_bytes: int = 2) -> float:
+        """Decode attention's rate over a cache of this kind: 4-bit, or plain in a dtype of dtype_bytes."""
+        if compressed:
+            return self.attention_4bit_bytes_per_s
+        if dtype_bytes == 4 and self.attention_f32_bytes_per_s > 0:
+            return self.attention_f32_bytes_per_s
+        return self.attention_bf16_bytes_per_s
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,9 @@ def layer_report(n: int = 4096, k: int = 4096, rows=(1, 16, 256), dtype=torch.bf
 
 def attention_report(batch: int = 8, heads: int = 32, kv_heads: int = 8, slots: int = 2048, head_dim: int = 128,
                      chunk: int | None = None, repeats: int = 5) -> dict:
-    """Decode attention (1 query per row): SDPA over a bf16 cache vs our chunked path over bf16 and 4-bit caches.
-    GB/s counts the cache bytes each path reads per call (bf16: 2 bytes per value; 4-bit: QTensor.nbytes)."""
+    """Decode attention (1 query per row): SDPA vs our chunked path over bf16 and float32 caches, and the chunked
+    path over a 4-bit cache. GB/s counts the cache bytes each path reads per call (2 or 4 bytes per value; 4-bit:
+    QTensor.nbytes)."""
     torch.manual_seed(0)
     q = torch.randn(batch, heads, 1, head_dim, dtype=torch.bfloat16)
     k, v = (torch.randn(batch, kv_heads, slots, head_dim, dtype=torch.bfloat16) for _ in range(2))
@@ -114,7 +115,12 @@ def attention_report(batch: int = 8, heads: int = 32, kv_heads: int = 8, slots: 
     sdpa = median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), repeats)
     plain = median_seconds(lambda: decode_attention(q, k, v, mask, chunk=chunk, buffers=bufs), repeats)
     quant = median_seconds(lambda: decode_attention(q, qk, qv, mask, chunk=chunk, buffers=bufs), repeats)
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    sdpa32 = median_seconds(lambda: F.scaled_dot_product_attention(q32, k32, v32, attn_mask=mask, enable_gqa=True),
+                            repeats)
+    plain32 = median_seconds(lambda: decode_attention(q32, k32, v32, mask, chunk=chunk, buffers=bufs), repeats)
     bf16_bytes, q4_bytes = 2 * k.numel() * k.element_size(), qk.nbytes + qv.nbytes
-    return {"sdpa_bf16_gb_s": bf16_bytes / sdpa / 1e9, "chunked_bf16_gb_s": bf16_bytes / plain / 1e9,
+    return {"sdpa_f32_gb_s": 2 * bf16_bytes / sdpa32 / 1e9, "chunked_f32_gb_s": 2 * bf16_bytes / plain32 / 1e9,
+            "sdpa_bf16_gb_s": bf16_bytes / sdpa / 1e9, "chunked_bf16_gb_s": bf16_bytes / plain / 1e9,
             "chunked_4bit_gb_s": q4_bytes / quant / 1e9, "sdpa_bf16_ms": sdpa * 1e3,
             "chunked_bf16_ms": plain * 1e3, "chunked_4bit_ms": quant * 1e3, "threads": torch.get_num_threads()}

@@ -136,11 +136,13 @@ def cpu_device_spec(dtype: torch.dtype, refresh: bool = False) -> tuple[DeviceSp
                       attention_bf16_bytes_per_s=max(max(a["chunked_bf16_gb_s"], a["sdpa_bf16_gb_s"])
                                                      for a in attn) * 1e9,
                       attention_4bit_bytes_per_s=max(a["chunked_4bit_gb_s"] for a in attn) * 1e9,
+                      attention_f32_bytes_per_s=max(max(a["chunked_f32_gb_s"], a["sdpa_f32_gb_s"])
+                                                    for a in attn) * 1e9,
                       dequant_bytes_per_s=w.numel() * w.element_size() / (deq_ms / 1e3),
                       kernel_gflop_per_s=kernel_tables(dtype, refresh), **call_seconds(dtype))
     return spec, {"cpu": f"measured: {dtype} GEMMs of widths {MATMUL_WIDTHS}, weights streamed from memory "
                          "(cycling through 4x the last-level cache) and cache-hot; planner.microbench decode attention "
-                         "(16 x 16 heads x 256 slots x 64; plain: the faster of SDPA and the chunked path) and "
+                         "(16 x 16 heads x 256 slots x 64; plain, bf16 and float32: the faster of SDPA and the chunked path) and "
                          "dequant; int4/int8 kernels on compressed weights [3w, w] (engine.kernel_rates, the "
                          "engine's crossovers); masked prefill attention; the layer's "
                          "elementwise ops at 1024 tokens x 1024; the engine's block executor at tiny sizes "

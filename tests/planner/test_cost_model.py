@@ -46,6 +46,26 @@ def test_compute_terms():
     assert cm.head_s(blk) == pytest.approx(2 * (2 * 100 * 64 * 2 / 1e11 + 2e-4))
 
 
+def test_a_float32_cache_is_read_at_the_float32_attention_rate_where_the_profile_has_one():
+    """The CPU's bf16 decode attention converts to float32 and runs ~3x fewer bytes/s than a float32 cache:
+    a float32 workload's decode attention is priced at attention_f32_bytes_per_s (the bf16 rate where a spec
+    has none); a bf16 or 4-bit cache keeps its own rate."""
+    from planner.hardware import HardwareSpecError
+
+    all_cpu = cm.Affine().coef + [0, 1, 0, 0, 1, 0, 0, 1, 0]
+    f32 = replace(WORK, dtype="float32")
+    plain = cm.decode_attention_s(cm.Block(SMALL, cpu_machine(), f32, POLICY, rows=4), "cpu").at(all_cpu)
+    assert plain == pytest.approx(2 * 5120 / 1e9)  # twice the bytes at the bf16 rate (1 GB/s)
+    hw = cpu_machine()
+    hw = replace(hw, cpu=replace(hw.cpu, attention_f32_bytes_per_s=4e9))
+    assert cm.decode_attention_s(cm.Block(SMALL, hw, f32, POLICY, rows=4), "cpu").at(all_cpu) == \
+        pytest.approx(2 * 5120 / 4e9)
+    assert cm.decode_attention_s(block(hw=hw), "cpu").at(all_cpu) == pytest.approx(5120 / 1e9)  # bf16: its own
+    assert hw.cpu.attention_bytes_per_s(True, 4) == hw.cpu.attention_4bit_bytes_per_s
+    with pytest.raises(HardwareSpecError, match="attention_f32_bytes_per_s"):
+        replace(hw.cpu, attention_f32_bytes_per_s=-1.0)
+
+
 def test_prefill_decode_and_block_time():
     p = predict(SMALL, cpu_machine(), WORK, POLICY)
     prefill_layer = 2 * 2 * 16 * 36864 / 1e11 + 2 * 4 * 2 * 4 * 16 * 64 / 1e11 + 4 * 8 * 1536 * 2 / 1e10 + 2e-4
