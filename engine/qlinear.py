@@ -4,7 +4,9 @@ dense GEMM, a dequantized copy and the dense GEMM elsewhere.
 The choice is per weight shape and row count (rows = batch x tokens of the call, so decode and prefill choose
 apart): `max_rows` is the largest row count at which the compressed kernel beat dequantize + GEMM in a
 measurement on this machine (engine/kernel_rates.py); calls with more rows take the dense path, unless the
-kernel still won at the largest row count measured: then it runs on chunks of that many rows. The dense copy
+kernel still won at the largest row count measured: then int8 takes the call whole (one int8 GEMM, whose rate
+only grows with rows: no chunks to concatenate), and int4's kernel, built for decode-sized rows, runs on
+chunks of that many rows. The dense copy
 is made on first need and kept for the rest of the step (one dequantization per layer per step, as before),
 in buffers the weight store hands back when the next layer is taken.
 
@@ -60,7 +62,7 @@ class QLinear:
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         rows, w = x.numel() // x.shape[-1], self.weight
-        if self.uses_fast(rows):
+        if self.uses_fast(rows) or (isinstance(w.fast, Int8Weight) and w.max_rows >= LARGEST_MEASURED):
             y = _kernel(x, w.fast)
         elif w.fast is not None and w.max_rows >= LARGEST_MEASURED:  # still faster at the largest row count
             x2 = x.reshape(-1, x.shape[-1])  # measured: run the kernel on chunks of that many rows

@@ -20,6 +20,7 @@ import torch
 
 FORMAT = "flexbatch-rowwise-int8"
 _QMAX = 127
+CHUNK_ROWS = 1024  # rows quantized, multiplied and rescaled at a time (a few MiB of int32 sums)
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,20 @@ def dequantize_int8(w: Int8Weight, dtype: torch.dtype, out: torch.Tensor | None 
     return out.mul_(w.scales.to(dtype)[:, None])
 
 
-def int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
-    """y = x W^T in x's dtype: x [*, in] quantized per row to int8, one int8 x int8 -> int32 GEMM, rescaled."""
+def int8_linear(x: torch.Tensor, w: Int8Weight, chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
+    """y = x W^T in x's dtype: x [*, in] quantized per row to int8, int8 x int8 -> int32 GEMMs, rescaled.
+    Rows go through in chunks written into one output: each chunk's activations, codes and int32 sums stay in
+    cache while they are quantized and rescaled, and no chunk outputs are concatenated afterwards."""
     *lead, k = x.shape
-    x2 = x.reshape(-1, k).float()
-    a = x2.abs().amax(dim=1, keepdim=True).div_(_QMAX)  # [rows, 1]
-    qx = (x2 / torch.where(a > 0, a, 1.0)).round_().to(torch.int8)
-    y = torch._int_mm(qx, w.codes.T)  # [rows, out] int32
-    y = y.float().mul_(a).mul_(w.scales)
-    return y.to(x.dtype).reshape(*lead, -1)
+    x2 = x.reshape(-1, k)
+    out = torch.empty(x2.shape[0], w.codes.shape[0], dtype=x.dtype)
+    for xs, ys in zip(x2.split(chunk_rows), out.split(chunk_rows)):
+        xs = xs.float()
+        a = xs.abs().amax(dim=1, keepdim=True).div_(_QMAX)  # [rows, 1]
+        qx = (xs / torch.where(a > 0, a, 1.0)).round_().to(torch.int8)
+        acc = torch._int_mm(qx, w.codes.T)  # [rows, out] int32
+        y = ys if ys.dtype == torch.float32 else acc.view(torch.float32)  # float32 in place: same element size
+        y.copy_(acc).mul_(a).mul_(w.scales)
+        if y is not ys:
+            ys.copy_(y)
+    return out.view(*lead, -1)

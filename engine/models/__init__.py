@@ -34,6 +34,25 @@ class StepContext:
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
+CHUNK_BYTES = 16 << 20  # the widest row-local temporary a chunk of rows may take (see by_rows)
+
+
+def by_rows(fn, h: torch.Tensor, width: int) -> torch.Tensor:
+    """h [*, H] updated in place, chunk of rows by chunk: `fn(rows)` gets a [r, H] view and writes into it.
+    For the row-local part of a layer (norm, MLP, residual add) over many rows (prefill): each chunk's
+    temporaries (`width` float32 values per row at most) stay small enough to be reused from the heap and
+    cached, instead of mapped fresh and faulted in per call (on the CPU; a GPU takes the rows at once). Each
+    row's arithmetic is the same either way."""
+    rows = max(1, CHUNK_BYTES // (4 * width))
+    flat = h.view(-1, h.shape[-1])
+    if flat.shape[0] <= rows or h.device.type != "cpu":
+        fn(flat)
+    else:
+        for chunk in flat.split(rows):
+            fn(chunk)
+    return h
+
+
 def family_for(spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels | None = None):
     kernels = kernels or NativeKernels()
     if spec.family == "opt":

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import NativeKernels
-from engine.models import StepContext
+from engine.models import StepContext, by_rows
 from engine.rope import inv_frequencies
 from engine.spec import ModelSpec
 from engine.weights import LayerWeights, require
@@ -41,8 +41,8 @@ class LlamaModel:
         eps = self.spec.norm_eps
         x = rms_norm(h, require(lw, "input_layernorm.weight", f"layer {i}"), eps)
         h = h + self._attention(lw, x, ctx, i)  # a new tensor: the layer's input may be stored elsewhere
-        x = rms_norm(h, require(lw, "post_attention_layernorm.weight", f"layer {i}"), eps)
-        return h.add_(self._mlp(lw, x))
+        norm = require(lw, "post_attention_layernorm.weight", f"layer {i}")
+        return by_rows(lambda r: r.add_(self._mlp(lw, rms_norm(r, norm, eps))), h, 2 * self.spec.ffn_size)
 
     def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         B, S, _ = x.shape

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import NativeKernels
-from engine.models import StepContext
+from engine.models import StepContext, by_rows
 from engine.spec import ModelSpec
 from engine.weights import LayerWeights, require
 
@@ -40,14 +40,19 @@ class OPTModel:
         return x.float() + pos.float()  # the residual stream stays float32 (see llama.py)
 
     def layer(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
-        pre, dt, linear = self.spec.do_layer_norm_before, self.dtype, self.kernels.linear
+        pre, dt = self.spec.do_layer_norm_before, self.dtype
         x = self._ln(h, lw, "self_attn_layer_norm") if pre else h.to(dt)
         h = h + self._attention(lw, x, ctx, i)
         if not pre:
             h = self._ln(h, lw, "self_attn_layer_norm").float()
-        x = self._ln(h, lw, "final_layer_norm") if pre else h.to(dt)
-        h = h + linear(self.act(linear(x, lw["fc1.weight"], lw["fc1.bias"])), lw["fc2.weight"], lw["fc2.bias"])
-        return h if pre else self._ln(h, lw, "final_layer_norm").float()
+        if pre:
+            return by_rows(lambda r: r.add_(self._mlp(lw, self._ln(r, lw, "final_layer_norm"))), h, self.spec.ffn_size)
+        h = h + self._mlp(lw, h.to(dt))
+        return self._ln(h, lw, "final_layer_norm").float()
+
+    def _mlp(self, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        linear = self.kernels.linear
+        return linear(self.act(linear(x, lw["fc1.weight"], lw["fc1.bias"])), lw["fc2.weight"], lw["fc2.bias"])
 
     def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         B, S, _ = x.shape

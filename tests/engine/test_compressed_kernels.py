@@ -159,6 +159,23 @@ def test_rows_beyond_the_measured_range_run_the_kernel_in_chunks(monkeypatch):
     assert q._dense is None and torch.equal(y, int8_linear(x, q.weight.fast))  # rows are quantized one by one
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_rows_in_chunks_equal_one_pass_and_the_formula(dtype):
+    """int8_linear's chunks of rows (written into one output, int32 sums turned to float32 in place) equal the
+    whole call and y = a_m s_n sum_k qx q computed directly."""
+    from engine.quant_int8 import int8_linear, quantize_int8
+
+    w = quantize_int8(torch.randn(48, 40))
+    x = (torch.randn(3, 11, 40) * 3).to(dtype)
+    x2 = x.reshape(-1, 40).float()
+    a = x2.abs().amax(dim=1, keepdim=True) / 127
+    qx = (x2 / a).round().to(torch.int8)
+    ref = (torch._int_mm(qx, w.codes.T.contiguous()).double() * a.double() * w.scales.double()).float().to(dtype)
+    whole = int8_linear(x, w, chunk_rows=1000)
+    assert torch.equal(int8_linear(x, w, chunk_rows=4), whole) and whole.shape == (3, 11, 48)
+    torch.testing.assert_close(whole.view(-1, 48), ref, rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-5)
+
+
 def test_compressed_load_peaks_at_a_fraction_of_float32(tmp_path):
     """Layers are quantized one by one as they are read, and the freed full-precision copies go back to the OS:
     the peak RSS of placing an int8 / int4 model's layers stays well under the float32 model's."""
