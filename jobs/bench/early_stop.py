@@ -15,7 +15,8 @@ Useful tokens/s counts each row's completion tokens up to its own stop. Exactnes
 equal the refill run's, row for row (checked every round).
 
 The refill choice: what `--refill auto` picks (the planner's prediction, `refill_pick`) against the other choice,
-measured, on W4 and on a workload where refill should pay (every row allowed one max_new_tokens, short prompts):
+measured, on W4 and on a workload where refill should pay (every row allowed one max_new_tokens, short prompts,
+GPU batches of 8):
 the pick agrees with measurement where its line's ratio is >= 1."""
 
 from __future__ import annotations
@@ -50,9 +51,11 @@ class EarlyStopConfig:
     hf_batches: tuple[int, ...] = (8, 32)
     repeats: int = 2
     # the refill-choice line's second workload, where refill should pay: short prompts, every row allowed the same
-    # max_new_tokens (so grouping rows by it gains nothing), the same stop string on every other row
+    # max_new_tokens (so grouping rows by it gains nothing), the same stop string on every other row, and small
+    # GPU batches (as a memory limit leaves a large model), where the steps refill saves cost the most
     one_length_prompt_lens: tuple[int, int] = (8, 64)
     one_length_max_new: int = 256
+    one_length_gbs: int = 8
     hardware: str | None = None  # the profile the refill choice is planned with (a file); this machine's by default
 
 
@@ -145,18 +148,18 @@ def one_length_lines(cfg: EarlyStopConfig, eng: Engine) -> list[Line]:
     sorted timed interleaved, tokens checked equal."""
     one = dataclasses.replace(cfg, prompt_lens=cfg.one_length_prompt_lens,
                               max_new=(cfg.one_length_max_new, cfg.one_length_max_new))
-    reqs, record = w4_requests(one, eng.spec.vocab_size), {}
-    refill, plain = Policy(gbs=cfg.gbs, num_gb=1, refill=True), Policy(gbs=cfg.gbs, num_gb=1)
+    reqs, record, gbs = w4_requests(one, eng.spec.vocab_size), {}, cfg.one_length_gbs
+    refill, plain = Policy(gbs=gbs, num_gb=1, refill=True), Policy(gbs=gbs, num_gb=1)
     engine_w4_runner(eng, reqs, refill, record, "refill")(0)  # warm-up
     res = side_by_side({"flexbatch refill": engine_w4_runner(eng, reqs, refill, record, "refill"),
                         "flexbatch sorted": engine_w4_runner(eng, reqs, plain, record, "sorted")}, 0, cfg.repeats,
                        warmup=False)
     exact = [c.token_ids for c in record["refill"]] == [c.token_ids for c in record["sorted"]]
-    pick = refill_pick(eng, reqs, record["refill"], cfg.gbs, cfg.hardware)
+    pick = refill_pick(eng, reqs, record["refill"], gbs, cfg.hardware)
     pick |= {"tokens_equal": exact, "runs_tokens_per_s": {k: [r["tokens_per_s"] for r in v["runs"]]
                                                           for k, v in res.items()}}
     what = (f"W4 one length ({cfg.prompts} rows, prompts {one.prompt_lens[0]}-{one.prompt_lens[1]}, max_new_tokens "
-            f"{cfg.one_length_max_new}), tokens equal: {exact}")
+            f"{cfg.one_length_max_new}, gbs {gbs}), tokens equal: {exact}")
     return [choice_line("early-stop-choice-one-length", what, pick, {k: v["tokens_per_s"] for k, v in res.items()})]
 
 

@@ -17,7 +17,7 @@ def test_early_stop_lines_are_exact_and_complete(tmp_path, one_thread):
     from tests.planner.specs import server_cpu
 
     cfg = EarlyStopConfig(preset="tiny", prompts=10, prompt_lens=(4, 12), max_new=(2, 12), gbs=3, hf_batches=(4,),
-                          repeats=1, one_length_prompt_lens=(2, 6), one_length_max_new=12,
+                          repeats=1, one_length_prompt_lens=(2, 6), one_length_max_new=12, one_length_gbs=2,
                           hardware=str(save_hardware(server_cpu(), tmp_path / "hw.json")))
     lines = early_stop_lines(cfg, str(tmp_path))
     assert [line.id for line in lines] == ["early-stop", "early-stop-blocks", "early-stop-sorted", "early-stop-choice",
