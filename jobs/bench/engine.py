@@ -244,19 +244,19 @@ def table_text(report: dict) -> str:
 _D = BenchConfig()
 
 
-def _memory_limit(text: str | None) -> MemoryLimitConfig | None:
+def _memory_limit(text: str | None, batches: tuple[int, ...]) -> MemoryLimitConfig | None:
     """The --memory-limit config, refused up front where memory groups cannot be made."""
     if text is None:
         return None
     try:
         if text.startswith("baseline+") and text.endswith("x"):
             try:
-                cfg = MemoryLimitConfig(model_share=float(text[len("baseline+"):-1]))
+                cfg = MemoryLimitConfig(model_share=float(text[len("baseline+"):-1]), acc_batches=batches)
             except ValueError:
                 raise click.UsageError(f"--memory-limit={text!r}: expected baseline+SHAREx with a share in (0, 1), "
                                        "e.g. baseline+0.4x") from None
         else:
-            cfg = MemoryLimitConfig(int(parse_bytes(text, "--memory-limit")))
+            cfg = MemoryLimitConfig(int(parse_bytes(text, "--memory-limit")), acc_batches=batches)
         check_cgroups()
     except (FlexbatchError, CgroupUnavailable) as e:
         raise click.UsageError(str(e)) from None
@@ -286,6 +286,8 @@ def _memory_limit(text: str | None) -> MemoryLimitConfig | None:
 @click.option("--memory-limit", metavar="SIZE|baseline+SHAREx", help="Also run each side of the disk line in its "
               "own cgroup v1 memory group (needs root), decode- and prefill-heavy: of this size (e.g. 700MiB), or "
               "of each side's measured baseline plus SHARE of the weights (e.g. baseline+0.4x).")
+@click.option("--memory-limit-batches", default=",".join(map(str, MemoryLimitConfig.acc_batches)), show_default=True,
+              help="Accelerate batch sizes under --memory-limit.")
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)
 def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, w4_prompts,
@@ -300,7 +302,7 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
     cfg = BenchConfig(blocks=_blocks(blocks), hf_batches=_ints(hf_batches), offload_blocks=_blocks(offload_blocks),
                       accelerate_batches=_ints(accelerate_batches), skip=tuple(skip),
                       backends=parse_backends(kw.pop("backends")),
-                      memory_limit=_memory_limit(memory_limit),
+                      memory_limit=_memory_limit(memory_limit, _ints(kw.pop("memory_limit_batches"))),
                       early_stop=dataclasses.replace(_D.early_stop, prompts=w4_prompts, gbs=w4_gbs,
                                                      repeats=kw["repeats"]), **kw)
     report = run_and_save(run_engine_bench, cfg, output)

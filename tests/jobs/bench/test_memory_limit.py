@@ -26,6 +26,17 @@ def test_refused_where_cgroups_are_not_writable(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "--memory-limit='lots' is not a size" in result.output
     result = CliRunner().invoke(cli.main, ["bench", "engine", "--memory-limit", "baseline+1.5x"])
     assert result.exit_code == 2 and "expected baseline+SHAREx with a share in (0, 1)" in result.output
+    result = CliRunner().invoke(cli.main, ["bench", "engine", "--memory-limit", "1GiB", "--memory-limit-batches",
+                                           "8,x"])
+    assert result.exit_code == 2 and "'8,x': write batch sizes comma-separated" in result.output
+
+
+def test_the_accelerate_batches_under_a_limit_are_an_option(monkeypatch):
+    from jobs.bench import engine as bench_engine
+
+    monkeypatch.setattr(bench_engine, "check_cgroups", lambda: None)
+    assert bench_engine._memory_limit("baseline+0.4x", (8, 16)).acc_batches == (8, 16)
+    assert bench_engine._memory_limit("700MiB", (4,)) == ml.MemoryLimitConfig(700 << 20, acc_batches=(4,))
 
 
 def test_a_limit_as_a_share_of_the_model_is_each_sides_baseline_plus_that_share():
