@@ -18,13 +18,14 @@ from engine.errors import InvalidParamsError
 from engine.kernels import NativeKernels
 from engine.models import family_for
 from engine.policy import Policy
+from engine.qlinear import int8_head, stored_bytes
 from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, Completion, Request
 from engine.rows import RowState
 from engine.schedule import BlockExecutor
 from engine.spec import ModelSpec, load_model_spec
-from engine.tiers import BudgetError, Devices, human, tensor_bytes
+from engine.tiers import BudgetError, Devices, human
 from engine.tokenizer import load_tokenizer
-from engine.weight_store import WeightStore, globals_tier
+from engine.weight_store import WeightStore, globals_tier, head_in_int8
 from engine.weights import CheckpointReader, LayerWeights
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,10 @@ class Engine:
         t0 = time.perf_counter()
         reader = CheckpointReader(model_dir, spec)
         gw, where = reader.globals(torch_dtype), globals_tier(policy, spec.num_layers)
-        devices.tiers[where].reserve(tensor_bytes(gw.values()), "embeddings and head")
-        gw = {k: v.to(devices.torch_device(where)) for k, v in gw.items()}
+        if head_in_int8(policy, where):
+            gw = int8_head(gw, spec.tie_word_embeddings, torch_dtype)
+        devices.tiers[where].reserve(stored_bytes(gw.values()), "embeddings and head")
+        gw = {k: v.to(devices.torch_device(where)) if isinstance(v, torch.Tensor) else v for k, v in gw.items()}
         wcodec, kvcodec = codecs_for(policy, torch_dtype)
         weights = WeightStore(reader, policy, devices, torch_dtype, codec=wcodec, offload_dir=offload_dir,
                               kernels=kernels)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernel_rates import max_rows
-from engine.qlinear import QLinear, QWeight
+from engine.qlinear import QLinear, QWeight, one_call
 from engine.quant import INT4_GROUP_SIZES, PACKED_DTYPE, pack_int4
 from engine.quant_int8 import Int8Weight
 from engine.rope import apply_rope, cos_sin
@@ -36,6 +36,8 @@ class NativeKernels:
     def linear(self, x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(w, QLinear):
             return w(x, b)
+        if isinstance(w, QWeight):  # kept outside a layer (the int8 head)
+            return one_call(w, x.dtype)(x, b)
         return F.linear(x, w, b)
 
     def rope_tables(self, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):

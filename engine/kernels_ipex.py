@@ -203,7 +203,7 @@ class IpexKernels(NativeKernels):
     def linear(self, x, w, b=None):
         if isinstance(w, PackedLinear):
             return packed_linear(x, w, b)
-        return F.linear(x, w, b)
+        return super().linear(x, w, b)
 
     def pack_resident(self, stored, meta, codec=None):
         """Packed once at load, replacing the stored form: dense weights for oneDNN, 4-bit ones for the int4

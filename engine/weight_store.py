@@ -90,6 +90,14 @@ def globals_tier(policy: Policy, num_layers: int) -> str:
     return "gpu" if policy.layer_on_gpu("decode", num_layers - 1) else "cpu"
 
 
+def head_in_int8(policy: Policy, where: str) -> bool:
+    """Whether the LM head keeps its own row-wise int8 weight, computed with the int8 kernel (as CTranslate2's
+    int8 keeps its output projection): with int8 weights, where the head computes on the CPU. In decode the head
+    is a GEMM as large as several layers (vocabulary x hidden, per row), so a dense head there would outweigh the
+    int8 layers it follows. 4-bit weights and a head on the GPU keep the head in the compute dtype."""
+    return policy.compress_weight and policy.weight_format == "int8" and where == "cpu"
+
+
 class WeightStore:
     """Holds every layer on its tier: `gpu`/`cpu` layers in memory, `disk` layers as one safetensors file per
     layer in the offload folder (written once per model and format, then reused). The kernels decide how a

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from engine.disk_read import reads_direct
 from engine.policy import Policy
 from engine.spec import ModelSpec
-from engine.weight_store import globals_tier
+from engine.weight_store import globals_tier, head_in_int8
 from planner.hardware import HardwareSpec
 from planner.memory_model import (
     kv_slot_bytes,
@@ -331,13 +331,16 @@ def layer_time_terms(blk: Block, phase: str, device: str) -> list[Affine]:
 
 def head_s(blk: Block) -> float:
     """Per step, on the device the embeddings and head live on (`globals_tier`): embedding, LM head on the last
-    position, per GPU batch: 2 * V * H * b / matmul_rate(b), plus, from a GPU, the float32 logits b * V * 4 bytes
+    position, per GPU batch: 2 * V * H * b / matmul_rate(b) (the int8 kernel's rate for an int8 head), plus, from a GPU, the float32 logits b * V * 4 bytes
     over d2h; and the CPU's step_call_s (masks, token choice: on the host)."""
     m, where = blk.model, globals_tier(blk.policy, blk.model.num_layers)
     spec, flops_per_row = blk.hw.device(where), 2 * m.vocab_size * m.hidden_size
     logits = 4 * m.vocab_size / channel_rates(blk)["d2h"] if where == "gpu" else 0.0
-    return sum(b * (flops_per_row / spec.matmul_flop_per_s(b, m.hidden_size) + logits) + blk.hw.cpu.step_call_s
-               for b in blk.batches)
+    int8 = head_in_int8(blk.policy, where)  # at the int8 kernel's rate where measured
+
+    def rate(b: int) -> float:
+        return (int8 and spec.kernel_flop_per_s("int8", b, m.hidden_size)) or spec.matmul_flop_per_s(b, m.hidden_size)
+    return sum(b * (flops_per_row / rate(b) + logits) + blk.hw.cpu.step_call_s for b in blk.batches)
 
 
 def phase_groups(blk: Block, phase: str) -> dict[str, int]:

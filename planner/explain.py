@@ -103,7 +103,7 @@ def placement_picture(model: ModelSpec, p: Prediction) -> list[str]:
         out.append(f"  {label:<12}{human(sizes[kind]):>11}  " + "".join(cells))
     where = globals_tier(p.policy, model.num_layers)  # placed like a layer, wholly on one tier
     cells = "".join(("#" if tier == where else ".") * BAR + "  " for tier in TIERS)
-    out.append(f"  {'embed+head':<12}{human(global_bytes(model, p.workload.dtype_bytes)):>11}  " + cells)
+    out.append(f"  {'embed+head':<12}{human(global_bytes(model, p.workload.dtype_bytes, p.policy)):>11}  " + cells)
     return out
 
 
@@ -145,7 +145,7 @@ def plot_png(plan: Plan, model: ModelSpec, path: str | Path) -> Path:
         vals = [getattr(p.policy, f"{kind}_{t}") * sizes[kind] / 2**30 for t in TIERS]
         left.bar(TIERS, vals, bottom=bottom, label=kind)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    where, glob = globals_tier(p.policy, model.num_layers), global_bytes(model, p.workload.dtype_bytes) / 2**30
+    where, glob = globals_tier(p.policy, model.num_layers), global_bytes(model, p.workload.dtype_bytes, p.policy) / 2**30
     left.bar(TIERS, [glob if t == where else 0.0 for t in TIERS], bottom=bottom, label="embed+head")
     left.set_ylabel("GiB")
     left.set_title("where tensors live")

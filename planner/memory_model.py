@@ -13,7 +13,7 @@ import math
 
 from engine.policy import Policy
 from engine.spec import ModelSpec
-from engine.weight_store import globals_tier, weight_placement
+from engine.weight_store import globals_tier, head_in_int8, weight_placement
 from planner.workload import TIERS, Affine, Workload
 
 GROUP = 64  # 4-bit group size (engine.quant.DEFAULT_CONFIG)
@@ -68,15 +68,17 @@ def stored_layer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> fl
     return layer_bytes(model, dtype_bytes, policy.compress_weight, policy.weight_format)
 
 
-def global_bytes(model: ModelSpec, dtype_bytes: int) -> float:
+def global_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy | None = None) -> float:
     """Embeddings (V * H), the head when untied (V * H), the final norm (H) and OPT's learned positions and
-    projections; placed on `globals_tier`."""
+    projections; placed on `globals_tier`. Where `policy` keeps the head in int8 (`head_in_int8`), the head is
+    its own V * H int8 codes and V float32 scales instead (beside the embeddings, tied or not)."""
     h, v = model.hidden_size, model.vocab_size
-    n = v * h * (1 if model.tie_word_embeddings else 2) + h
+    int8_head = policy is not None and head_in_int8(policy, globals_tier(policy, model.num_layers))
+    n = v * h * (1 if model.tie_word_embeddings or int8_head else 2) + h
     if model.family == "opt":
         proj = model.word_embed_proj_dim or h
         n += (model.max_position_embeddings + 2) * h + (2 * proj * h if proj != h else 0)
-    return n * dtype_bytes
+    return n * dtype_bytes + (v * h + 4 * v if int8_head else 0)
 
 
 def kv_slot_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool) -> float:
@@ -170,7 +172,7 @@ def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
         out[tier] = (Affine.frac(f"weight_{tier}", model.num_layers * W) + Affine.frac(f"cache_{tier}", kv)
                      + Affine.frac(f"act_{tier}", act))
     where = globals_tier(policy, model.num_layers)
-    out[where] = out[where] + global_bytes(model, work.dtype_bytes)
+    out[where] = out[where] + global_bytes(model, work.dtype_bytes, policy)
     if packs_int4(policy):  # counted as if the kernel won at some row count (the engine measures whether it does)
         out["cpu"] = out["cpu"] + Affine.frac("weight_cpu", model.num_layers * int4_kernel_layout_bytes(model))
     if not policy.compress_cache:

@@ -17,6 +17,7 @@ import torch
 
 from engine.kernels import NativeKernels
 from engine.kv_cache import KVCache
+from engine.qlinear import QWeight
 from engine.spec import ModelSpec
 
 
@@ -51,6 +52,15 @@ def by_rows(fn, h: torch.Tensor, width: int) -> torch.Tensor:
         for chunk in flat.split(rows):
             fn(chunk)
     return h
+
+
+def head_weight(gw, spec: ModelSpec):
+    """The LM head's weight: an int8 head where one was made (engine.qlinear.int8_head), else `lm_head.weight`,
+    or the embeddings where they are tied."""
+    w = gw.get("lm_head.weight")
+    if isinstance(w, QWeight) or (w is not None and not spec.tie_word_embeddings):
+        return w
+    return gw["embed_tokens.weight"]
 
 
 def family_for(spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels | None = None):

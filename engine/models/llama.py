@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import NativeKernels
-from engine.models import StepContext, by_rows
+from engine.models import StepContext, by_rows, head_weight
 from engine.rope import inv_frequencies
 from engine.spec import ModelSpec
 from engine.weights import LayerWeights, require
@@ -64,7 +64,4 @@ class LlamaModel:
 
     def head(self, gw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         h = rms_norm(h, require(gw, "norm.weight", "the final norm"), self.spec.norm_eps)
-        w = gw.get("lm_head.weight")
-        if w is None or self.spec.tie_word_embeddings:
-            w = gw["embed_tokens.weight"]
-        return self.kernels.linear(h, w).float()
+        return self.kernels.linear(h, head_weight(gw, self.spec)).float()

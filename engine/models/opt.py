@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import NativeKernels
-from engine.models import StepContext, by_rows
+from engine.models import StepContext, by_rows, head_weight
 from engine.spec import ModelSpec
 from engine.weights import LayerWeights, require
 
@@ -69,7 +69,4 @@ class OPTModel:
         h = self._ln(h, gw, "final_layer_norm") if self.spec.final_layer_norm else h.to(self.dtype)
         if "project_out.weight" in gw:
             h = self.kernels.linear(h, gw["project_out.weight"])
-        w = gw.get("lm_head.weight")
-        if w is None or self.spec.tie_word_embeddings:
-            w = gw["embed_tokens.weight"]
-        return self.kernels.linear(h, w).float()
+        return self.kernels.linear(h, head_weight(gw, self.spec)).float()

@@ -12,7 +12,7 @@ from engine.codecs import WeightCodec
 from engine.generate import Engine
 from engine.kernels import NativeKernels
 from engine.policy import Policy
-from engine.qlinear import QLinear
+from engine.qlinear import QLinear, QWeight
 
 NAME = "mlp.down_proj.weight"
 TIMINGS = [{"rows": r, "fast_s": 1e-5 * r, "dense_s": 4e-5 + 1e-5 * r} for r in kernel_rates.ROWS]
@@ -201,3 +201,28 @@ def test_compressed_load_peaks_at_a_fraction_of_float32(tmp_path):
     # at a time on top of the stored codes); the bound leaves room for the allocator's variation
     assert int8["peak_growth"] < 0.6 * plain["peak_growth"], (int8, plain)
     assert int4["peak_growth"] < 0.6 * plain["peak_growth"], (int4, plain)
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa_llama3", "llama_tied"])
+def test_int8_weights_keep_the_head_in_int8_and_the_planner_counts_it(checkpoint, variant):
+    """With int8 weights the LM head is its own row-wise int8 weight (the embeddings stay for the lookup, tied or
+    not), its logits within int8's error of the dense head's, and the planner counts it at that size; 4-bit
+    weights keep a dense head."""
+    from engine.spec import load_model_spec
+    from planner.memory_model import global_bytes
+
+    model_dir = checkpoint(variant)
+    spec = load_model_spec(model_dir)
+    policy = Policy(compress_weight=True, weight_format="int8")
+    eng, dense = Engine.load(model_dir, dtype="float32", policy=policy), Engine.load(model_dir, dtype="float32")
+    head = eng.gw["lm_head.weight"]
+    assert isinstance(head, QWeight) and head.stored.codes.dtype == torch.int8
+    assert eng.gw["embed_tokens.weight"].dtype == torch.float32
+    h = torch.randn(5, spec.hidden_size)
+    got, want = eng.model.head(eng.gw, h), dense.model.head(dense.gw, h)
+    assert not torch.equal(got, want)  # computed on the int8 codes, not the dense weight
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
+    dropped = 0 if spec.tie_word_embeddings else spec.vocab_size * spec.hidden_size * 4  # the dense head
+    assert global_bytes(spec, 4, policy) - global_bytes(spec, 4) == head.stored.nbytes - dropped
+    int4 = Engine.load(model_dir, dtype="float32", policy=Policy(compress_weight=True))
+    assert all(isinstance(w, torch.Tensor) for w in int4.gw.values())

@@ -165,7 +165,8 @@ def test_a_faster_compressed_kernel_is_priced_at_its_rate_without_dequantization
     assert cm.kernel_batches(block(policy, _with_kernel(fmt, 400.0)), "decode", "cpu") == [True, True]
     assert fast.decode.prefetch_s["cpu"] == 0.0  # nothing dequantized
     kernel_layer = 2 * 2 * 2 * 36864 / 4e11 + 5120 / 1e9 + 4 * 1536 * 2 / 1e10 + 2e-4
-    assert fast.decode_token_s == pytest.approx(2 * kernel_layer + 2 * (2 * 100 * 64 * 2 / 1e11 + 2e-4))
+    head_rate = 4e11 if fmt == "int8" else 1e11  # an int8 head computes with the int8 kernel (head_in_int8)
+    assert fast.decode_token_s == pytest.approx(2 * kernel_layer + 2 * (2 * 100 * 64 * 2 / head_rate + 2e-4))
 
 
 def test_a_slower_kernel_leaves_compressed_weights_priced_as_dequantization_and_gemm():
