@@ -90,7 +90,8 @@ def _policy_options() -> list:
                           "the cpu; the rest goes to disk.  [default: planned; 0 100 0 100 0 100 with --no-plan]"),
         click.option("--compress-weight", type=click.Choice(WEIGHT_FORMATS), is_flag=False, flag_value="int4",
                      default=None, help="Compressed weights: int4 (the default when given alone: 4-bit group-wise, "
-                                        "group 64) or int8 (row-wise, int8 x int8 GEMMs)."),
+                                        "group 64) or int8 (row-wise, int8 x int8 GEMMs; the LM head "
+                                        "in int8 too)."),
         click.option("--compress-cache", is_flag=True, help="4-bit group-wise KV cache (group 64)."),
         click.option("--refill", type=click.Choice(REFILL_CHOICES), default=REFILL_CHOICES[0], show_default=True,
                      help="Finished rows' slots take waiting rows: auto lets the planner decide from the rows' "
