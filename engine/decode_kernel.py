@@ -19,7 +19,10 @@ from engine.memory_room import memory_room
 from engine.quant import DEFAULT_CONFIG, QTensor, QuantConfig, dequantize, quantize
 
 KERNELS = ("chunked", "sdpa")
-SLOTS = (64, 256, 1024)  # cache lengths measured (those whose K and V fit MAX_BYTES)
+# cache lengths measured (those whose K and V fit MAX_BYTES): a decode's lengths fall anywhere, so each lies
+# half a chunk past a multiple of the chunked path's 64-slot chunks (at 64 exactly, one chunk flattered it)
+SLOTS = (96, 288, 1056)
+MEASURE = "m2"  # of the lengths measured, in the entries' key: entries measured at other lengths are measured again
 MAX_BYTES = 64 << 20
 KV_CONFIG = QuantConfig(DEFAULT_CONFIG.bits, DEFAULT_CONFIG.group_size, dim=-1)  # as engine.codecs.KVCodec
 
@@ -45,7 +48,7 @@ def sdpa(q: torch.Tensor, k, v, mask: torch.Tensor, scale: float | None = None) 
 def decode_kernel(kind: str, dtype: torch.dtype, batch: int, heads: int, kv_heads: int, head_dim: int) -> str:
     """"sdpa" or "chunked" for this cache kind, dtype and shape, from the cache or measured now."""
     rows = 1 << max(0, batch - 1).bit_length()
-    key = entry_key("decode-attention", kind, dtype, f"{rows}x{heads}x{kv_heads}x{head_dim}")
+    key = entry_key("decode-attention", kind, dtype, f"{rows}x{heads}x{kv_heads}x{head_dim}", MEASURE)
     return cached(key, lambda: measure(kind, dtype, rows, heads, kv_heads, head_dim))["kernel"]
 
 

@@ -60,7 +60,9 @@ def test_the_kernel_is_measured_once_per_shape_bucket_and_cached(tmp_path, monke
     out = dk.decode(q, k, v, torch.ones(3, 1, 1, 10, dtype=torch.bool))
     assert out.shape == q.shape and dk.decode_kernel("plain", torch.float32, 4, 4, 2, 16) in dk.KERNELS
     assert calls == [("plain", torch.float32, 4, 4, 2, 16)]  # batch 3 measured as 4, once
-    assert "decode-attention|plain|float32|4x4x2x16" in (tmp_path / "rates.json").read_text()
+    assert f"decode-attention|plain|float32|4x4x2x16|{dk.MEASURE}" in (tmp_path / "rates.json").read_text()
+    # lengths between the chunked path's chunk boundaries, as a decode's are (whole chunks flattered it)
+    assert all(s % 64 for s in dk.SLOTS) and min(dk.SLOTS) > 64
     kernel_rates._memo.clear()
 
 
@@ -73,7 +75,7 @@ def test_the_measurement_fits_a_small_memory_room(monkeypatch):
 
     monkeypatch.setattr(dk, "memory_room", lambda: SimpleNamespace(available_bytes=32 << 20))
     out = dk.measure("plain", torch.float32, 1024, 8, 4, 64, repeats=1)
-    assert out["batch_measured"] < 1024 and [t["rows"] for t in out["timings"]] == [64]
-    assert dk.kv_bytes(out["batch_measured"], 4, 64, 64) <= (32 << 20) // 16
+    assert out["batch_measured"] < 1024 and [t["rows"] for t in out["timings"]] == [dk.SLOTS[0]]
+    assert dk.kv_bytes(out["batch_measured"], 4, dk.SLOTS[0], 64) <= (32 << 20) // 16
     monkeypatch.setattr(dk, "memory_room", lambda: SimpleNamespace(available_bytes=None))
     assert dk.measure("plain", torch.float32, 4, 8, 4, 64, repeats=1)["batch_measured"] == 4
