@@ -10,7 +10,11 @@ extra) int8 and in the run's dtype, converted with its Transformers converter. A
 timed interleaved, round by round (the machine is shared: the median of the rounds is quoted, ratios are to
 CTranslate2 int8). Per line: tokens/s, model FLOP/s as a fraction of a GEMM microbenchmark of the run's dtype
 (the model's widest layer shape at 1024 rows), and the memory it adds (peak RSS over its load and one run, less
-the RSS before it)."""
+the RSS before it).
+
+With --whole-process FORMAT the same prompts are also timed as users compare engines, whole processes from start
+to exit: `flexbatch run --no-ray` with FORMAT weights against a CTranslate2 int8 script doing load + generate
+(jobs/bench/whole_process.py); --no-in-process leaves the in-process lines out."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from engine.generate import Engine
 from engine.policy import Policy
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
+from jobs.bench import whole_process as wp
 from jobs.bench.report import run_and_save
 from jobs.bench.runs import engine_runner, side_by_side
 from jobs.bench.table import Column, format_table
@@ -48,6 +53,9 @@ class WorkloadConfig:
     dtype: str = "float32"
     repeats: int = 2
     ctranslate2: bool = True
+    in_process: bool = True
+    whole_process: tuple[str, ...] = ()  # flexbatch run's weight formats (whole_process.FORMATS)
+    threads: int | None = None  # of every line; None: torch's
     cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
 
 
@@ -117,8 +125,18 @@ def gemm_peak_gflops(spec, dtype: torch.dtype, rows: int = 1024) -> float:
 
 def run_workload(cfg: WorkloadConfig, name: str, model_dir: Path, peak: float) -> dict:
     rows, P, G = WORKLOADS[name]
-    spec = load_model_spec(model_dir)
-    prompts = bm.prompt_ids(rows, P, spec.vocab_size)
+    prompts = bm.prompt_ids(rows, P, load_model_spec(model_dir).vocab_size)
+    out = {"workload": name, "rows": rows, "prompt_tokens": P, "generated": G,
+           "lines": in_process_lines(cfg, model_dir, prompts, G, peak) if cfg.in_process else []}
+    if cfg.whole_process:
+        ct2_dir = ct2_model(model_dir, "int8") if cfg.ctranslate2 else None
+        out["whole_process"] = wp.run_whole_processes(model_dir, ct2_dir, prompts, G, cfg.dtype, cfg.whole_process,
+                                                      cfg.threads or torch.get_num_threads(), cfg.repeats)
+    return out
+
+
+def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak: float) -> list[dict]:
+    rows, P, spec = len(prompts), len(prompts[0]), load_model_spec(model_dir)
     runners = engine_lines(model_dir, prompts, cfg.dtype)
     if cfg.ctranslate2:
         ct2_dtype = "float32" if cfg.dtype == "float32" else "bfloat16"
@@ -132,7 +150,7 @@ def run_workload(cfg: WorkloadConfig, name: str, model_dir: Path, peak: float) -
               "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]]} for k, r in res.items()]
     del runners
     gc.collect()
-    return {"workload": name, "rows": rows, "prompt_tokens": P, "generated": G, "lines": lines}
+    return lines
 
 
 def run_workloads(cfg: WorkloadConfig) -> dict:
@@ -150,14 +168,29 @@ COLUMNS = tuple(Column(t) for t in ("workload", "line", "tokens/s (median)", "vs
                                      "fraction of GEMM peak", "memory added"))
 
 
+def workload_label(w: dict) -> str:
+    return f"{w['workload']} {w['rows']}x{w['prompt_tokens']} gen {w['generated']}"
+
+
 def table_text(report: dict) -> str:
-    rows = [(f"{w['workload']} {w['rows']}x{w['prompt_tokens']} gen {w['generated']}", ln["line"],
-             f"{ln['tokens_per_s']:.1f}", f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-",
-             f"{ln['gemm_fraction']:.2f}", f"{ln['added_rss_bytes'] / 2**20:.0f} MiB")
-            for w in report["workloads"] for ln in w["lines"]]
-    return format_table(COLUMNS, rows, markdown=True, above=[
-        f"CPU flags: {report['machine']['cpu_flags']}",
-        f"{report['config']['dtype']} GEMM peak (widest layer, 1024 rows): {report['gemm_peak_gflops']:.1f} GFLOP/s"])
+    """The CPU flags, then the in-process table and the whole-process table, each where the run has its lines."""
+    out = [f"CPU flags: {report['machine']['cpu_flags']}"]
+    rows = [(workload_label(w), ln["line"], f"{ln['tokens_per_s']:.1f}",
+             f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", f"{ln['gemm_fraction']:.2f}",
+             f"{ln['added_rss_bytes'] / 2**20:.0f} MiB") for w in report["workloads"] for ln in w["lines"]]
+    if rows:
+        out.append(format_table(COLUMNS, rows, markdown=True, above=[
+            f"In one process: {report['config']['dtype']} GEMM peak (widest layer, 1024 rows): "
+            f"{report['gemm_peak_gflops']:.1f} GFLOP/s"]))
+    whole = [w for w in report["workloads"] if "whole_process" in w]
+    if whole:
+        first = whole[0]["whole_process"]
+        out.append(format_table(wp.COLUMNS, [r for w in whole for r in wp.table_rows(workload_label(w),
+                                                                                      w["whole_process"])],
+                                markdown=True, above=[
+            f"Whole processes, {first['threads']} threads each, median of {first['rounds']} rounds after a warm-up "
+            f"round:"]))
+    return "\n".join(out)
 
 
 @click.command("workloads")
@@ -169,17 +202,38 @@ def table_text(report: dict) -> str:
               show_default=True, help="Compute dtype of the uncompressed lines.")
 @click.option("--repeats", type=click.IntRange(min=1), default=WorkloadConfig.repeats, show_default=True)
 @click.option("--ctranslate2/--no-ctranslate2", default=True, show_default=True,
-              help="CTranslate2 int8 and dtype lines (needs the bench extra).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]")
+              help="CTranslate2 lines: int8 and the dtype in process, the int8 script among the whole processes "
+                   "(needs the bench extra).")
+@click.option("--in-process/--no-in-process", default=True, show_default=True,
+              help="The lines timed inside this process (generation only, the engines loaded beforehand).")
+@click.option("--whole-process", type=click.Choice(sorted(wp.FORMATS)), multiple=True,
+              help="Also time whole processes, start to exit, as users compare: `flexbatch run --no-ray` with these "
+                   "weights (repeatable; int8 is the fastest format) vs a CTranslate2 int8 script doing load + "
+                   "generate (jobs/bench/ct2_script.py, with --ctranslate2), on the same prompts written to a "
+                   "Parquet file; separate processes, interleaved round by round after a warm-up round; every row "
+                   "checked to generate exactly G tokens.  [default: none]")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads of every line: torch's here, OMP_NUM_THREADS of the whole processes and the CTranslate2 "
+                   "generators' intra_threads.  [default: torch's]")
 @click.option("--cache-dir", default=WorkloadConfig.cache_dir, show_default=True, help="Checkpoints.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/workloads.json"),
               show_default=True)
-def workloads_command(workloads, threads, output: Path, **kw):
-    """W1/W2/W3: flexbatch (uncompressed, int4, int8 weights) vs CTranslate2, side by side."""
+def workloads_command(workloads, whole_process, threads, output: Path, **kw):
+    """W1/W2/W3: flexbatch (uncompressed, int4, int8 weights) vs CTranslate2, side by side; with --whole-process
+    also as whole processes (`flexbatch run` vs a CTranslate2 script).
+
+    \b
+    Examples:
+      flexbatch bench workloads --workload W3 --threads 2
+      flexbatch bench workloads --workload W3 --threads 2 --no-in-process --whole-process int8 --whole-process uncompressed
+    """
     setup_logging()
+    if not kw["in_process"] and not whole_process:
+        raise click.UsageError("--no-in-process leaves no line: add --whole-process int8 (or another format)")
     if threads:
         torch.set_num_threads(threads)
-    cfg = WorkloadConfig(workloads=tuple(workloads) or WorkloadConfig.workloads, **kw)
+    cfg = WorkloadConfig(workloads=tuple(workloads) or WorkloadConfig.workloads, whole_process=tuple(whole_process),
+                         threads=threads, **kw)
     report = run_and_save(run_workloads, cfg, output)
     click.echo(table_text(report))
     click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads; json: "

@@ -1,0 +1,183 @@
+"""Whole processes, as users compare engines (`flexbatch bench workloads --whole-process FORMAT`): a workload's
+prompts (the in-process lines' prompts) go into a Parquet file, and each line is a command run as its own process,
+timed from its start to its exit: `flexbatch run --no-ray` with the given weight format and the run's dtype, and
+a CTranslate2 int8 script (jobs/bench/ct2_script.py: load the converted model, tokenize, generate, decode). The
+lines run interleaved, round by round, after one untimed round that warms the operating system's caches and the
+hardware profile and kernel rates flexbatch measures on first use (as on a machine that ran a job before); the
+median of the timed rounds is quoted. Both sides get the same threads: OMP_NUM_THREADS for every process, and
+the CTranslate2 generator's intra_threads. Every row of every run must generate exactly G tokens (the bench
+checkpoints have no EOS; the outputs are read back and checked), so tokens/s counts the same work on each side."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.bench import models as bm
+from jobs.bench.table import Column, num
+
+log = logging.getLogger(__name__)
+FORMATS = {"int8": ("--compress-weight", "int8"), "int4": ("--compress-weight", "int4"), "uncompressed": ()}
+SCRIPT = Path(__file__).with_name("ct2_script.py")
+CT2_LINE = "ctranslate2 int8 script"
+
+
+def write_prompts(path: Path, prompts: list[list[int]]) -> Path:
+    """The prompts as a job's input: an id and the prompt text (which tokenizes back to exactly its ids)."""
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(prompts))],
+                             "prompt": [bm.prompt_text(ids) for ids in prompts]}), path)
+    return path
+
+
+def flexbatch_exe() -> list[str]:
+    """The `flexbatch` console script beside this interpreter, else `python -m jobs.cli` (the same CLI)."""
+    exe = Path(sys.executable).with_name("flexbatch")
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "jobs.cli"]
+
+
+def flexbatch_command(model_dir: Path, input_: Path, output: Path, gen_len: int, dtype: str, fmt: str) -> list[str]:
+    return [*flexbatch_exe(), "run", "--no-ray", "--model", str(model_dir), "--input", str(input_), "--output",
+            str(output), "--max-new-tokens", str(gen_len), "--dtype", dtype, *FORMATS[fmt]]
+
+
+def ct2_command(ct2_dir: Path, tokenizer: Path, input_: Path, gen_len: int, threads: int) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--model", str(ct2_dir), "--tokenizer", str(tokenizer), "--input",
+            str(input_), "--max-new-tokens", str(gen_len), "--threads", str(threads), "--compute-type", "int8"]
+
+
+# Starts the command and measures it from a small process of its own: a child's peak RSS (wait4's ru_maxrss) also
+# counts the memory of the process it was forked from, which here would be the benchmark's, torch and all.
+LAUNCHER = r"""
+import json, os, subprocess, sys, time
+started = time.perf_counter()
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+seconds = time.perf_counter() - started
+with open(sys.argv[1], "w") as f:
+    json.dump({"seconds": seconds, "exit": os.waitstatus_to_exitcode(status),
+               "cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_rss_bytes": usage.ru_maxrss * 1024}, f)
+"""
+
+
+def run_process(argv: list[str], threads: int, workdir: Path) -> dict:
+    """Run one command to its exit: wall seconds from its start to its exit, its CPU seconds and peak RSS (its
+    rusage), and its stdout. A failed command is an error that shows its last output."""
+    out_path, err_path, measured = workdir / "stdout.txt", workdir / "stderr.txt", workdir / "measured.json"
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        subprocess.run([sys.executable, "-c", LAUNCHER, str(measured), *argv], stdout=out, stderr=err, env=env,
+                       check=False)
+    done = json.loads(measured.read_text()) if measured.is_file() else {"exit": None}
+    if done["exit"] != 0:
+        raise click.ClickException(f"`{shlex.join(argv)}` exited {done['exit']}: {err_path.read_text().strip()[-600:]}")
+    return {k: done[k] for k in ("seconds", "cpu_seconds", "peak_rss_bytes")} | {"stdout": out_path.read_text()}
+
+
+def check_flexbatch_output(output: Path, ids: list[str], prompt_len: int, gen_len: int) -> int:
+    """The generated tokens of a `flexbatch run` output folder, once every input row is there exactly once,
+    without error, with its whole prompt and exactly gen_len generated tokens (anything else would compare
+    other work than the baseline's)."""
+    parts = sorted(p for p in output.glob("*.parquet") if not p.name.startswith("_"))
+    table = pa.concat_tables([pq.read_table(p, columns=["id", "prompt_tokens", "completion_tokens", "error"])
+                              for p in parts]).to_pylist() if parts else []
+    got = [r["id"] for r in table]
+    if sorted(got) != sorted(ids):
+        raise click.ClickException(f"flexbatch run wrote {len(got)} rows ({len(set(got))} distinct ids) for "
+                                   f"{len(ids)} input rows in {output}")
+    for r in table:
+        if r["error"] or r["prompt_tokens"] != prompt_len or r["completion_tokens"] != gen_len:
+            raise click.ClickException(
+                f"flexbatch run row {r['id']}: {r['completion_tokens']} tokens generated from a {r['prompt_tokens']}"
+                f"-token prompt (error: {r['error']}), not {gen_len} from {prompt_len}: a comparison needs exactly "
+                f"G tokens from every row (a checkpoint without EOS)")
+    return len(table) * gen_len
+
+
+def check_ct2_output(stdout: str, rows: int, prompt_len: int, gen_len: int) -> int:
+    """The generated tokens the CTranslate2 script reports, once each of `rows` rows generated exactly gen_len."""
+    res = json.loads(stdout.strip().splitlines()[-1])
+    counts, prompts = res["completion_tokens"], res["prompt_tokens"]
+    if res["rows"] != rows or set(counts) != {gen_len} or set(prompts) != {prompt_len}:
+        raise click.ClickException(f"the CTranslate2 script generated {sorted(set(counts))} tokens from "
+                                   f"{sorted(set(prompts))}-token prompts for {res['rows']} rows, not {gen_len} "
+                                   f"from {prompt_len} for {rows}")
+    return rows * gen_len
+
+
+def flexbatch_line(model_dir: Path, input_: Path, ids: list[str], prompt_len: int, gen_len: int, dtype: str,
+                   fmt: str, threads: int):
+    def run(workdir: Path) -> dict:
+        argv = flexbatch_command(model_dir, input_, workdir / "out", gen_len, dtype, fmt)
+        done = run_process(argv, threads, workdir)
+        return done | {"tokens": check_flexbatch_output(workdir / "out", ids, prompt_len, gen_len), "command": argv}
+
+    return run
+
+
+def ct2_line(ct2_dir: Path, tokenizer: Path, input_: Path, rows: int, prompt_len: int, gen_len: int, threads: int):
+    def run(workdir: Path) -> dict:
+        argv = ct2_command(ct2_dir, tokenizer, input_, gen_len, threads)
+        done = run_process(argv, threads, workdir)
+        return done | {"tokens": check_ct2_output(done["stdout"], rows, prompt_len, gen_len), "command": argv}
+
+    return run
+
+
+def run_whole_processes(model_dir: Path, ct2_dir: Path | None, prompts: list[list[int]], gen_len: int, dtype: str,
+                        formats: tuple[str, ...], threads: int, repeats: int) -> dict:
+    """Time `flexbatch run` with each weight format and (with ct2_dir) the CTranslate2 int8 script as whole
+    processes: one untimed round, then `repeats` rounds, the lines interleaved in each."""
+    rows, prompt_len, ids = len(prompts), len(prompts[0]), [f"r{i}" for i in range(len(prompts))]
+    with tempfile.TemporaryDirectory(prefix="flexbatch-whole-process-") as tmp:
+        input_ = write_prompts(Path(tmp) / "prompts.parquet", prompts)
+        runners = {f"flexbatch run {dtype} {fmt}": flexbatch_line(model_dir, input_, ids, prompt_len, gen_len, dtype,
+                                                                  fmt, threads) for fmt in formats}
+        if ct2_dir is not None:
+            runners[CT2_LINE] = ct2_line(ct2_dir, model_dir / "tokenizer.json", input_, rows, prompt_len, gen_len,
+                                         threads)
+        runs: dict[str, list[dict]] = {name: [] for name in runners}
+        for r in range(repeats + 1):
+            for i, (name, run) in enumerate(runners.items()):
+                workdir = Path(tmp) / f"round{r}-line{i}"
+                workdir.mkdir()
+                runs[name].append(run(workdir))
+                shutil.rmtree(workdir)
+                log.info("%s %s: %.2f s", "warm-up" if r == 0 else f"round {r}", name, runs[name][-1]["seconds"])
+    return {"threads": threads, "rounds": repeats, "lines": summarize(runs)}
+
+
+def summarize(runs: dict[str, list[dict]]) -> list[dict]:
+    """Per line, the medians of the timed rounds (the first round, the warm-up, is kept apart) and the ratio of
+    its tokens/s to the CTranslate2 script's (the same tokens: the inverse ratio of their wall times)."""
+    def tokens_per_s(rs: list[dict]) -> float:
+        return statistics.median(r["tokens"] / r["seconds"] for r in rs[1:])
+
+    base = tokens_per_s(runs[CT2_LINE]) if CT2_LINE in runs else None
+    return [{"line": name, "seconds": statistics.median(r["seconds"] for r in rs[1:]), "tokens": rs[-1]["tokens"],
+             "tokens_per_s": tokens_per_s(rs), "vs_ct2_int8": base and tokens_per_s(rs) / base,
+             "cpu_seconds": statistics.median(r["cpu_seconds"] for r in rs[1:]),
+             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs[1:]),
+             "runs_seconds": [r["seconds"] for r in rs[1:]], "warm_up_seconds": rs[0]["seconds"],
+             "command": shlex.join(rs[-1]["command"])} for name, rs in runs.items()]
+
+
+COLUMNS = tuple(Column(t) for t in ("workload", "line", "process start to exit, s (median)", "tokens/s",
+                                     "vs CTranslate2 int8 script", "CPU s", "peak RSS"))
+
+
+def table_rows(workload: str, whole: dict) -> list[tuple[str, ...]]:
+    return [(workload, ln["line"], f"{ln['seconds']:.2f}", f"{ln['tokens_per_s']:.1f}",
+             f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", num(ln["cpu_seconds"], ".1f"),
+             f"{ln['peak_rss_bytes'] / 2**20:.0f} MiB") for ln in whole["lines"]]
