@@ -1,7 +1,7 @@
 """A CTranslate2 job as a user writes one, the baseline of `flexbatch bench workloads --whole-process`: read the
 prompts of a Parquet file, tokenize them with the checkpoint's tokenizer, load the converted model, generate
 greedily exactly --max-new-tokens tokens per row (min_length = max_length), decode the completions and print one
-JSON line: the rows and each row's generated token count (the bench checks every row generated exactly that
+JSON line: the rows, the seconds spent generating and decoding, and each row's generated token count (the bench checks every row generated exactly that
 many). It runs as a script (`python ct2_script.py ...`) and imports only ctranslate2, tokenizers and pyarrow, as
 such a script would (the lighter `tokenizers` rather than `transformers`: start-up is not made slower than a
 user's)."""
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -33,10 +34,12 @@ def main(argv=None) -> None:
     tok = Tokenizer.from_file(a.tokenizer)
     tokens = [e.tokens for e in tok.encode_batch(prompts)]
     gen = ctranslate2.Generator(a.model, device="cpu", compute_type=a.compute_type, intra_threads=a.threads)
+    started = time.perf_counter()
     results = gen.generate_batch(tokens, max_length=a.max_new_tokens, min_length=a.max_new_tokens, sampling_topk=1,
                                  include_prompt_in_result=False)
     completions = tok.decode_batch([r.sequences_ids[0] for r in results])
-    print(json.dumps({"rows": len(completions), "prompt_tokens": [len(t) for t in tokens],
+    print(json.dumps({"rows": len(completions), "generate_seconds": time.perf_counter() - started,
+                      "prompt_tokens": [len(t) for t in tokens],
                       "completion_tokens": [len(r.sequences_ids[0]) for r in results]}))
 
 

@@ -105,6 +105,18 @@ def check_flexbatch_output(output: Path, ids: list[str], prompt_len: int, gen_le
     return len(table) * gen_len
 
 
+def flexbatch_summary(output: Path, threads: int) -> dict:
+    """What the run says of itself in _SUCCESS: its seconds spent generating, the planned block and setup seconds;
+    its one worker must have run on `threads` threads (both sides pinned alike)."""
+    done = json.loads((output / "_SUCCESS").read_text())
+    (worker,) = done["workers"]
+    if worker["threads"] != threads:
+        raise click.ClickException(f"flexbatch run used {worker['threads']} threads, not {threads}: the two sides "
+                                   f"would not be pinned alike")
+    return {"generate_seconds": done["generate_seconds"], "setup_seconds": worker["setup_seconds"],
+            "block": f"{worker['policy']['gbs']}x{worker['policy']['num_gb']}"}
+
+
 def check_ct2_output(stdout: str, rows: int, prompt_len: int, gen_len: int) -> int:
     """The generated tokens the CTranslate2 script reports, once each of `rows` rows generated exactly gen_len."""
     res = json.loads(stdout.strip().splitlines()[-1])
@@ -120,7 +132,7 @@ def flexbatch_line(model_dir: Path, input_: Path, ids: list[str], prompt_len: in
                    fmt: str, threads: int):
     def run(workdir: Path) -> dict:
         argv = flexbatch_command(model_dir, input_, workdir / "out", gen_len, dtype, fmt)
-        done = run_process(argv, threads, workdir)
+        done = run_process(argv, threads, workdir) | flexbatch_summary(workdir / "out", threads)
         return done | {"tokens": check_flexbatch_output(workdir / "out", ids, prompt_len, gen_len), "command": argv}
 
     return run
@@ -130,7 +142,8 @@ def ct2_line(ct2_dir: Path, tokenizer: Path, input_: Path, rows: int, prompt_len
     def run(workdir: Path) -> dict:
         argv = ct2_command(ct2_dir, tokenizer, input_, gen_len, threads)
         done = run_process(argv, threads, workdir)
-        return done | {"tokens": check_ct2_output(done["stdout"], rows, prompt_len, gen_len), "command": argv}
+        return done | {"tokens": check_ct2_output(done["stdout"], rows, prompt_len, gen_len), "command": argv,
+                       "generate_seconds": json.loads(done["stdout"].strip().splitlines()[-1])["generate_seconds"]}
 
     return run
 
@@ -165,19 +178,25 @@ def summarize(runs: dict[str, list[dict]]) -> list[dict]:
         return statistics.median(r["tokens"] / r["seconds"] for r in rs[1:])
 
     base = tokens_per_s(runs[CT2_LINE]) if CT2_LINE in runs else None
-    return [{"line": name, "seconds": statistics.median(r["seconds"] for r in rs[1:]), "tokens": rs[-1]["tokens"],
-             "tokens_per_s": tokens_per_s(rs), "vs_ct2_int8": base and tokens_per_s(rs) / base,
-             "cpu_seconds": statistics.median(r["cpu_seconds"] for r in rs[1:]),
-             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs[1:]),
-             "runs_seconds": [r["seconds"] for r in rs[1:]], "warm_up_seconds": rs[0]["seconds"],
-             "command": shlex.join(rs[-1]["command"])} for name, rs in runs.items()]
+    lines = []
+    for name, rs in runs.items():
+        timed = rs[1:]
+        lines.append({"line": name, "tokens": timed[-1]["tokens"], "tokens_per_s": tokens_per_s(rs),
+                      "vs_ct2_int8": base and tokens_per_s(rs) / base,
+                      **{k: statistics.median(r[k] for r in timed) for k in ("seconds", "generate_seconds",
+                                                                              "cpu_seconds")},
+                      "peak_rss_bytes": max(r["peak_rss_bytes"] for r in timed), "block": timed[-1].get("block"),
+                      "runs_seconds": [r["seconds"] for r in timed], "warm_up_seconds": rs[0]["seconds"],
+                      "command": shlex.join(timed[-1]["command"])})
+    return lines
 
 
 COLUMNS = tuple(Column(t) for t in ("workload", "line", "process start to exit, s (median)", "tokens/s",
-                                     "vs CTranslate2 int8 script", "CPU s", "peak RSS"))
+                                     "vs CTranslate2 int8 script", "of which generating, s", "CPU s", "peak RSS"))
 
 
 def table_rows(workload: str, whole: dict) -> list[tuple[str, ...]]:
     return [(workload, ln["line"], f"{ln['seconds']:.2f}", f"{ln['tokens_per_s']:.1f}",
-             f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", num(ln["cpu_seconds"], ".1f"),
+             f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", num(ln["generate_seconds"], ".2f"),
+             num(ln["cpu_seconds"], ".1f"),
              f"{ln['peak_rss_bytes'] / 2**20:.0f} MiB") for ln in whole["lines"]]

@@ -35,6 +35,7 @@ def test_whole_process_lines_run_real_flexbatch_run_commands(tmp_path):
     assert line["tokens_per_s"] == pytest.approx(line["tokens"] / line["seconds"])
     assert 0 < line["cpu_seconds"] and 50 << 20 < line["peak_rss_bytes"] < 8 << 30 and line["warm_up_seconds"] > 0
     assert line["vs_ct2_int8"] is None and len(line["runs_seconds"]) == 1
+    assert 0 < line["generate_seconds"] < line["seconds"] and line["block"] == "128x1"
     assert "| W3 128x64 gen 16 | flexbatch run float32 int8 |" in res.output and "In one process" not in res.output
 
 
@@ -70,11 +71,16 @@ def test_a_flexbatch_output_with_a_short_lost_repeated_or_failed_row_is_refused(
     for name, (rows, message) in bad.items():
         with pytest.raises(click.ClickException, match=message):
             wp.check_flexbatch_output(write_output(tmp_path / name.replace(" ", "_"), rows), ids, 8, 4)
+    (tmp_path / "good" / "_SUCCESS").write_text(json.dumps({"generate_seconds": 1.5, "workers": [
+        {"threads": 2, "setup_seconds": 3.0, "policy": {"gbs": 3, "num_gb": 1}}]}))
+    assert wp.flexbatch_summary(tmp_path / "good", 2) == {"generate_seconds": 1.5, "setup_seconds": 3.0, "block": "3x1"}
+    with pytest.raises(click.ClickException, match="used 2 threads, not 1"):
+        wp.flexbatch_summary(tmp_path / "good", 1)
 
 
 def test_ratios_are_to_the_ctranslate2_script_over_the_timed_rounds_and_the_table_shows_them():
     def runs(*seconds):
-        return [{"seconds": s, "tokens": 100, "cpu_seconds": 1.0, "peak_rss_bytes": 64 << 20,
+        return [{"seconds": s, "tokens": 100, "cpu_seconds": 1.0, "peak_rss_bytes": 64 << 20, "generate_seconds": s / 2,
                  "command": ["flexbatch", "run"]} for s in seconds]
 
     lines = wp.summarize({"flexbatch run float32 int8": runs(100.0, 2.0, 4.0), wp.CT2_LINE: runs(100.0, 1.0, 1.0)})
@@ -86,8 +92,8 @@ def test_ratios_are_to_the_ctranslate2_script_over_the_timed_rounds_and_the_tabl
                              "whole_process": {"threads": 2, "rounds": 2, "lines": lines}}]}
     table = wl.table_text(report)
     assert "Whole processes, 2 threads each, median of 2 rounds" in table
-    assert "| W3 128x64 gen 16 | flexbatch run float32 int8 | 3.00 | 37.5 | 0.38x | 1.0 | 64 MiB |" in table
-    assert "| W3 128x64 gen 16 | ctranslate2 int8 script | 1.00 | 100.0 | 1.00x | 1.0 | 64 MiB |" in table
+    assert "| W3 128x64 gen 16 | flexbatch run float32 int8 | 3.00 | 37.5 | 0.38x | 1.50 | 1.0 | 64 MiB |" in table
+    assert "| W3 128x64 gen 16 | ctranslate2 int8 script | 1.00 | 100.0 | 1.00x | 0.50 | 1.0 | 64 MiB |" in table
 
 
 def test_no_in_process_needs_a_whole_process_format_and_help_teaches_it():
