@@ -91,9 +91,10 @@ def test_the_budget_inside_a_real_memory_cgroup_fits_its_limit():
 @pytest.mark.parametrize("pins", [(), ("--percent", "0", "100", "0", "0", "0", "100")], ids=["planned", "kv-on-disk"])
 def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(tmp_path, demo_model_dir, pins):
     """Planned freely with a profile whose disk is as fast as memory, and with the KV cache pinned to the disk
-    tier (read and written with direct I/O, engine/disk_kv.py), 1,000 rows finish inside a 600 MiB group. (In a
-    500 MiB group the same plan is still killed in about one run of six to ten: its peak varies by ~90 MiB from
-    run to run; the README names that gap.)"""
+    tier (read and written with direct I/O, engine/disk_kv.py), 1,000 rows finish inside a 500 MiB group. (It was
+    killed there in about one run of six to ten while the prefill's temporaries fragmented the C heap: the same
+    plan peaked between 400 and 510 MiB; prefill in chunks of rows and, under a binding limit, large temporaries
+    mmapped, engine/heap.py, bring it to 341-364 MiB.)"""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -104,7 +105,7 @@ def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(
     fast_disk = replace(server_cpu(), disk_read_bytes_per_s=20e9, disk_write_bytes_per_s=20e9,
                         page_cache_bytes_per_s=20e9)
     spec_file = save_hardware(fast_disk, tmp_path / "fast-disk.json")
-    group = memory_cgroup("flexbatch-job", 600 * MIB)
+    group = memory_cgroup("flexbatch-job", 500 * MIB)
     try:
         done = run_in_cgroup(group, [sys.executable, "-m", "jobs.cli", "run", "--no-ray", "--model", str(demo_model_dir),
                                      "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
@@ -114,7 +115,7 @@ def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(
     finally:
         remove_cgroup(group)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # was 137: killed at the limit
-    assert "oom_kill 0" in kills and "memory cgroup limit 600 MiB" in done.stderr
+    assert "oom_kill 0" in kills and "memory cgroup limit 500 MiB" in done.stderr
     assert "memory-mapped disk-tier scratch (activations, a 4-bit KV cache) counts in the CPU budget" in done.stderr
     assert "rows: 1000 in 1 files, 0 with errors" in done.stdout
     if pins:

@@ -1,0 +1,55 @@
+"""Under a binding memory limit the engine's large temporaries are mmapped, so freeing them gives the memory
+back instead of leaving holes in the C heap (engine/heap.py); elsewhere glibc's default stays. mallopt is
+process-wide and cannot be undone: each check runs in a process of its own."""
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.heap import _libc
+from tests.cgroups import memory_cgroup, remove_cgroup, run_in_cgroup
+
+MIB = 2**20
+# After a freed 24 MiB block, glibc's default serves 6 MiB from the heap (its threshold rose to 24 MiB): print how
+# much more of the process is mmapped while a 6 MiB tensor is alive.
+_CHECK = """
+import ctypes, torch
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+freed = torch.ones(24 << 20, dtype=torch.uint8)
+del freed
+before = libc.mallinfo2().hblkhd
+alive = torch.ones(6 << 20, dtype=torch.uint8)
+print((libc.mallinfo2().hblkhd - before) >> 20)
+"""
+pytestmark = pytest.mark.skipif(_libc() is None or not hasattr(_libc(), "mallinfo2"),
+                                reason="needs glibc 2.33+ (mallopt, mallinfo2)")
+
+
+def _mmapped_mib(done: subprocess.CompletedProcess) -> int:
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1])
+
+
+def _load(model_dir) -> list[str]:
+    code = f"import logging\nlogging.basicConfig(level=logging.INFO)\nfrom engine.generate import Engine\nEngine.load({str(model_dir)!r})\n" + _CHECK
+    return [sys.executable, "-c", code]
+
+
+def test_without_a_binding_limit_glibcs_default_stays(tiny_llama_dir):
+    # the default reuses freed heap memory (no page faults), and with it holes the heap cannot give back
+    assert _mmapped_mib(subprocess.run(_load(tiny_llama_dir), capture_output=True, text=True, timeout=120)) == 0
+
+
+def test_under_a_binding_memory_limit_an_engine_mmaps_large_blocks(tiny_llama_dir):
+    group = memory_cgroup("flexbatch-heap", 2000 * MIB)
+    try:
+        done = run_in_cgroup(group, _load(tiny_llama_dir), timeout=120)
+    finally:
+        remove_cgroup(group)
+    assert _mmapped_mib(done) >= 6
+    assert "allocations of 4 MiB or more are mmapped" in done.stderr
