@@ -33,6 +33,17 @@ def decode_mask(key_valid: torch.Tensor, end: int, sliding_window: int | None = 
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
-    """q [B, NH, S, D], k/v [B, KVH, T, D] (KVH divides NH), mask [B, 1, S, T] -> [B, NH, S, D]."""
+    """q [B, NH, S, D], k/v [B, KVH, T, D] (KVH divides NH), mask [B, 1, S, T] -> [B, NH, S, D]. A prefill
+    whose mask is plain causal (no row padded, no window) runs as SDPA's causal case, which skips the blocks
+    above the diagonal instead of computing and masking them (half the work of a long prompt)."""
     gqa = q.shape[1] != k.shape[1]
+    if q.shape[2] == k.shape[2] > 1 and is_causal(mask):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def is_causal(mask: torch.Tensor) -> bool:
+    """Whether mask [B, 1, S, S] lets each query see exactly the keys at or before it (a cheap pass over
+    B * S * S booleans next to the attention's B * S * S * D multiply-adds)."""
+    S = mask.shape[-1]
+    return torch.equal(mask, torch.ones(S, S, dtype=torch.bool, device=mask.device).tril_().expand_as(mask))
