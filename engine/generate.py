@@ -15,7 +15,7 @@ from engine.chat import chat_prompt_ids, messages_problem
 from engine.codecs import KVCodec, WeightCodec
 from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
-from engine.heap import bound_heap
+from engine.heap import choose_heap
 from engine.kernels import NativeKernels
 from engine.memory_room import memory_room
 from engine.models import family_for
@@ -77,7 +77,7 @@ class Engine:
         probe of the engine's own costs)."""
         spec = load_model_spec(model_dir)
         policy = policy or Policy()
-        bound_heap(memory_room())  # under a binding limit, large temporaries never fragment the heap
+        choose_heap(memory_room())  # mapped large blocks under a binding limit, else freed blocks reused
         torch_dtype = resolve_dtype(dtype)
         kernels = load_kernels(backend)
         devices = Devices(budgets, simulate_gpu=simulate_gpu, offload_dir=offload_dir)
