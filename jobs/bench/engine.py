@@ -12,7 +12,9 @@ interleaved repeat by repeat, with the median of the repeats quoted:
   6. W4, rows that finish early: useful tokens/s with refill vs transformers and vs the block schedule before,
      and rows sorted by max_new_tokens vs that block schedule (`jobs/bench/early_stop.py`);
   7. with --memory-limit: each side a whole process in its own memory cgroup below the model size, flexbatch vs
-     HF Accelerate at its best surviving batch, decode-heavy and prefill-heavy (`jobs/bench/memory_limit.py`)."""
+     HF Accelerate at its best surviving batch, decode-heavy and prefill-heavy (`jobs/bench/memory_limit.py`);
+  8. the block with its large temporaries mmapped, as under a binding memory limit, vs reused from the C heap
+     (`jobs/bench/heap.py`)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from engine.spec import load_model_spec
 from jobs.bench import models as bm
 from jobs.bench.backends import backend_lines, parse_backends
 from jobs.bench.early_stop import EarlyStopConfig, early_stop_lines
+from jobs.bench.heap import heap_line
 from jobs.bench.memory_limit import CgroupUnavailable, MemoryLimitConfig, check_cgroups, memory_limit_lines
 from jobs.bench.report import Line, run_and_save
 from jobs.bench.runs import DTYPE, best, block_name, engine_runner, hf_runner, memory_probe, side_by_side
@@ -42,7 +45,7 @@ from jobs.common import setup_logging
 from planner.microbench import median_seconds
 
 log = logging.getLogger(__name__)
-SKIPPABLE = ("throughput", "gemm", "transformers", "accelerate", "offload", "compress", "early-stop")
+SKIPPABLE = ("throughput", "gemm", "transformers", "accelerate", "offload", "compress", "early-stop", "heap")
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,8 @@ def run_engine_bench(cfg: BenchConfig) -> dict:
         lines += early_stop_lines(cfg.early_stop, cfg.cache_dir)
     if cfg.memory_limit is not None:
         lines += memory_limit_lines(cfg.memory_limit, model_dir)
+    if "heap" not in cfg.skip:  # last: it leaves glibc's mmap threshold set
+        lines.append(heap_line(model_dir, prompts, block, cfg.gen_len, cfg.repeats))
     return {"config": dataclasses.asdict(cfg), "machine": bm.machine_info(),
             "model": {"dir": str(model_dir), "preset": dataclasses.asdict(bm.PRESETS[cfg.preset]),
                       "linear_params": bm.linear_params(spec), "flops_formula": bm.FLOPS_FORMULA},

@@ -1,5 +1,7 @@
 import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -18,7 +20,7 @@ def test_bench_engine_reports_every_line(tmp_path, one_thread):
     args = ["bench", "engine", "--preset", "tiny", "--repeats", "1", "--gen-len", "4", "--prompt-len", "16",
             "--blocks", "2x1,2x2", "--hf-batches", "1,4", "--offload-blocks", "4x1", "--accelerate-batches", "4",
             "--threads", str(one_thread), "--cache-dir", str(tmp_path / "cache"), "--output", str(out),
-            "--skip", "early-stop"]  # W4 has its own test (test_early_stop.py)
+            "--skip", "early-stop", "--skip", "heap"]  # W4 and heap have their own tests
     if not has_accelerate:
         args += ["--skip", "accelerate"]
     result = CliRunner().invoke(cli.main, args)
@@ -36,6 +38,20 @@ def test_bench_engine_reports_every_line(tmp_path, one_thread):
     assert "P + G - 1" in report["model"]["flops_formula"]
     assert lines["flops"]["detail"]["gemm"]["decode_rows"] == 2
     assert lines["accelerate"]["detail"]["engine_layer_tiers"] == {"disk": 10}
+
+
+def test_bench_engine_heap_line_compares_mmapped_with_heap_temporaries(tmp_path):
+    # a process of its own: the line leaves glibc's mmap threshold set
+    out = tmp_path / "engine.json"
+    skip = [a for s in ("throughput", "offload", "compress", "early-stop") for a in ("--skip", s)]
+    done = subprocess.run([sys.executable, "-m", "jobs.cli", "bench", "engine", "--preset", "tiny", "--repeats", "1",
+                           "--gen-len", "4", "--prompt-len", "16", "--blocks", "2x1", "--threads", "1", *skip,
+                           "--cache-dir", str(tmp_path / "cache"), "--output", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = json.loads(out.read_text())["lines"]
+    assert line["id"] == "heap" and line["ours"] > 0 and line["baseline"] > 0 and "heap" in done.stdout
+    assert set(line["detail"]["runs"]) == {"mmapped", "heap"} and "4 MiB or more mmapped" in line["what"]
 
 
 def test_prompts_tokenize_to_exactly_their_ids(tmp_path):
