@@ -11,7 +11,10 @@ temporaries do not fit, and free memory above a live block, which the heap canno
 memory limit that slack is what kills: the same plan (the demo model, a 512-row block) peaked between 400 and
 510 MiB from run to run, the heap holding 80-190 MiB free at the peak, and a 500 MiB group killed it about one
 run in six to ten. There `choose_heap` has every block of LARGE_BLOCK_BYTES or more mmapped (given back when
-freed).
+freed: that job then peaks at 341-364 MiB), at the cost of faulting fresh pages in: 0.75x the tokens/s of the
+heap policy below on a 512-row block of the tiny preset, 0.91x on a 32 x 128-token block of the 110M one
+(`flexbatch bench engine`, line "heap"; 1 thread, load average ~5 on 2 cores). A higher threshold does not bound
+that peak: 402-411 MiB at 8 MiB, 365-456 MiB at 17 MiB.
 
 Elsewhere the opposite pays: above 32 MiB glibc always mmaps, so a long prefill's layer-sized temporaries
 (hundreds of MiB per layer) were mapped, faulted in page by page (zeroed by the kernel) and unmapped again at
@@ -28,9 +31,10 @@ import logging
 from functools import cache
 
 log = logging.getLogger(__name__)
-LARGE_BLOCK_BYTES = 4 << 20  # the demo plan's peak varied by 4-10 MiB with this, by ~90 MiB with 8 MiB
+LARGE_BLOCK_BYTES = 4 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # glibc's mallopt parameters (malloc.h)
 _KEEP_FREED = 2**31 - 1  # M_TRIM_THRESHOLD, bytes of free heap top kept (mallopt takes an int)
+_GLIBC_MMAP_MAX, _GLIBC_TRIM_THRESHOLD = 65536, 128 << 10  # glibc's own M_MMAP_MAX and M_TRIM_THRESHOLD
 
 
 @cache
@@ -53,9 +57,11 @@ def release_freed_memory() -> None:
 
 def mmap_large_blocks(nbytes: int = LARGE_BLOCK_BYTES) -> bool:
     """From now on glibc serves every block of `nbytes` or more with its own mmap, freed straight back to the OS,
-    and never raises that threshold (mallopt M_MMAP_THRESHOLD); whether it could be set."""
+    and never raises that threshold (mallopt M_MMAP_THRESHOLD), and gives back free memory at the heap's top
+    past glibc's own 128 KiB (undoing `reuse_freed_blocks`); whether it could be set."""
     libc = _libc()
-    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, int(nbytes)))
+    return libc is not None and all(libc.mallopt(param, value) for param, value in (
+        (_M_MMAP_MAX, _GLIBC_MMAP_MAX), (_M_TRIM_THRESHOLD, _GLIBC_TRIM_THRESHOLD), (_M_MMAP_THRESHOLD, int(nbytes))))
 
 
 def reuse_freed_blocks() -> bool:
