@@ -40,13 +40,14 @@ def _load(model_dir) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-# A freed 64 MiB block (glibc's default maps anything over 32 MiB afresh): print the page faults of allocating and
-# filling another one.
+# Twenty rounds of a 64 MiB and a 16 MiB block allocated, filled and freed, as a prefill's layers do (glibc's
+# default maps anything over 32 MiB afresh): print the page faults of the rounds.
 _REUSE = """
 import resource, torch
-torch.ones(64 << 20, dtype=torch.uint8)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-again = torch.ones(64 << 20, dtype=torch.uint8)
+for _ in range(20):
+    x, y = torch.ones(64 << 20, dtype=torch.uint8), torch.ones(16 << 20, dtype=torch.uint8)
+    del x, y
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
@@ -56,7 +57,9 @@ def test_without_a_binding_limit_freed_blocks_are_reused_without_page_faults(tin
     load = _load(tiny_llama_dir)
     faults = [_mmapped_mib(subprocess.run(cmd, capture_output=True, text=True, timeout=120))
               for cmd in ([sys.executable, "-c", _REUSE], [*load[:-1], load[-1].replace(_CHECK, _REUSE)])]
-    assert faults[0] >= (64 << 20) // 4096 // 2 and faults[1] < 1000, faults  # mapped afresh / reused
+    pages = (80 << 20) // 4096  # of one round
+    # the default faults every round in again; reused, the first rounds' pages stay (a few refaults at most)
+    assert faults[0] >= 12 * pages and faults[1] <= 5 * pages, faults
 
 
 def test_under_a_binding_memory_limit_an_engine_mmaps_large_blocks(tiny_llama_dir):
