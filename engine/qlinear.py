@@ -6,8 +6,9 @@ apart): `max_rows` is the largest row count at which the compressed kernel beat 
 measurement on this machine (engine/kernel_rates.py); calls with more rows take the dense path, unless the
 kernel still won at the largest row count measured: then int8 takes the call whole (`int8_linear` goes through
 it in chunks of rows written into one output, nothing concatenated), and int4's kernel, built for decode-sized
-rows, runs on chunks of that many rows. The dense copy is made on first need and kept for the rest of the step (one dequantization per layer per step, as before),
-in buffers the weight store hands back when the next layer is taken.
+rows, runs on chunks of that many rows. The dense copy is made on first need and kept for the rest of the step
+(one dequantization per layer per step, as before), in buffers the weight store hands back when the next layer
+is taken.
 
     int4   aten's packed int4 GEMM (`_weight_int4pack_mm_for_cpu`), for layers packed once at load
     int8   int8 x int8 GEMM with activations quantized per row (`engine/quant_int8.py`), no packing needed"""
