@@ -16,11 +16,11 @@ from engine.codecs import KVCodec, WeightCodec
 from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
 from engine.heap import choose_heap
-from engine.kernels import NativeKernels
+from engine.kernels import NativeKernels, int8_head
 from engine.memory_room import memory_room
 from engine.models import family_for
 from engine.policy import Policy
-from engine.qlinear import int8_head, stored_bytes
+from engine.qlinear import stored_bytes
 from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, Completion, Request
 from engine.rows import RowState
 from engine.schedule import BlockExecutor

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from engine.kernel_rates import max_rows
 from engine.qlinear import QLinear, QWeight, one_call
 from engine.quant import INT4_GROUP_SIZES, PACKED_DTYPE, pack_int4
-from engine.quant_int8 import Int8Weight
+from engine.quant_int8 import Int8Weight, quantize_int8
 from engine.rope import apply_rope, cos_sin
 from engine.weights import LayerWeights
 
@@ -75,6 +75,13 @@ class NativeKernels:
             if q.fast is None:  # dense at every row count: dequantize now (in the prefetch thread)
                 out[name].dense()
         return out, buffers
+
+
+def int8_head(gw: LayerWeights, tied: bool, dtype: torch.dtype) -> LayerWeights:
+    """The global weights with the LM head's weight (the embeddings' where tied, which stay as they are for the
+    lookup) as a row-wise int8 QWeight under `lm_head.weight` (engine.weight_store.head_in_int8 decides)."""
+    w = gw["embed_tokens.weight"] if tied or "lm_head.weight" not in gw else gw["lm_head.weight"]
+    return gw | {"lm_head.weight": qweight(quantize_int8(w), dtype, pack=False)}
 
 
 def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.kernel_rates import ROWS, max_rows
+from engine.kernel_rates import ROWS
 from engine.quant import Int4Packed, int4_linear
-from engine.quant_int8 import Int8Weight, dequantize_int8, int8_linear, quantize_int8
+from engine.quant_int8 import Int8Weight, dequantize_int8, int8_linear
 
 LARGEST_MEASURED = ROWS[-1]
 
@@ -42,14 +42,6 @@ def kernel_layout_bytes(weights) -> int:
     """Bytes the int4 kernel's own layout (Int4Packed) keeps beside the stored codes, over a layer's weights."""
     return sum(w.fast.weight.nbytes + w.fast.scales_and_zeros.nbytes for w in weights
                if isinstance(w, QWeight) and isinstance(w.fast, Int4Packed))
-
-
-def int8_head(gw: dict, tied: bool, dtype: torch.dtype) -> dict:
-    """The global weights with the LM head's weight (the embeddings' where tied, which stay as they are for the
-    lookup) as a row-wise int8 QWeight under `lm_head.weight` (engine.weight_store.head_in_int8 decides)."""
-    w = gw["embed_tokens.weight"] if tied or "lm_head.weight" not in gw else gw["lm_head.weight"]
-    q = quantize_int8(w)
-    return gw | {"lm_head.weight": QWeight(q, q, max_rows("int8", *q.codes.shape, dtype))}
 
 
 def stored_bytes(weights) -> int:

@@ -55,7 +55,7 @@ def by_rows(fn, h: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def head_weight(gw, spec: ModelSpec):
-    """The LM head's weight: an int8 head where one was made (engine.qlinear.int8_head), else `lm_head.weight`,
+    """The LM head's weight: an int8 head where one was made (engine.kernels.int8_head), else `lm_head.weight`,
     or the embeddings where they are tied."""
     w = gw.get("lm_head.weight")
     if isinstance(w, QWeight) or (w is not None and not spec.tie_word_embeddings):
