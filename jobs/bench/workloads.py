@@ -6,11 +6,12 @@ set the compression targets (every row generates exactly G tokens; tokens/s coun
     W3  128 prompts x 64 tokens, generate 16      (many short rows)
 
 Lines: flexbatch uncompressed in the run's dtype, with int4 and with int8 weights, and CTranslate2 (the `bench`
-extra) int8 and in the run's dtype, converted with its Transformers converter. All are loaded in one process and
-timed interleaved, round by round (the machine is shared: the median of the rounds is quoted, ratios are to
-CTranslate2 int8). Per line: tokens/s, model FLOP/s as a fraction of a GEMM microbenchmark of the run's dtype
-(the model's widest layer shape at 1024 rows), and the memory it adds (peak RSS over its load and one run, less
-the RSS before it).
+extra) int8 and in the run's dtype, converted with its Transformers converter. Each line loads in a process of its
+own (jobs/bench/line_process.py: two engines in one process slow each other), and the lines' generations are timed
+inside those processes, interleaved round by round, one at a time (the machine is shared: the median of the rounds
+is quoted, ratios are to CTranslate2 int8). Per line: tokens/s, model FLOP/s as a fraction of a GEMM
+microbenchmark of the run's dtype (the model's widest layer shape at 1024 rows), and the memory it adds (peak RSS
+over its load and one run, less the RSS before it).
 
 With --whole-process FORMAT the same prompts are also timed as users compare engines, whole processes from start
 to exit: `flexbatch run --no-ray` with FORMAT weights against a CTranslate2 int8 script doing load + generate
@@ -18,7 +19,6 @@ to exit: `flexbatch run --no-ray` with FORMAT weights against a CTranslate2 int8
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import json
 import logging
@@ -35,8 +35,9 @@ from engine.policy import Policy
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
 from jobs.bench import whole_process as wp
+from jobs.bench.line_process import LineProcess
 from jobs.bench.report import run_and_save
-from jobs.bench.runs import engine_runner, side_by_side
+from jobs.bench.runs import engine_runner, summarize
 from jobs.bench.table import Column, format_table
 from jobs.common import setup_logging
 from planner.microbench import median_seconds
@@ -63,23 +64,10 @@ def cpu_flags() -> str:
     return cpu_info("flags") or ""
 
 
-def loaded(make):
-    """Build a runner with `make()` and run it once (2 tokens): it and the memory that took (peak RSS growth)."""
-    gc.collect()
-    bm.reset_peak_rss()
-    rss0 = bm.rss_bytes()
-    fn = make()
-    fn(2)
-    return fn, bm.peak_rss_bytes() - rss0
-
-
-def engine_lines(model_dir: Path, prompts, dtype: str) -> dict:
-    out = {}
-    for suffix, fmt in ENGINE_FORMATS.items():
-        policy = Policy(gbs=len(prompts), num_gb=1, compress_weight=fmt is not None, weight_format=fmt or "int4")
-        out[f"flexbatch {dtype}{suffix}"] = loaded(
-            lambda p=policy: engine_runner(Engine.load(model_dir, dtype=dtype, policy=p), prompts, len(prompts), 1))
-    return out
+def engine_line(model_dir: Path, prompts, dtype: str, fmt: str | None):
+    """A flexbatch line: the engine with `fmt` weights (None: uncompressed) on one block of every prompt."""
+    policy = Policy(gbs=len(prompts), num_gb=1, compress_weight=fmt is not None, weight_format=fmt or "int4")
+    return engine_runner(Engine.load(model_dir, dtype=dtype, policy=policy), prompts, len(prompts), 1)
 
 
 def ct2_model(model_dir: Path, quantization: str) -> Path:
@@ -135,22 +123,41 @@ def run_workload(cfg: WorkloadConfig, name: str, model_dir: Path, peak: float) -
     return out
 
 
-def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak: float) -> list[dict]:
-    rows, P, spec = len(prompts), len(prompts[0]), load_model_spec(model_dir)
-    runners = engine_lines(model_dir, prompts, cfg.dtype)
+def line_specs(cfg: WorkloadConfig, model_dir: Path, prompts) -> dict[str, tuple]:
+    """Each line's name and how its process makes it: (function, *arguments)."""
+    specs = {f"flexbatch {cfg.dtype}{suffix}": (engine_line, model_dir, prompts, cfg.dtype, fmt)
+             for suffix, fmt in ENGINE_FORMATS.items()}
     if cfg.ctranslate2:
-        ct2_dtype = "float32" if cfg.dtype == "float32" else "bfloat16"
-        for ct in ("int8", ct2_dtype):
-            runners[f"ctranslate2 {ct}"] = loaded(lambda ct=ct: ct2_runner(model_dir, prompts, ct))
-    res = side_by_side({k: fn for k, (fn, _) in runners.items()}, G, cfg.repeats, warmup=False)
+        for ct in ("int8", "float32" if cfg.dtype == "float32" else "bfloat16"):
+            specs[f"ctranslate2 {ct}"] = (ct2_runner, model_dir, prompts, ct)
+    return specs
+
+
+def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak: float) -> list[dict]:
+    """The lines, each in a process of its own (jobs/bench/line_process.py), loaded one after another, then timed
+    interleaved round by round."""
+    rows, P, spec = len(prompts), len(prompts[0]), load_model_spec(model_dir)
+    threads = cfg.threads or torch.get_num_threads()
+    procs: dict[str, LineProcess] = {}
+    try:
+        for name, (make, *args) in line_specs(cfg, model_dir, prompts).items():
+            log.info("loading %s in its own process", name)
+            procs[name] = LineProcess(name, make, *args, threads=threads)
+        runs: dict[str, list[dict]] = {name: [] for name in procs}
+        for r in range(cfg.repeats):
+            for name, proc in procs.items():
+                runs[name].append(proc.run(G))
+                log.info("repeat %d %s: %.2f s, %.1f tokens/s", r + 1, name, runs[name][-1]["seconds"],
+                         runs[name][-1]["tokens_per_s"])
+    finally:
+        for proc in procs.values():
+            proc.close()
+    res = {name: summarize(v) for name, v in runs.items()}
     flops = bm.model_flops(spec, P, G, rows)["total"]
     base = res.get("ctranslate2 int8", {}).get("tokens_per_s")
-    lines = [{"line": k, "tokens_per_s": r["tokens_per_s"], "vs_ct2_int8": base and r["tokens_per_s"] / base,
-              "gemm_fraction": flops / r["seconds"] / 1e9 / peak, "added_rss_bytes": runners[k][1],
-              "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]]} for k, r in res.items()]
-    del runners
-    gc.collect()
-    return lines
+    return [{"line": k, "tokens_per_s": r["tokens_per_s"], "vs_ct2_int8": base and r["tokens_per_s"] / base,
+             "gemm_fraction": flops / r["seconds"] / 1e9 / peak, "added_rss_bytes": procs[k].added_rss_bytes,
+             "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]]} for k, r in res.items()]
 
 
 def run_workloads(cfg: WorkloadConfig) -> dict:
@@ -180,8 +187,8 @@ def table_text(report: dict) -> str:
              f"{ln['added_rss_bytes'] / 2**20:.0f} MiB") for w in report["workloads"] for ln in w["lines"]]
     if rows:
         out.append(format_table(COLUMNS, rows, markdown=True, above=[
-            f"In one process: {report['config']['dtype']} GEMM peak (widest layer, 1024 rows): "
-            f"{report['gemm_peak_gflops']:.1f} GFLOP/s"]))
+            f"Generation, each line in a loaded process of its own: {report['config']['dtype']} GEMM peak (widest "
+            f"layer, 1024 rows): {report['gemm_peak_gflops']:.1f} GFLOP/s"]))
     whole = [w for w in report["workloads"] if "whole_process" in w]
     if whole:
         first = whole[0]["whole_process"]
@@ -205,7 +212,8 @@ def table_text(report: dict) -> str:
               help="CTranslate2 lines: int8 and the dtype in process, the int8 script among the whole processes "
                    "(needs the bench extra).")
 @click.option("--in-process/--no-in-process", default=True, show_default=True,
-              help="The lines timed inside this process (generation only, the engines loaded beforehand).")
+              help="The lines timed inside loaded processes (generation only, each engine loaded beforehand in a "
+                   "process of its own).")
 @click.option("--whole-process", type=click.Choice(sorted(wp.FORMATS)), multiple=True,
               help="Also time whole processes, start to exit, as users compare: `flexbatch run --no-ray` with these "
                    "weights (repeatable; int8 is the fastest format) vs a CTranslate2 int8 script doing load + "
