@@ -11,7 +11,9 @@ own (jobs/bench/line_process.py: two engines in one process slow each other), an
 inside those processes, interleaved round by round, one at a time (the machine is shared: the median of the rounds
 is quoted, ratios are to CTranslate2 int8). Per line: tokens/s, model FLOP/s as a fraction of a GEMM
 microbenchmark of the run's dtype (the model's widest layer shape at 1024 rows), and the memory it adds (peak RSS
-over its load and one run, less the RSS before it).
+over its load and one run, less the RSS before it). For flexbatch's lines also each phase (the engine times them):
+prefill's model FLOP/s as a fraction of that peak, decode's as a fraction of the rate of one layer's GEMMs (q, k, v,
+o, gate, up, down) at the decode batch size, the block's rows.
 
 With --whole-process FORMAT the same prompts are also timed as users compare engines, whole processes from start
 to exit: `flexbatch run --no-ray` with FORMAT weights against a CTranslate2 int8 script doing load + generate
@@ -22,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -65,9 +68,18 @@ def cpu_flags() -> str:
 
 
 def engine_line(model_dir: Path, prompts, dtype: str, fmt: str | None):
-    """A flexbatch line: the engine with `fmt` weights (None: uncompressed) on one block of every prompt."""
+    """A flexbatch line: the engine with `fmt` weights (None: uncompressed) on one block of every prompt; after a
+    call, `run.phase_seconds` holds its prefill and decode seconds."""
     policy = Policy(gbs=len(prompts), num_gb=1, compress_weight=fmt is not None, weight_format=fmt or "int4")
-    return engine_runner(Engine.load(model_dir, dtype=dtype, policy=policy), prompts, len(prompts), 1)
+    eng = Engine.load(model_dir, dtype=dtype, policy=policy)
+    run_block = engine_runner(eng, prompts, len(prompts), 1)
+
+    def run(gen_len: int) -> int:
+        tokens = run_block(gen_len)
+        run.phase_seconds = dict(eng.phase_seconds)
+        return tokens
+
+    return run
 
 
 def ct2_model(model_dir: Path, quantization: str) -> Path:
@@ -111,11 +123,38 @@ def gemm_peak_gflops(spec, dtype: torch.dtype, rows: int = 1024) -> float:
     return 2 * rows * n * k / median_seconds(lambda: F.linear(x, w), 5) / 1e9
 
 
+def layer_gemm_gflops(spec, dtype: torch.dtype, rows: int) -> float:
+    """GEMM FLOP/s of one layer's Linear shapes (q, k, v, o, gate, up, down) at `rows` rows, one after another:
+    the rate a decode step of `rows` rows could reach in its projections."""
+    seconds = flops = 0.0
+    for n, k in bm.layer_gemm_shapes(spec):
+        x, w = torch.randn(rows, k).to(dtype), torch.randn(n, k).to(dtype)
+        seconds += median_seconds(lambda x=x, w=w: F.linear(x, w), 9)
+        flops += 2 * rows * n * k
+    return flops / seconds / 1e9
+
+
+def phase_fractions(spec, prompts, G: int, runs: list[dict], peak: float, decode_rate: float) -> dict:
+    """A flexbatch line's prefill model FLOP/s as a fraction of the GEMM peak and its decode model FLOP/s as a
+    fraction of the layer GEMM rate at the decode batch size (medians over its runs); {} for other lines."""
+    phases = [r["phase_seconds"] for r in runs if r.get("phase_seconds")]
+    if not phases:
+        return {}
+    rows, P = len(prompts), len(prompts[0])
+    prefill = bm.model_flops(spec, P, 1, rows)["total"]
+    decode = bm.model_flops(spec, P, G, rows)["total"] - prefill
+    return {"prefill_fraction": statistics.median(prefill / s["prefill"] / 1e9 / peak for s in phases),
+            "decode_fraction": statistics.median(decode / s["decode"] / 1e9 / decode_rate for s in phases)
+            if G > 1 else None}
+
+
 def run_workload(cfg: WorkloadConfig, name: str, model_dir: Path, peak: float) -> dict:
     rows, P, G = WORKLOADS[name]
     prompts = bm.prompt_ids(rows, P, load_model_spec(model_dir).vocab_size)
-    out = {"workload": name, "rows": rows, "prompt_tokens": P, "generated": G,
-           "lines": in_process_lines(cfg, model_dir, prompts, G, peak) if cfg.in_process else []}
+    out = {"workload": name, "rows": rows, "prompt_tokens": P, "generated": G, "lines": []}
+    if cfg.in_process:
+        out["decode_gemm_gflops"] = layer_gemm_gflops(load_model_spec(model_dir), getattr(torch, cfg.dtype), rows)
+        out["lines"] = in_process_lines(cfg, model_dir, prompts, G, peak, out["decode_gemm_gflops"])
     if cfg.whole_process:
         ct2_dir = ct2_model(model_dir, "int8") if cfg.ctranslate2 else None
         out["whole_process"] = wp.run_whole_processes(model_dir, ct2_dir, prompts, G, cfg.dtype, cfg.whole_process,
@@ -133,7 +172,8 @@ def line_specs(cfg: WorkloadConfig, model_dir: Path, prompts) -> dict[str, tuple
     return specs
 
 
-def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak: float) -> list[dict]:
+def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak: float,
+                     decode_rate: float) -> list[dict]:
     """The lines, each in a process of its own (jobs/bench/line_process.py), loaded one after another, then timed
     interleaved round by round."""
     rows, P, spec = len(prompts), len(prompts[0]), load_model_spec(model_dir)
@@ -157,7 +197,8 @@ def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak
     base = res.get("ctranslate2 int8", {}).get("tokens_per_s")
     return [{"line": k, "tokens_per_s": r["tokens_per_s"], "vs_ct2_int8": base and r["tokens_per_s"] / base,
              "gemm_fraction": flops / r["seconds"] / 1e9 / peak, "added_rss_bytes": procs[k].added_rss_bytes,
-             "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]]} for k, r in res.items()]
+             "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]]}
+            | phase_fractions(spec, prompts, G, r["runs"], peak, decode_rate) for k, r in res.items()]
 
 
 def run_workloads(cfg: WorkloadConfig) -> dict:
@@ -172,7 +213,12 @@ def run_workloads(cfg: WorkloadConfig) -> dict:
 
 
 COLUMNS = tuple(Column(t) for t in ("workload", "line", "tokens/s (median)", "vs CTranslate2 int8",
-                                     "fraction of GEMM peak", "memory added"))
+                                     "fraction of GEMM peak", "prefill / GEMM peak", "decode / GEMM at its rows",
+                                     "memory added"))
+
+
+def fraction(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def workload_label(w: dict) -> str:
@@ -183,12 +229,15 @@ def table_text(report: dict) -> str:
     """The CPU flags, then the in-process table and the whole-process table, each where the run has its lines."""
     out = [f"CPU flags: {report['machine']['cpu_flags']}"]
     rows = [(workload_label(w), ln["line"], f"{ln['tokens_per_s']:.1f}",
-             f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", f"{ln['gemm_fraction']:.2f}",
+             f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", fraction(ln["gemm_fraction"]),
+             fraction(ln.get("prefill_fraction")), fraction(ln.get("decode_fraction")),
              f"{ln['added_rss_bytes'] / 2**20:.0f} MiB") for w in report["workloads"] for ln in w["lines"]]
     if rows:
         out.append(format_table(COLUMNS, rows, markdown=True, above=[
             f"Generation, each line in a loaded process of its own: {report['config']['dtype']} GEMM peak (widest "
-            f"layer, 1024 rows): {report['gemm_peak_gflops']:.1f} GFLOP/s"]))
+            f"layer, 1024 rows): {report['gemm_peak_gflops']:.1f} GFLOP/s; layer GEMMs at the decode rows: "
+            + ", ".join(f"{w['workload']} {w['rows']} rows {w['decode_gemm_gflops']:.1f}" for w in report["workloads"]
+                        if "decode_gemm_gflops" in w) + " GFLOP/s"]))
     whole = [w for w in report["workloads"] if "whole_process" in w]
     if whole:
         first = whole[0]["whole_process"]

@@ -20,11 +20,49 @@ def test_ctranslate2_baseline_generates_exactly_g_tokens_from_a_converted_checkp
 
 def test_table_has_the_cpu_flags_and_every_line():
     report = {"machine": {"cpu_flags": "avx2 avx512_vnni"}, "config": {"dtype": "float32"}, "gemm_peak_gflops": 90.0,
-              "workloads": [{"workload": "W3", "rows": 128, "prompt_tokens": 64, "generated": 16, "lines": [
+              "workloads": [{"workload": "W3", "rows": 128, "prompt_tokens": 64, "generated": 16,
+                             "decode_gemm_gflops": 61.5, "lines": [
                   {"line": "flexbatch float32 int8", "tokens_per_s": 120.0, "vs_ct2_int8": 1.2, "gemm_fraction": 0.5,
-                   "added_rss_bytes": 64 << 20},
+                   "prefill_fraction": 0.8, "decode_fraction": 0.65, "added_rss_bytes": 64 << 20},
                   {"line": "ctranslate2 int8", "tokens_per_s": 100.0, "vs_ct2_int8": 1.0, "gemm_fraction": 0.4,
                    "added_rss_bytes": 32 << 20}]}]}
     table = wl.table_text(report)
     assert table.splitlines()[0] == "CPU flags: avx2 avx512_vnni"
-    assert "| W3 128x64 gen 16 | flexbatch float32 int8 | 120.0 | 1.20x | 0.50 | 64 MiB |" in table
+    assert "| W3 128x64 gen 16 | flexbatch float32 int8 | 120.0 | 1.20x | 0.50 | 0.80 | 0.65 | 64 MiB |" in table
+    assert "| W3 128x64 gen 16 | ctranslate2 int8 | 100.0 | 1.00x | 0.40 | - | - | 32 MiB |" in table
+    assert "W3 128 rows 61.5 GFLOP/s" in table
+
+
+def test_phase_fractions_divide_each_phase_by_its_own_gemm_rate(tmp_path):
+    from engine.spec import load_model_spec
+
+    spec = load_model_spec(bm.build_checkpoint("tiny", tmp_path))
+    prompts = bm.prompt_ids(4, 8, spec.vocab_size)
+    prefill = bm.model_flops(spec, 8, 1, 4)["total"]
+    decode = bm.model_flops(spec, 8, 5, 4)["total"] - prefill
+    runs = [{"phase_seconds": {"prefill": prefill / 2e9, "decode": decode / 3e9}},  # 2 and 3 GFLOP/s
+            {"phase_seconds": {"prefill": prefill / 4e9, "decode": decode / 1e9}},
+            {"phase_seconds": {"prefill": prefill / 6e9, "decode": decode / 2e9}}]
+    got = wl.phase_fractions(spec, prompts, 5, runs, peak=8.0, decode_rate=4.0)
+    assert got["prefill_fraction"] == pytest.approx(4 / 8) and got["decode_fraction"] == pytest.approx(2 / 4)
+    assert wl.phase_fractions(spec, prompts, 5, [{"phase_seconds": None}], 8.0, 4.0) == {}  # CTranslate2's lines
+
+
+def test_a_line_runs_in_a_process_of_its_own_and_a_failing_line_names_itself(tmp_path):
+    import os
+
+    from jobs.bench.line_process import LineProcess
+
+    model_dir = bm.build_checkpoint("tiny", tmp_path)
+    prompts = bm.prompt_ids(3, 8, bm.PRESETS["tiny"].vocab_size)
+    line = LineProcess("tiny int8", wl.engine_line, model_dir, prompts, "float32", "int8", threads=1)
+    try:
+        assert line.proc.pid != os.getpid() and line.added_rss_bytes > 0
+        ran = line.run(4)
+        assert ran["tokens"] == 12 and ran["seconds"] > 0
+        assert set(ran["phase_seconds"]) >= {"prefill", "decode"}
+    finally:
+        line.close()
+    assert not line.proc.is_alive()
+    with pytest.raises(RuntimeError, match=r"line 'broken' failed in its process:(.|\n)*no-such-dir"):
+        LineProcess("broken", wl.engine_line, tmp_path / "no-such-dir", prompts, "float32", None, threads=1)
