@@ -13,7 +13,7 @@ is quoted, ratios are to CTranslate2 int8). Per line: tokens/s, model FLOP/s as 
 microbenchmark of the run's dtype (the model's widest layer shape at 1024 rows), and the memory it adds (peak RSS
 over its load and one run, less the RSS before it). For flexbatch's lines also each phase (the engine times them):
 prefill's model FLOP/s as a fraction of that peak, decode's as a fraction of the rate of one layer's GEMMs (q, k, v,
-o, gate, up, down) at the decode batch size, the block's rows.
+o, gate, up, down) at the decode batch size, the block's rows, through as many distinct weights as the model has.
 
 With --whole-process FORMAT the same prompts are also timed as users compare engines, whole processes from start
 to exit: `flexbatch run --no-ray` with FORMAT weights against a CTranslate2 int8 script doing load + generate
@@ -124,14 +124,19 @@ def gemm_peak_gflops(spec, dtype: torch.dtype, rows: int = 1024) -> float:
 
 
 def layer_gemm_gflops(spec, dtype: torch.dtype, rows: int) -> float:
-    """GEMM FLOP/s of one layer's Linear shapes (q, k, v, o, gate, up, down) at `rows` rows, one after another:
-    the rate a decode step of `rows` rows could reach in its projections."""
-    seconds = flops = 0.0
-    for n, k in bm.layer_gemm_shapes(spec):
-        x, w = torch.randn(rows, k).to(dtype), torch.randn(n, k).to(dtype)
-        seconds += median_seconds(lambda x=x, w=w: F.linear(x, w), 9)
-        flops += 2 * rows * n * k
-    return flops / seconds / 1e9
+    """GEMM FLOP/s of the layers' Linear shapes (q, k, v, o, gate, up, down) at `rows` rows, through as many
+    distinct weights as the model's layers hold, one layer after another: the rate a decode step of `rows` rows
+    could reach in its projections, its weights coming from memory rather than a cache that one shape's would
+    fit in (median of 3 passes after one)."""
+    shapes = bm.layer_gemm_shapes(spec)
+    xs = {k: torch.randn(rows, k).to(dtype) for _, k in shapes}
+    weights = [torch.randn(n, k).to(dtype) for _ in range(spec.num_layers) for n, k in shapes]
+
+    def one_pass():
+        for w in weights:
+            F.linear(xs[w.shape[1]], w)
+
+    return 2 * rows * spec.num_layers * sum(n * k for n, k in shapes) / median_seconds(one_pass, 3) / 1e9
 
 
 def phase_fractions(spec, prompts, G: int, runs: list[dict], peak: float, decode_rate: float) -> dict:
