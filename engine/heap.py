@@ -33,7 +33,7 @@ from functools import cache
 log = logging.getLogger(__name__)
 LARGE_BLOCK_BYTES = 4 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # glibc's mallopt parameters (malloc.h)
-_KEEP_FREED = 2**31 - 1  # M_TRIM_THRESHOLD, bytes of free heap top kept (mallopt takes an int)
+KEEP_FREED = 2**31 - 1  # M_TRIM_THRESHOLD, bytes of free heap top kept (mallopt takes an int)
 _GLIBC_MMAP_MAX, _GLIBC_TRIM_THRESHOLD = 65536, 128 << 10  # glibc's own M_MMAP_MAX and M_TRIM_THRESHOLD
 
 
@@ -69,7 +69,7 @@ def reuse_freed_blocks() -> bool:
     heap cannot hold) and keeps freed memory at the heap's top (M_TRIM_THRESHOLD), so freed blocks are reused
     without being faulted in again; whether it could be set. `release_freed_memory` still gives memory back."""
     libc = _libc()
-    return libc is not None and bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_FREED))
+    return libc is not None and bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED))
 
 
 def choose_heap(room) -> str | None:
