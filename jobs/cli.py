@@ -11,6 +11,7 @@ import click
 from jobs.helm.batch_command import helm_batch_command
 from jobs.helm.command import helm_command
 from jobs.plan_cmd import plan_command, profile_command
+from jobs.quick_exit import quick_exit
 from jobs.run_cmd import run
 from jobs.submit import submit_command
 from jobs.verify_cmd import verify_command
@@ -60,5 +61,15 @@ main.add_command(wrangle_command)
 main.add_command(verify_command)
 
 
+def console() -> None:
+    """The `flexbatch` console script: `main`, then an exit without the interpreter's teardown (jobs/quick_exit.py).
+    An exception that escapes `main` (a bug: user errors are ClickExceptions) takes the normal way out."""
+    try:
+        main(prog_name="flexbatch")
+    except SystemExit as e:
+        quick_exit(e.code)
+    quick_exit(0)
+
+
 if __name__ == "__main__":  # python -m jobs.cli: the same CLI where the console script is not installed
-    main()
+    console()

@@ -1,0 +1,41 @@
+"""The `flexbatch` console script leaves without the interpreter's teardown, but only after what a normal exit does
+for others: threads joined, atexit handlers run, buffered output flushed, the exit status kept."""
+
+import subprocess
+import sys
+
+import pytest
+
+from jobs.quick_exit import exit_status
+
+CHILD = """
+import atexit, sys, threading, time
+from jobs.quick_exit import quick_exit
+atexit.register(lambda: print("atexit ran", flush=False))
+threading.Thread(target=lambda: (time.sleep(0.3), sys.stdout.write("thread done\\n"))).start()
+sys.stdout.write("buffered, not flushed\\n")
+sys.stderr.write("to stderr\\n")
+quick_exit(CODE)
+"""
+
+
+@pytest.mark.parametrize(("code", "status"), [(0, 0), (3, 3), (None, 0), ("'fatal: bad'", 1)])
+def test_quick_exit_keeps_output_handlers_threads_and_the_status(code, status):
+    res = subprocess.run([sys.executable, "-c", CHILD.replace("CODE", str(code))], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == status
+    assert res.stdout.splitlines() == ["buffered, not flushed", "thread done", "atexit ran"]
+    assert res.stderr.splitlines() == ["to stderr"] + (["fatal: bad"] if status == 1 else [])
+
+
+def test_exit_status_reads_codes_as_system_exit_does(capsys):
+    assert (exit_status(None), exit_status(0), exit_status(2)) == (0, 0, 2)
+    assert exit_status("no such file") == 1 and capsys.readouterr().err == "no such file\n"
+
+
+def test_the_console_script_exits_with_the_commands_status():
+    res = subprocess.run([sys.executable, "-m", "jobs.cli", "no-such-command"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "No such command 'no-such-command'" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "jobs.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.startswith("Usage: flexbatch")
