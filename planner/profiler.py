@@ -292,15 +292,22 @@ def machine_key() -> str:
     return f"{cpu}; {torch.get_num_threads()} threads; torch {torch.__version__}; {gpu}; v{PROFILE_VERSION}"
 
 
+def keyed_copy(path: Path, key: str) -> Path:
+    """Where the profile of machine key `key` is kept beside `path`."""
+    return path.with_name(f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}{path.suffix}")
+
+
 def load_or_profile(path: Path | None = None, refresh: bool = False) -> HardwareSpec:
     """This machine's spec: a cached profile measured under the same machine key (the copy kept per key beside
-    `path`, by default ~/.cache/flexbatch/hardware.json, or `path` itself as `flexbatch profile` writes it),
-    else a fresh profile, saved to the per-key copy only: `path` may be read by another flexbatch version on this
-    machine, which a profile of this version's form would stop. A cached file this version cannot read (another
-    version's) is passed over."""
+    `path`, by default ~/.cache/flexbatch/hardware.json, or `path` itself as `flexbatch profile` writes it; the
+    more recently measured where both match, so that `flexbatch profile` run again, on a quiet machine say,
+    replaces what an earlier run measured), else a fresh profile, saved to the per-key copy only: `path` may be
+    read by another flexbatch version on this machine, which a profile of this version's form would stop. A cached
+    file this version cannot read (another version's) is passed over."""
     path = Path(path or DEFAULT_CACHE)
     key = machine_key()
-    keyed = path.with_name(f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}{path.suffix}")
+    keyed = keyed_copy(path, key)
+    cached = []
     for candidate in (keyed, path):
         if candidate.is_file() and not refresh:
             try:
@@ -309,7 +316,9 @@ def load_or_profile(path: Path | None = None, refresh: bool = False) -> Hardware
                 log.info("passing over %s: %s", candidate, e)
                 continue
             if spec.sources.get("machine") == key:
-                return spec
+                cached.append(spec)
+    if cached:  # ISO 8601 times in UTC sort as they happened; a profile without one counts as oldest
+        return max(cached, key=lambda spec: str(spec.sources.get("measured_at", "")))
     log.info("no cached profile for %s; profiling this machine", key)
     spec = profile_this_machine()
     save_hardware(spec, keyed)

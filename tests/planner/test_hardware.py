@@ -75,6 +75,21 @@ def test_profiles_are_cached_per_machine_key(tmp_path, monkeypatch):
     assert not (tmp_path / "hardware.json").exists()  # left to `flexbatch profile`: other versions read it
 
 
+def test_the_more_recently_measured_of_two_matching_profiles_is_used(tmp_path, monkeypatch):
+    """`flexbatch profile` writes hardware.json; a per-key copy measured earlier (on a busy machine, say) must not
+    shadow it, nor an older hardware.json a newer per-key copy."""
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda: pytest.fail("a cached profile matches"))
+    base = _keyed(cpu_machine())
+    older, newer = (dataclasses.replace(base, name=name, sources={**base.sources, "measured_at": at})
+                    for name, at in (("older", "2026-11-30T23:55:01Z"), ("newer", "2026-12-01T06:31:30Z")))
+    path = tmp_path / "hardware.json"
+    keyed = profiler.keyed_copy(path, profiler.machine_key())
+    for in_path, in_keyed in ((newer, older), (older, newer)):
+        save_hardware(in_path, path)
+        save_hardware(in_keyed, keyed)
+        assert profiler.load_or_profile(path).name == "newer"
+
+
 def test_a_cached_profile_of_another_version_is_passed_over(tmp_path, monkeypatch):
     spec = _keyed(cpu_machine())
     stored = {**spec.to_dict(), "field_of_another_version": 1}
