@@ -153,7 +153,7 @@ def phase_fractions(spec, prompts, G: int, runs: list[dict], peak: float, decode
             if G > 1 else None}
 
 
-def run_workload(cfg: WorkloadConfig, name: str, model_dir: Path, peak: float) -> dict:
+def run_workload(cfg: WorkloadConfig, name: str, model_dir: Path, peak: float | None) -> dict:
     rows, P, G = WORKLOADS[name]
     prompts = bm.prompt_ids(rows, P, load_model_spec(model_dir).vocab_size)
     out = {"workload": name, "rows": rows, "prompt_tokens": P, "generated": G, "lines": []}
@@ -211,7 +211,7 @@ def run_workloads(cfg: WorkloadConfig) -> dict:
         raise click.UsageError("CTranslate2 is not installed: pip install 'flexbatch[bench]', or --no-ctranslate2")
     model_dir = bm.build_checkpoint(cfg.preset, cfg.cache_dir)
     dtype = getattr(torch, cfg.dtype)
-    peak = gemm_peak_gflops(load_model_spec(model_dir), dtype)
+    peak = gemm_peak_gflops(load_model_spec(model_dir), dtype) if cfg.in_process else None  # of those lines only
     results = [run_workload(cfg, w, model_dir, peak) for w in cfg.workloads]
     return {"config": asdict(cfg), "machine": bm.machine_info() | {"cpu_flags": cpu_flags()},
             "gemm_peak_gflops": peak, "workloads": results}
