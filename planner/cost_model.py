@@ -205,7 +205,8 @@ def gemm_s(blk: Block, phase: str, device: str) -> float:
     width, hot = blk.model.hidden_size, weights_stay_cached(blk, device)
     kernel = kernel_batches(blk, phase, device)
     return sum(2 * b * t * p_lin / (spec.kernel_flop_per_s(blk.policy.weight_format, b * t, width) if k else
-                                    spec.matmul_flop_per_s(b * t, width, hot)) for b, k in zip(blk.batches, kernel))
+                                    spec.matmul_flop_per_s(b * t, width, hot, blk.work.dtype))
+               for b, k in zip(blk.batches, kernel))
 
 
 def kernel_batches(blk: Block, phase: str, device: str) -> list[bool]:
@@ -220,7 +221,7 @@ def kernel_batches(blk: Block, phase: str, device: str) -> list[bool]:
     flops, width, hot = 2 * t * linear_params(blk.model), blk.model.hidden_size, weights_stay_cached(blk, device)
     deq = layer_dequant_s(blk, device)
     return [b * flops / spec.kernel_flop_per_s(p.weight_format, b * t, width)
-            < b * flops / spec.matmul_flop_per_s(b * t, width, hot) + deq for b in blk.batches]
+            < b * flops / spec.matmul_flop_per_s(b * t, width, hot, blk.work.dtype) + deq for b in blk.batches]
 
 
 def prefill_attention_s(blk: Block, device: str) -> float:
@@ -339,7 +340,8 @@ def head_s(blk: Block) -> float:
     int8 = head_in_int8(blk.policy, where)  # at the int8 kernel's rate where measured
 
     def rate(b: int) -> float:
-        return (int8 and spec.kernel_flop_per_s("int8", b, m.hidden_size)) or spec.matmul_flop_per_s(b, m.hidden_size)
+        return ((int8 and spec.kernel_flop_per_s("int8", b, m.hidden_size))
+                or spec.matmul_flop_per_s(b, m.hidden_size, dtype=blk.work.dtype))
     return sum(b * (flops_per_row / rate(b) + logits) + blk.hw.cpu.step_call_s for b in blk.batches)
 
 

@@ -49,7 +49,10 @@ class DeviceSpec:
     in a last-level cache of cache_bytes (a model whose layers all fit in it). kernel_gflop_per_s holds, per
     compressed weight format (int4, int8), the rates of the kernel that computes on compressed weights, shaped as
     matmul_gflop_per_s (measured by `flexbatch profile` through engine/kernel_rates.py; none in a hand-written
-    spec: compressed weights are then priced as dequantization + GEMM).
+    spec: compressed weights are then priced as dequantization + GEMM). The GEMM tables are in the dtype the
+    profile measured, the machine's default compute dtype; matmul_f32_gflop_per_s, shaped alike, holds float32
+    rates where that default is another (bf16 on CPUs with native bf16), read for float32 work, cached or not
+    (without it float32 work is priced at the main tables' rates).
     layer_call_s is the fixed cost of one layer call on one GPU batch (the dispatch of its few dozen operations),
     step_call_s that of one step's work outside the layers (masks, embedding, head, token choice); dequant_call_s,
     cache_codec_call_s, disk_layer_call_s and split_call_s what 4-bit weights (per layer per step), a 4-bit
@@ -78,6 +81,7 @@ class DeviceSpec:
     # decode attention over a float32 cache (SDPA runs it natively, ~3x the bytes/s of bf16 on the CPU, where bf16
     # is converted); 0: priced at the bf16 rate (a spec written before it was measured, or by hand)
     attention_f32_bytes_per_s: float = 0.0
+    matmul_f32_gflop_per_s: tuple = ()
 
     def __post_init__(self) -> None:
         rows = tuple(int(r) for r in self.matmul_rows)
@@ -103,6 +107,13 @@ class DeviceSpec:
             if len(hot) != len(curves) or any(len(c) != len(rows) for c in hot) or min(min(c) for c in hot) <= 0:
                 raise HardwareSpecError("matmul_hot_gflop_per_s must have the shape of matmul_gflop_per_s")
             object.__setattr__(self, "matmul_hot_gflop_per_s", hot if widths else hot[0])
+        f32 = self.matmul_f32_gflop_per_s or ()
+        object.__setattr__(self, "matmul_f32_gflop_per_s", ())
+        if f32:
+            f32 = tuple(tuple(float(g) for g in c) for c in ([f32] if not widths else f32))
+            if len(f32) != len(curves) or any(len(c) != len(rows) for c in f32) or min(min(c) for c in f32) <= 0:
+                raise HardwareSpecError("matmul_f32_gflop_per_s must hold positive rates shaped as matmul_gflop_per_s")
+            object.__setattr__(self, "matmul_f32_gflop_per_s", f32 if widths else f32[0])
         object.__setattr__(self, "kernel_gflop_per_s", self._kernel_tables(curves))
         lens = tuple(int(n) for n in self.attention_prefill_lens)
         rates = tuple(float(g) for g in self.attention_prefill_gflop_per_s)
@@ -148,9 +159,13 @@ class DeviceSpec:
         by_width = tuple(_log_interp(rows, self.matmul_rows, c) for c in table)
         return _log_interp(width or self.matmul_widths[-1], self.matmul_widths, by_width) * 1e9
 
-    def matmul_flop_per_s(self, rows: float, width: float | None = None, hot: bool = False) -> float:
+    def matmul_flop_per_s(self, rows: float, width: float | None = None, hot: bool = False,
+                          dtype: str | None = None) -> float:
         """GEMM FLOP/s at `rows` rows and input `width` (ignored with a single curve); `hot` when the weights
-        stay in the last-level cache (the hot table, where one was measured)."""
+        stay in the last-level cache (the hot table, where one was measured); `dtype` "float32" reads the float32
+        table where one was measured."""
+        if dtype == "float32" and self.matmul_f32_gflop_per_s:
+            return self._interp(self.matmul_f32_gflop_per_s, rows, width)
         table = self.matmul_hot_gflop_per_s if hot and self.matmul_hot_gflop_per_s else self.matmul_gflop_per_s
         return self._interp(table, rows, width)
 

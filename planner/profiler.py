@@ -42,7 +42,7 @@ MATMUL_WIDTHS = (128, 512, 2048)
 MATMUL_SHAPE = (2048, 2048)  # dequantization probe
 PREFILL_LENS = (32, 128, 512)
 DISK_PROBE_BYTES = 128 << 20
-PROFILE_VERSION = 14  # a cached profile of another version is measured again
+PROFILE_VERSION = 15  # a cached profile of another version is measured again
 
 
 def matmul_table(device: torch.device, dtype: torch.dtype, cold_bytes: float = 0.0,
@@ -130,6 +130,8 @@ def cpu_device_spec(dtype: torch.dtype, refresh: bool = False) -> tuple[DeviceSp
     spec = DeviceSpec(memory_bytes=_mem_total_bytes(), matmul_rows=MATMUL_ROWS, matmul_widths=MATMUL_WIDTHS,
                       matmul_gflop_per_s=matmul_table(cpu, dtype, cold_bytes=max(4 * llc, 64 << 20)),
                       matmul_hot_gflop_per_s=matmul_table(cpu, dtype), cache_bytes=llc,
+                      matmul_f32_gflop_per_s=() if dtype == torch.float32 else matmul_table(
+                          cpu, torch.float32, cold_bytes=max(4 * llc, 64 << 20)),
                       elementwise_bytes_per_s=elementwise_bytes_per_s(dtype), attention_prefill_lens=PREFILL_LENS,
                       attention_prefill_gflop_per_s=prefill_attention_table(dtype),
                       # the engine's decode takes the faster of the two kernels (engine/decode_kernel.py)
@@ -141,7 +143,8 @@ def cpu_device_spec(dtype: torch.dtype, refresh: bool = False) -> tuple[DeviceSp
                       dequant_bytes_per_s=w.numel() * w.element_size() / (deq_ms / 1e3),
                       kernel_gflop_per_s=kernel_tables(dtype, refresh), **call_seconds(dtype))
     return spec, {"cpu": f"measured: {dtype} GEMMs of widths {MATMUL_WIDTHS}, weights streamed from memory "
-                         "(cycling through 4x the last-level cache) and cache-hot; planner.microbench decode attention "
+                         "(cycling through 4x the last-level cache) and cache-hot (float32 streamed too, where the "
+                         "default dtype is another); planner.microbench decode attention "
                          "(16 x 16 heads x 256 slots x 64; plain, bf16 and float32: the faster of SDPA and the chunked path) and "
                          "dequant; int4/int8 kernels on compressed weights [3w, w] (engine.kernel_rates, the "
                          "engine's crossovers); masked prefill attention; the layer's "

@@ -122,6 +122,29 @@ def test_cache_hot_rates_apply_when_the_weights_stay_cached():
     assert cm.gemm_s(blk, "decode", "cpu") == pytest.approx(2 * 2 * 2 * 36864 / 40e9)
 
 
+def test_float32_work_is_priced_at_the_float32_gemm_rates_where_they_were_measured():
+    from engine.policy import Policy
+    from planner import cost_model as cm
+    from planner.workload import Workload
+    from tests.planner.specs import SMALL
+
+    d = DeviceSpec(1e9, (1,), (40.0,), 1e9, 1e9, 1e9, 1e9, matmul_hot_gflop_per_s=(80.0,), cache_bytes=1e6,
+                   matmul_f32_gflop_per_s=(10.0,))
+    assert d.matmul_flop_per_s(8, dtype="bfloat16") == 40e9 and d.matmul_flop_per_s(8, hot=True) == 80e9
+    assert d.matmul_flop_per_s(8, dtype="float32") == d.matmul_flop_per_s(8, hot=True, dtype="float32") == 10e9
+    plain = dataclasses.replace(d, matmul_f32_gflop_per_s=())
+    assert plain.matmul_flop_per_s(8, dtype="float32") == 40e9  # not measured: the main table
+    hw = HardwareSpec("x", d, disk_read_bytes_per_s=1e8, disk_write_bytes_per_s=1e8, disk_bytes=1e9,
+                      page_cache_bytes_per_s=1e9)
+    blocks = {dt: cm.Block(SMALL, hw, Workload(8, 4, 4, dtype=dt), Policy(gbs=2, num_gb=2), rows=4)
+              for dt in ("bfloat16", "float32")}
+    gemm = {dt: cm.gemm_s(blk, "decode", "cpu") for dt, blk in blocks.items()}
+    assert gemm["float32"] == pytest.approx(2 * 2 * 2 * 36864 / 10e9)
+    assert gemm["bfloat16"] == pytest.approx(2 * 2 * 2 * 36864 / 80e9)  # its weights stay cached: the hot rate
+    with pytest.raises(HardwareSpecError, match="matmul_f32_gflop_per_s"):
+        DeviceSpec(1e9, (1, 4), (40.0, 50.0), 1e9, 1e9, 1e9, 1e9, matmul_f32_gflop_per_s=(10.0,))
+
+
 def test_the_profiled_disk_rate_is_the_engines_own_cold_read(tmp_path, monkeypatch):
     """The disk rate the planner prices for a disk tier read with O_DIRECT is measured with the engine's reader."""
     from planner import profiler
