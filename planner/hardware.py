@@ -100,20 +100,13 @@ class DeviceSpec:
         object.__setattr__(self, "matmul_rows", rows)
         object.__setattr__(self, "matmul_widths", widths)
         object.__setattr__(self, "matmul_gflop_per_s", curves if widths else curves[0])
-        hot = self.matmul_hot_gflop_per_s or ()
-        object.__setattr__(self, "matmul_hot_gflop_per_s", ())
-        if hot:
-            hot = tuple(tuple(float(g) for g in c) for c in ([hot] if not widths else hot))
-            if len(hot) != len(curves) or any(len(c) != len(rows) for c in hot) or min(min(c) for c in hot) <= 0:
-                raise HardwareSpecError("matmul_hot_gflop_per_s must have the shape of matmul_gflop_per_s")
-            object.__setattr__(self, "matmul_hot_gflop_per_s", hot if widths else hot[0])
-        f32 = self.matmul_f32_gflop_per_s or ()
-        object.__setattr__(self, "matmul_f32_gflop_per_s", ())
-        if f32:
-            f32 = tuple(tuple(float(g) for g in c) for c in ([f32] if not widths else f32))
-            if len(f32) != len(curves) or any(len(c) != len(rows) for c in f32) or min(min(c) for c in f32) <= 0:
-                raise HardwareSpecError("matmul_f32_gflop_per_s must hold positive rates shaped as matmul_gflop_per_s")
-            object.__setattr__(self, "matmul_f32_gflop_per_s", f32 if widths else f32[0])
+        for name in ("matmul_hot_gflop_per_s", "matmul_f32_gflop_per_s"):  # optional tables shaped alike
+            table = getattr(self, name) or ()
+            if table:
+                table = tuple(tuple(float(g) for g in c) for c in ([table] if not widths else table))
+                if len(table) != len(curves) or any(len(c) != len(rows) or min(c) <= 0 for c in table):
+                    raise HardwareSpecError(f"{name} must hold positive rates shaped as matmul_gflop_per_s")
+            object.__setattr__(self, name, table if widths or not table else table[0])
         object.__setattr__(self, "kernel_gflop_per_s", self._kernel_tables(curves))
         lens = tuple(int(n) for n in self.attention_prefill_lens)
         rates = tuple(float(g) for g in self.attention_prefill_gflop_per_s)
