@@ -9,7 +9,7 @@ dequantization (as a layer is dequantized once per step) plus the GEMM over the 
 largest row count at which the compressed kernel won is `max_rows` (calls of up to that many rows take it);
 0 means never. A cached entry is measured again when it is stale (older than MAX_AGE_S, or of another
 VERSION), implausible (a path that took less than half as long at more rows: a disturbed call), or was
-measured while the machine was busier than it is now (1-minute load average above the CPU count then)."""
+measured while the machine was busy (1-minute load average above the CPU count) and it is not now."""
 
 from __future__ import annotations
 
@@ -140,12 +140,19 @@ def stale(entry: dict | None, every_row_count: bool = False, now: float | None =
         return "the cached figure is older than 30 days"
     if not plausible(entry["timings"]):
         return "the cached figure is implausible"
-    busy_then = float(entry.get("load_average", 0)) > float(entry.get("cpus", 1))
-    if busy_then and os.getloadavg()[0] < float(entry.get("load_average", 0)):
+    if busier_then(float(entry.get("load_average", 0)), float(entry.get("cpus", 1))):
         return "the cached figure was measured on a busier machine"
     if every_row_count and not _complete(entry):
         return "the cached figure stops short of the largest row count"
     return None
+
+
+def busier_then(load_average: float, cpus: float) -> bool:
+    """Whether a figure measured at this 1-minute load average on `cpus` CPUs came from a busy machine that is not
+    busy now: loaded beyond its CPU count then, within it now. Such figures are measured again (the kernel rates
+    here, the hardware profile in planner/profiler.py); on a machine busy throughout they are kept rather than
+    measured again at every load that happens to be lower."""
+    return load_average > cpus and os.getloadavg()[0] <= cpus
 
 
 def plausible(timings: list[dict]) -> bool:

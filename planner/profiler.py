@@ -27,7 +27,7 @@ from engine.attention import attend, prefill_mask
 from engine.disk_read import DirectReader
 from engine.dtypes import cpu_info, resolve_dtype
 from engine.kernel_rates import ROWS as KERNEL_ROWS
-from engine.kernel_rates import shape_timings
+from engine.kernel_rates import busier_then, shape_timings
 from engine.quant import dequantize, quantize
 from planner.errors import HardwareSpecError
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
@@ -275,7 +275,8 @@ def profile_this_machine(offload_dir: Path | None = None, dtype: str = "auto",
                "fsync, read cold as the engine reads a disk tier it cannot cache (O_DIRECT into one aligned "
                "buffer); page cache: a GEMM over a freshly mapped safetensors weight",
                "cpu_background_overlap": "measured: GEMMs with and without a dequantizing thread",
-               "machine": machine_key(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+               "machine": machine_key(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "load_average": os.getloadavg()[0], "cpus": os.cpu_count() or 1}
     spec = HardwareSpec(name=f"this machine ({platform.node()})", cpu=cpu, gpu=gpu,
                         disk_bytes=float(shutil.disk_usage(folder).free), cpu_background_overlap=overlap,
                         sources=sources, **links, **disk)
@@ -303,10 +304,11 @@ def keyed_copy(path: Path, key: str) -> Path:
 def load_or_profile(path: Path | None = None, refresh: bool = False) -> HardwareSpec:
     """This machine's spec: a cached profile measured under the same machine key (the copy kept per key beside
     `path`, by default ~/.cache/flexbatch/hardware.json, or `path` itself as `flexbatch profile` writes it; the
-    more recently measured where both match, so that `flexbatch profile` run again, on a quiet machine say,
-    replaces what an earlier run measured), else a fresh profile, saved to the per-key copy only: `path` may be
-    read by another flexbatch version on this machine, which a profile of this version's form would stop. A cached
-    file this version cannot read (another version's) is passed over."""
+    more recently measured where both match, so that `flexbatch profile` run again replaces what an earlier run
+    measured), else a fresh profile, saved to the per-key copy only: `path` may be read by another flexbatch
+    version on this machine, which a profile of this version's form would stop. A cached file this version cannot
+    read (another version's) is passed over, and one measured on a busier machine than this one is now
+    (`engine.kernel_rates.busier_then`) is measured again."""
     path = Path(path or DEFAULT_CACHE)
     key = machine_key()
     keyed = keyed_copy(path, key)
@@ -320,9 +322,12 @@ def load_or_profile(path: Path | None = None, refresh: bool = False) -> Hardware
                 continue
             if spec.sources.get("machine") == key:
                 cached.append(spec)
-    if cached:  # ISO 8601 times in UTC sort as they happened; a profile without one counts as oldest
-        return max(cached, key=lambda spec: str(spec.sources.get("measured_at", "")))
-    log.info("no cached profile for %s; profiling this machine", key)
+    newest = max(cached, key=lambda spec: str(spec.sources.get("measured_at", "")), default=None)  # ISO 8601, UTC
+    if newest is not None and not busier_then(float(newest.sources.get("load_average", 0)),
+                                              float(newest.sources.get("cpus", 1))):
+        return newest
+    log.info("%s; profiling this machine", "the cached profile was measured on a busier machine" if newest
+             else f"no cached profile for {key}")
     spec = profile_this_machine()
     save_hardware(spec, keyed)
     return spec

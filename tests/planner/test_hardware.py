@@ -90,6 +90,18 @@ def test_the_more_recently_measured_of_two_matching_profiles_is_used(tmp_path, m
         assert profiler.load_or_profile(path).name == "newer"
 
 
+def test_a_profile_measured_on_a_busier_machine_is_measured_again(tmp_path, monkeypatch):
+    busy = dataclasses.replace(_keyed(cpu_machine()), name="busy")
+    busy.sources.update(load_average=9.0, cpus=2, measured_at="2026-12-01T01:11:07Z")
+    fresh = dataclasses.replace(_keyed(cpu_machine()), name="fresh")
+    save_hardware(busy, tmp_path / "hardware.json")
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda: fresh)
+    monkeypatch.setattr(profiler.os, "getloadavg", lambda: (7.0, 7.0, 7.0))  # still busy, if less: kept
+    assert profiler.load_or_profile(tmp_path / "hardware.json").name == "busy"
+    monkeypatch.setattr(profiler.os, "getloadavg", lambda: (1.5, 1.5, 1.5))  # quiet now: measured again
+    assert profiler.load_or_profile(tmp_path / "hardware.json").name == "fresh"
+
+
 def test_a_cached_profile_of_another_version_is_passed_over(tmp_path, monkeypatch):
     spec = _keyed(cpu_machine())
     stored = {**spec.to_dict(), "field_of_another_version": 1}
