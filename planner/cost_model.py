@@ -332,8 +332,9 @@ def layer_time_terms(blk: Block, phase: str, device: str) -> list[Affine]:
 
 def head_s(blk: Block) -> float:
     """Per step, on the device the embeddings and head live on (`globals_tier`): embedding, LM head on the last
-    position, per GPU batch: 2 * V * H * b / matmul_rate(b) (the int8 kernel's rate for an int8 head), plus, from a GPU, the float32 logits b * V * 4 bytes
-    over d2h; and the CPU's step_call_s (masks, token choice: on the host)."""
+    position, per GPU batch: 2 * V * H * b / matmul_rate(b) (the int8 kernel's rate for an int8 head), plus, from
+    a GPU, the float32 logits b * V * 4 bytes over d2h; and the CPU's step_call_s (masks, token choice: on the
+    host)."""
     m, where = blk.model, globals_tier(blk.policy, blk.model.num_layers)
     spec, flops_per_row = blk.hw.device(where), 2 * m.vocab_size * m.hidden_size
     logits = 4 * m.vocab_size / channel_rates(blk)["d2h"] if where == "gpu" else 0.0

@@ -145,7 +145,8 @@ def plot_png(plan: Plan, model: ModelSpec, path: str | Path) -> Path:
         vals = [getattr(p.policy, f"{kind}_{t}") * sizes[kind] / 2**30 for t in TIERS]
         left.bar(TIERS, vals, bottom=bottom, label=kind)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    where, glob = globals_tier(p.policy, model.num_layers), global_bytes(model, p.workload.dtype_bytes, p.policy) / 2**30
+    where = globals_tier(p.policy, model.num_layers)
+    glob = global_bytes(model, p.workload.dtype_bytes, p.policy) / 2**30
     left.bar(TIERS, [glob if t == where else 0.0 for t in TIERS], bottom=bottom, label="embed+head")
     left.set_ylabel("GiB")
     left.set_title("where tensors live")

@@ -124,14 +124,15 @@ def copy_bytes_per_s(device: torch.device, nbytes: int = 64 << 20) -> float:
 def cpu_device_spec(dtype: torch.dtype, refresh: bool = False) -> tuple[DeviceSpec, dict]:
     """The CPU: GEMMs, decode attention and dequantization as the engine runs them, memory streaming."""
     cpu, llc = torch.device("cpu"), last_level_cache_bytes()
+    cold = max(4 * llc, 64 << 20)  # bytes of weights cycled through, so that GEMMs stream them from memory
     attn = [attention_report(batch=16, heads=16, kv_heads=16, slots=256, head_dim=64, repeats=3) for _ in range(3)]
     w = (torch.randn(*MATMUL_SHAPE) * 0.02).to(dtype)
     deq_ms = min(dequant_timings(quantize(w), dtype, 3)["dequant_ms"] for _ in range(3))
     spec = DeviceSpec(memory_bytes=_mem_total_bytes(), matmul_rows=MATMUL_ROWS, matmul_widths=MATMUL_WIDTHS,
-                      matmul_gflop_per_s=matmul_table(cpu, dtype, cold_bytes=max(4 * llc, 64 << 20)),
+                      matmul_gflop_per_s=matmul_table(cpu, dtype, cold_bytes=cold),
                       matmul_hot_gflop_per_s=matmul_table(cpu, dtype), cache_bytes=llc,
-                      matmul_f32_gflop_per_s=() if dtype == torch.float32 else matmul_table(
-                          cpu, torch.float32, cold_bytes=max(4 * llc, 64 << 20)),
+                      matmul_f32_gflop_per_s=() if dtype == torch.float32 else matmul_table(cpu, torch.float32,
+                                                                                              cold_bytes=cold),
                       elementwise_bytes_per_s=elementwise_bytes_per_s(dtype), attention_prefill_lens=PREFILL_LENS,
                       attention_prefill_gflop_per_s=prefill_attention_table(dtype),
                       # the engine's decode takes the faster of the two kernels (engine/decode_kernel.py)
@@ -307,8 +308,8 @@ def load_or_profile(path: Path | None = None, refresh: bool = False) -> Hardware
     more recently measured where both match, so that `flexbatch profile` run again replaces what an earlier run
     measured), else a fresh profile, saved to the per-key copy only: `path` may be read by another flexbatch
     version on this machine, which a profile of this version's form would stop. A cached file this version cannot
-    read (another version's) is passed over, and one measured on a busier machine than this one is now
-    (`engine.kernel_rates.busier_then`) is measured again."""
+    read (another version's) is passed over, and one measured while the machine was busy, which it is not now
+    (`engine.kernel_rates.busier_then`), is measured again."""
     path = Path(path or DEFAULT_CACHE)
     key = machine_key()
     keyed = keyed_copy(path, key)

@@ -1,10 +1,10 @@
 """A CTranslate2 job as a user writes one, the baseline of `flexbatch bench workloads --whole-process`: read the
 prompts of a Parquet file, tokenize them with the checkpoint's tokenizer, load the converted model, generate
 greedily exactly --max-new-tokens tokens per row (min_length = max_length), decode the completions and print one
-JSON line: the rows, the seconds spent generating and decoding, and each row's generated token count (the bench checks every row generated exactly that
-many). It runs as a script (`python ct2_script.py ...`) and imports only ctranslate2, tokenizers and pyarrow, as
-such a script would (the lighter `tokenizers` rather than `transformers`: start-up is not made slower than a
-user's)."""
+JSON line: the rows, the seconds spent generating and decoding, and each row's generated token count (the bench
+checks every row generated exactly that many). It runs as a script (`python ct2_script.py ...`) and imports only
+ctranslate2, tokenizers and pyarrow, as such a script would (the lighter `tokenizers` rather than `transformers`:
+start-up is not made slower than a user's)."""
 
 from __future__ import annotations
 

@@ -203,7 +203,8 @@ def summarize(runs: dict[str, list[dict]]) -> list[dict]:
 
 
 COLUMNS = tuple(Column(t) for t in ("workload", "line", "process start to exit, s (median)", "tokens/s",
-                                     "vs the faster CTranslate2 int8 script", "of which generating, s", "CPU s", "peak RSS"))
+                                     "vs the faster CTranslate2 int8 script", "of which generating, s", "CPU s",
+                                     "peak RSS"))
 
 
 def table_rows(workload: str, whole: dict) -> list[tuple[str, ...]]:
