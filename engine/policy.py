@@ -21,7 +21,7 @@ _FRACTION_NAMES = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gp
 class Policy:
     """Fractions on `gpu` and `cpu`; the rest of each kind lives on `disk`. For a phase on `split`, layers
     below `*_split_layer` run on the CPU and the others on the GPU. With `refill`, a finished row's slot takes
-    the next waiting row (engine/refill.py) instead of idling until its block ends."""
+    the next waiting row (engine/loop/refill.py) instead of idling until its block ends."""
 
     gbs: int = DEFAULT_GBS
     num_gb: int = DEFAULT_NUM_GB

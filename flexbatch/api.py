@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import fields
 
 from engine.request import SamplingParams
-from pipeline.driver import run_job
 from pipeline.errors import ConfigError
-from pipeline.runner import JobSummary, RunConfig
+from pipeline.execution.driver import run_job
+from pipeline.job import JobSummary, RunConfig
 
 SAMPLING_OPTIONS = tuple(f.name for f in fields(SamplingParams))
 JOB_OPTIONS = tuple(f.name for f in fields(RunConfig) if f.name not in ("model", "input", "output"))

@@ -17,8 +17,8 @@ import dataclasses
 from engine.errors import InvalidParamsError
 from engine.request import DEFAULT_BACKEND, Completion, Request, SamplingParams
 from pipeline.errors import ConfigError
-from pipeline.parquet_io import CHAT_CHOICES, ID_COLUMN, MESSAGES_COLUMN
-from pipeline.rows import prompt_problem, row_params
+from pipeline.input.parquet import CHAT_CHOICES, ID_COLUMN, MESSAGES_COLUMN
+from pipeline.input.requests import prompt_problem, row_params
 
 VLLM_NAMES = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
               "stop": "stop", "seed": "seed"}
@@ -69,7 +69,7 @@ class Processor:
     def _measure(self, completions: list[Completion]) -> None:
         """As a job's worker does: count what finished rows generated, and choose refill again for the batches to
         come (planned engines only)."""
-        from pipeline.planning import refill_after
+        from pipeline.plan.planning import refill_after
 
         ok = [c for c in completions if c.finish_reason != "error"]
         self.measured = (self.measured[0] + len(ok), self.measured[1] + sum(c.completion_tokens for c in ok))
@@ -78,7 +78,7 @@ class Processor:
                                               *self.measured)
 
     def _settings(self):
-        from pipeline.settings import EngineSettings
+        from pipeline.plan.settings import EngineSettings
 
         return EngineSettings(dtype=self.dtype, budgets=self.budgets, hardware=self.hardware)
 
@@ -100,11 +100,11 @@ class Processor:
         """The engine, under the given policy or the one planned for batches shaped like the first one, within
         this actor's share of its node's memory (`plan_budgets`, planned or not); and the first batch's requests,
         each carrying the token ids planning measured (the engine does not tokenize a prompt twice)."""
-        from engine.generate import Engine
+        from engine.engine import Engine
         from engine.spec import load_model_spec
         from engine.tokenizer import load_tokenizer
-        from pipeline.input_sample import InputSample, prompt_ids
-        from pipeline.planning import choose_policy, plan_budgets, workload_dtype, workload_from_sample
+        from pipeline.input.sample import InputSample, prompt_ids
+        from pipeline.plan.planning import choose_policy, plan_budgets, workload_dtype, workload_from_sample
 
         policy, budgets = self.policy, plan_budgets(self.budgets, engines=self.engines_per_node)
         if policy is None:

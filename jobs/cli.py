@@ -46,7 +46,7 @@ class _LazyGroup(click.Group):
                                   "gpu": "jobs.bench.gpu:gpu_command",
                                   "workloads": "jobs.bench.workloads:workloads_command",
                                   "startup": "jobs.bench.startup:startup_command",
-                                  "stops": "jobs.bench.stops:stops_command"})
+                                  "stops": "jobs.bench.stop_strings:stops_command"})
 def bench() -> None:
     """Benchmarks: print a table of ratios measured side by side and write JSON."""
 

@@ -13,7 +13,7 @@ from click.core import ParameterSource
 
 from engine.policy import PHASE_DEVICES, WEIGHT_FORMATS, Policy, parse_bytes
 from engine.request import BACKEND_CHOICES, DTYPE_CHOICES
-from pipeline.settings import REFILL_CHOICES, EngineSettings
+from pipeline.plan.settings import REFILL_CHOICES, EngineSettings
 
 _P = {f.name: f.default for f in fields(Policy) if f.init}
 _E = {f.name: f.default for f in fields(EngineSettings)}

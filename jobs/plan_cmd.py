@@ -1,6 +1,6 @@
 """`flexbatch plan` (explain the policy the planner picks for a model, a workload and a machine) and
 `flexbatch profile` (measure this machine into a hardware spec). The policy is chosen as `flexbatch run` chooses
-it (`pipeline.planning.choose_policy`), with the same budgets."""
+it (`pipeline.plan.planning.choose_policy`), with the same budgets."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from jobs.engine_options import engine_options, engine_settings
 
 
 def _workload(model_dir: Path, spec, prompt_len, gen_len, num_prompts, input_, prompt_column, dtype):
-    from pipeline.planning import workload_dtype
+    from pipeline.plan.planning import workload_dtype
 
     dtype_name = workload_dtype(dtype)
     if input_ is None:
@@ -23,9 +23,9 @@ def _workload(model_dir: Path, spec, prompt_len, gen_len, num_prompts, input_, p
 
         return Workload(prompt_len, gen_len, num_prompts, dtype=dtype_name)
     from engine.tokenizer import load_tokenizer
-    from pipeline.parquet_io import MESSAGES_COLUMN
-    from pipeline.planning import workload_from_input
-    from pipeline.runner import inspect_job_inputs
+    from pipeline.input.parquet import MESSAGES_COLUMN
+    from pipeline.job import inspect_job_inputs
+    from pipeline.plan.planning import workload_from_input
 
     files, chat = inspect_job_inputs(input_, prompt_column)  # Parquet prompts or conversations, or a batch file
     column = MESSAGES_COLUMN if chat else prompt_column
@@ -61,7 +61,7 @@ def plan_command(ctx, model, prompt_len, gen_len, num_prompts, input_, prompt_co
         --hardware infra/hardware/h100-80gb-sapphirerapids.json --plot plan.png
     """
     from engine.spec import load_model_spec
-    from pipeline.planning import choose_policy, hardware
+    from pipeline.plan.planning import choose_policy, hardware
     from planner.explain import explain_text, plot_png
 
     try:

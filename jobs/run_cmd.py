@@ -18,8 +18,8 @@ from engine.errors import FlexbatchError
 from engine.request import TRUNCATE_CHOICES, SamplingParams
 from jobs.common import FAILED_SHARDS_EXIT, OUT_OF_MEMORY_EXIT, default_model, fail, setup_logging
 from jobs.engine_options import engine_options, engine_settings
-from pipeline.parquet_io import CHAT_CHOICES, FORMAT_CHOICES, MESSAGES_COLUMN
-from pipeline.runner import JobSummary, RunConfig
+from pipeline.input.parquet import CHAT_CHOICES, FORMAT_CHOICES, MESSAGES_COLUMN
+from pipeline.job import JobSummary, RunConfig
 from pipeline.storage import Folder
 
 _SP = {f.name: f.default for f in fields(SamplingParams)}

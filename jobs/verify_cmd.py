@@ -18,7 +18,7 @@ def verify_command(output: str) -> None:
     """Check a finished job's output against its _job.json and _manifest.jsonl: each shard committed, each part
     with the size and SHA-256 recorded at its commit and one row per input row, and each id exactly once (equal
     to the input's ids where the input files are unchanged). Prints the problems and exits 1 if any."""
-    from pipeline.verify import verify_output
+    from pipeline.output.verify import verify_output
 
     try:
         report = verify_output(output)

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.disk_read import reads_direct
+from engine.memory.disk_read import reads_direct
+from engine.memory.weight_store import globals_tier, head_in_int8
 from engine.policy import Policy
 from engine.spec import ModelSpec
-from engine.weight_store import globals_tier, head_in_int8
 from planner.hardware import HardwareSpec
 from planner.memory_model import (
     kv_slot_bytes,
@@ -71,7 +71,7 @@ def tokens(work: Workload, phase: str) -> int:
 def decode_kv_len(work: Workload, refill: bool = False) -> float:
     """Average cached slots a decode step attends over (FlexGen's linearization, s + n / 2, for the steps a block
     runs): without refill a block's rows share their start, and it runs block_gen_len steps: s + n_block / 2. With
-    refill the rows share one cache cursor (engine/refill.py) and attention walks every slot from the oldest live
+    refill the rows share one cache cursor (engine/loop/refill.py) and attention walks every slot from the oldest live
     row's first: the cursor stays the longest prompt past it (rows enter longest first, each ending at the cursor)
     and a row lives up to gen_len steps: max_prompt_len + gen_len / 2."""
     if refill:
@@ -85,7 +85,7 @@ def memory_room(hw: HardwareSpec) -> float:
 
 
 def disk_reads_direct(blk: Block) -> bool:
-    """Whether the engine reads the disk-tier weights with O_DIRECT (`engine.disk_read.reads_direct`: more than
+    """Whether the engine reads the disk-tier weights with O_DIRECT (`engine.memory.disk_read.reads_direct`: more than
     half the room), as the block assumes or as its policy's weight_disk * L * W decides."""
     if blk.direct_reads is not None:
         return blk.direct_reads
@@ -150,7 +150,7 @@ def attention_io_bytes(blk: Block) -> float:
 
 
 def kv_disk_scale(blk: Block, channel: str) -> float:
-    """A plain KV cache on the disk tier is read and written with direct I/O (engine/disk_kv.py), at the disk's
+    """A plain KV cache on the disk tier is read and written with direct I/O (engine/memory/disk_kv.py), at the disk's
     cold rate whatever the page cache does for the weights, so its bytes on the shared disk channel count
     rate(channel) / cold rate times (1 when the channel is cold). A 4-bit cache there is mapped: 1."""
     if blk.policy.compress_cache:

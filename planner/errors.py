@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.errors import FlexbatchError
-from engine.tiers import human
+from engine.memory.tiers import human
 
 
 class PlannerError(FlexbatchError):

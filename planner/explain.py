@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.memory.tiers import human
+from engine.memory.weight_store import globals_tier
 from engine.spec import ModelSpec
-from engine.tiers import human
-from engine.weight_store import globals_tier
 from planner.cost_model import CHANNELS
 from planner.hardware import HardwareSpec
 from planner.memory_model import act_block_bytes, global_bytes, kv_block_bytes, stored_layer_bytes

@@ -48,7 +48,7 @@ class DeviceSpec:
     stream the weights from memory; matmul_hot_gflop_per_s, when given, holds the rates for weights that stay
     in a last-level cache of cache_bytes (a model whose layers all fit in it). kernel_gflop_per_s holds, per
     compressed weight format (int4, int8), the rates of the kernel that computes on compressed weights, shaped as
-    matmul_gflop_per_s (measured by `flexbatch profile` through engine/kernel_rates.py; none in a hand-written
+    matmul_gflop_per_s (measured by `flexbatch profile` through engine/kernels/rates.py; none in a hand-written
     spec: compressed weights are then priced as dequantization + GEMM). The GEMM tables are in the dtype the
     profile measured, the machine's default compute dtype; matmul_f32_gflop_per_s, shaped alike, holds float32
     rates where that default is another (bf16 on CPUs with native bf16), read for float32 work, cached or not
@@ -190,9 +190,9 @@ class HardwareSpec:
     cpu_run_scale multiplies the predicted time of CPU-computed layers: a real block over the sum of its profiled
     parts, measured once by `flexbatch profile` on a calibration model (1.0 in a hand-written spec).
     memory_room_bytes and memory_limit_binds describe the process that plans, not the machine (set by
-    `pipeline.planning` from `engine.memory_room`, never saved in a profile): the memory it may still take, and
+    `pipeline.plan.planning` from `engine.memory.room`, never saved in a profile): the memory it may still take, and
     whether that is a memory cgroup's room below MemAvailable. The room decides how disk-tier weights are read
-    (`engine.disk_read.reads_direct`: O_DIRECT at disk_read_bytes_per_s, else through the page cache); a binding
+    (`engine.memory.disk_read.reads_direct`: O_DIRECT at disk_read_bytes_per_s, else through the page cache); a binding
     limit also charges disk-tier scratch (a mapped KV cache, activations) to the CPU memory it counts against."""
 
     name: str

@@ -1,9 +1,9 @@
 """Peak memory per tier, as the engine allocates it (FlexGen's home + working memory, Appendix A.3).
 
 Home memory is what the engine reserves on a tier and checks against its budget: the layers placed there, the
-embeddings and head (on the tier of the device they compute on: `engine.weight_store.globals_tier`), the KV cache of a whole block (preallocated for all T slots, so prefill
+embeddings and head (on the tier of the device they compute on: `engine.memory.weight_store.globals_tier`), the KV cache of a whole block (preallocated for all T slots, so prefill
 and decode hold the same), the activations of a block, and two disk layers staged on the CPU when any layer lives
-on disk (`engine.schedule.BlockExecutor.block_bytes`, `engine.weight_store.WeightStore`). Working memory is what
+on disk (`engine.loop.schedule.BlockExecutor.block_bytes`, `engine.memory.weight_store.WeightStore`). Working memory is what
 the engine does not account: the intermediates of one layer on one GPU batch, the dense buffers of compressed
 weights, and the weights staged on the GPU. Every term is in bytes."""
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 
+from engine.memory.weight_store import globals_tier, head_in_int8, weight_placement
 from engine.policy import Policy
 from engine.spec import ModelSpec
-from engine.weight_store import globals_tier, head_in_int8, weight_placement
 from planner.workload import TIERS, Affine, Workload
 
-GROUP = 64  # 4-bit group size (engine.quant.DEFAULT_CONFIG)
+GROUP = 64  # 4-bit group size (engine.compression.int4.DEFAULT_CONFIG)
 GROUP_PARAM_BYTES = 4  # float16 min and scale per group
 
 
@@ -39,7 +39,7 @@ def int4_bytes(out: int, inp: int) -> int:
 
 
 def int8_bytes(out: int, inp: int) -> int:
-    """Bytes of a row-wise 8-bit [out, in] weight (engine/quant_int8.py): out * in codes + out float32 scales."""
+    """Bytes of a row-wise 8-bit [out, in] weight (engine/compression/int8.py): out * in codes + out float32 scales."""
     return out * inp + out * 4
 
 
@@ -55,7 +55,7 @@ def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool, weight_for
 
 
 def int4_kernel_layout_bytes(model: ModelSpec) -> int:
-    """Bytes the int4 kernel's layout keeps beside the codes of one CPU-resident layer (engine.quant.pack_int4):
+    """Bytes the int4 kernel's layout keeps beside the codes of one CPU-resident layer (engine.compression.int4.pack_int4):
     each fused Linear [out, in] with out padded to a multiple of 16, in int4_bytes' own format."""
     h, f = model.hidden_size, model.ffn_size
     q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
@@ -125,7 +125,7 @@ def layers_on(policy: Policy, phase: str, num_layers: int) -> dict[str, int]:
 
 def streams_to_gpu(policy: Policy, num_layers: int) -> bool:
     """Whether some layer computes on the GPU (in either phase) with its weights away from it, so that two layers
-    are staged there (engine.weight_store); a split with its GPU layers resident stages none."""
+    are staged there (engine.memory.weight_store); a split with its GPU layers resident stages none."""
     placement = weight_placement(policy, num_layers)
     return any(placement[j] != "gpu" and (policy.layer_on_gpu("prefill", j) or policy.layer_on_gpu("decode", j))
                for j in range(num_layers))
@@ -150,7 +150,7 @@ def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) 
 
 def packs_int4(policy: Policy) -> bool:
     """Whether CPU-resident 4-bit layers may be kept in the int4 kernel's layout too: they compute on the CPU
-    only (engine.kernels.pack_resident), which this model counts when no layer computes on the GPU."""
+    only (engine.kernels.native.pack_resident), which this model counts when no layer computes on the GPU."""
     return (policy.compress_weight and policy.weight_format == "int4"
             and policy.prefill_device == "cpu" and policy.decode_device == "cpu")
 
@@ -160,7 +160,7 @@ def home_bytes(model: ModelSpec, work: Workload, policy: Policy, rows: int,
     """Home memory per tier, linear in the fractions (the disk staging term is separate: it is a step):
     L * W * weight_<tier> + KV * cache_<tier> + A * act_<tier>, plus the int4 kernel's layout of CPU-resident 4-bit layers (`packs_int4`), plus the globals on their tier (the gpu when
     decode's last layer computes there), plus the two one-layer buffers a plain disk-tier cache moves through
-    on the CPU (engine/disk_kv.py): 2 * KV / L * cache_disk. With `charged_scratch` (a binding memory limit,
+    on the CPU (engine/memory/disk_kv.py): 2 * KV / L * cache_disk. With `charged_scratch` (a binding memory limit,
     `HardwareSpec.memory_limit_binds`) the disk tier's memory-mapped scratch, whose page cache the limit charges,
     counts on the CPU as well: + A * act_disk, and + KV * cache_disk for a 4-bit cache (a plain one bypasses the
     page cache)."""

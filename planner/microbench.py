@@ -11,8 +11,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_attention import ChunkBuffers, decode_attention
-from engine.quant import (
+from engine.compression.int4 import (
     DEFAULT_CONFIG,
     QuantConfig,
     dequantize,
@@ -21,6 +20,7 @@ from engine.quant import (
     pack_int4,
     quantize,
 )
+from engine.kernels.cpu_attention import ChunkBuffers, decode_attention
 
 
 def timed_call(fn):

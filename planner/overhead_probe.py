@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.generate import Engine
+from engine.engine import Engine
+from engine.loop.row_state import RowState
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
-from engine.rows import RowState
 from planner.microbench import best_seconds
 
 PROBE_LAYERS = 5
@@ -95,8 +95,8 @@ def elementwise_bytes_per_s(dtype: torch.dtype, tokens: int = 1024, hidden: int 
     """Rate of a Llama layer's elementwise work as the engine does it (two RMSNorms, rotary on q and k, SiLU
     gating, two residual adds, the attention output's transpose), in the cost model's unit: bytes of
     (ELEMENTWISE_PASSES_H * H + ELEMENTWISE_PASSES_F * F) * dtype_bytes per token."""
+    from engine.kernels.rope import RopeSpec, apply_rope, cos_sin, inv_frequencies
     from engine.models.llama import rms_norm
-    from engine.rope import RopeSpec, apply_rope, cos_sin, inv_frequencies
     from planner.cost_model import ELEMENTWISE_PASSES_F, ELEMENTWISE_PASSES_H
 
     ffn, d = int(2.75 * hidden), hidden // heads

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from engine.placement import row_segments
+from engine.memory.placement import row_segments
+from engine.memory.weight_store import weight_placement
 from engine.policy import Policy
 from engine.spec import ModelSpec
-from engine.weight_store import weight_placement
 from planner.cost_model import (
     CHANNELS,
     Block,
@@ -121,7 +121,7 @@ def block_seconds(blk: Block) -> tuple[float, PhaseCost, PhaseCost]:
 def live_block(blk: Block) -> Block:
     """`blk` as its decode steps see it on average without refill: a row generates E of the block's n tokens
     (E = Workload.expected_gen_len, n = block_gen_len), and finished rows leave their GPU batch
-    (engine/schedule.py), so each batch computes about gbs * E / n rows while the block runs."""
+    (engine/loop/schedule.py), so each batch computes about gbs * E / n rows while the block runs."""
     share = blk.work.expected_gen_len / blk.work.block_gen_len
     gbs = max(1, round(blk.policy.gbs * share))
     if gbs >= blk.policy.gbs:

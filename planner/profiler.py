@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save, save_file
 
-from engine.attention import attend, prefill_mask
-from engine.disk_read import DirectReader
+from engine.compression.int4 import dequantize, quantize
 from engine.dtypes import cpu_info, resolve_dtype
-from engine.kernel_rates import ROWS as KERNEL_ROWS
-from engine.kernel_rates import busier_then, shape_timings
-from engine.quant import dequantize, quantize
+from engine.kernels.attention import attend, prefill_mask
+from engine.kernels.rates import ROWS as KERNEL_ROWS
+from engine.kernels.rates import busier_then, shape_timings
+from engine.memory.disk_read import DirectReader
 from planner.errors import HardwareSpecError
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
 from planner.microbench import attention_report, best_seconds, dequant_timings, median_seconds
@@ -67,7 +67,7 @@ def matmul_table(device: torch.device, dtype: torch.dtype, cold_bytes: float = 0
 
 def kernel_tables(dtype: torch.dtype, refresh: bool = False) -> dict[str, tuple[tuple[float, ...], ...]]:
     """GFLOP/s of each compressed kernel at MATMUL_ROWS for weights [3w, w] of each width w of MATMUL_WIDTHS,
-    from engine/kernel_rates.py's entries for those shapes (measured at every row count, or reused from its
+    from engine/kernels/rates.py's entries for those shapes (measured at every row count, or reused from its
     cache unless `refresh`): the same figures decide the engine's crossovers for these shapes."""
     out = {}
     for fmt in KERNEL_FORMATS:
@@ -135,7 +135,7 @@ def cpu_device_spec(dtype: torch.dtype, refresh: bool = False) -> tuple[DeviceSp
                                                                                               cold_bytes=cold),
                       elementwise_bytes_per_s=elementwise_bytes_per_s(dtype), attention_prefill_lens=PREFILL_LENS,
                       attention_prefill_gflop_per_s=prefill_attention_table(dtype),
-                      # the engine's decode takes the faster of the two kernels (engine/decode_kernel.py)
+                      # the engine's decode takes the faster of the two kernels (engine/kernels/decode_choice.py)
                       attention_bf16_bytes_per_s=max(max(a["chunked_bf16_gb_s"], a["sdpa_bf16_gb_s"])
                                                      for a in attn) * 1e9,
                       attention_4bit_bytes_per_s=max(a["chunked_4bit_gb_s"] for a in attn) * 1e9,
@@ -147,7 +147,7 @@ def cpu_device_spec(dtype: torch.dtype, refresh: bool = False) -> tuple[DeviceSp
                          "(cycling through 4x the last-level cache) and cache-hot (float32 streamed too, where the "
                          "default dtype is another); planner.microbench decode attention "
                          "(16 x 16 heads x 256 slots x 64; plain, bf16 and float32: the faster of SDPA and the chunked path) and "
-                         "dequant; int4/int8 kernels on compressed weights [3w, w] (engine.kernel_rates, the "
+                         "dequant; int4/int8 kernels on compressed weights [3w, w] (engine.kernels.rates, the "
                          "engine's crossovers); masked prefill attention; the layer's "
                          "elementwise ops at 1024 tokens x 1024; the engine's block executor at tiny sizes "
                          f"(planner.overhead_probe); {torch.get_num_threads()} threads"}
@@ -193,7 +193,7 @@ def gpu_device_spec(dtype: torch.dtype) -> tuple[DeviceSpec | None, dict, dict]:
 
 def disk_rates(folder: Path) -> dict[str, float]:
     """Write a probe layer file (safetensors, fsync'd) and read it back cold as the engine reads a disk tier it
-    cannot cache (`engine.disk_read.DirectReader`: the whole file with O_DIRECT into an aligned buffer, or
+    cannot cache (`engine.memory.disk_read.DirectReader`: the whole file with O_DIRECT into an aligned buffer, or
     buffered after dropping it from the page cache where O_DIRECT is refused). The warm rate is how the engine
     reads a disk tier the page cache keeps: safetensors maps the file and its pages are faulted in at first
     touch, timed as load + copy less a copy from memory."""
@@ -309,7 +309,7 @@ def load_or_profile(path: Path | None = None, refresh: bool = False) -> Hardware
     measured), else a fresh profile, saved to the per-key copy only: `path` may be read by another flexbatch
     version on this machine, which a profile of this version's form would stop. A cached file this version cannot
     read (another version's) is passed over, and one measured while the machine was busy, which it is not now
-    (`engine.kernel_rates.busier_then`), is measured again."""
+    (`engine.kernels.rates.busier_then`), is measured again."""
     path = Path(path or DEFAULT_CACHE)
     key = machine_key()
     keyed = keyed_copy(path, key)

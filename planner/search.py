@@ -170,7 +170,7 @@ def count_bounds(model: ModelSpec, hw: HardwareSpec, pins: dict, gbs: int,
 
 def read_hypotheses(blk: Block, lo: np.ndarray, hi: np.ndarray) -> list[tuple[bool, np.ndarray, np.ndarray]]:
     """The engine reads disk-tier weights through the page cache up to half the planning process's room and
-    with O_DIRECT above (`engine.disk_read.reads_direct`), at different rates: a step in the disk layer count.
+    with O_DIRECT above (`engine.memory.disk_read.reads_direct`), at different rates: a step in the disk layer count.
     Each side of the step is its own program, (direct_reads, lo, hi) with the count bounded to that side."""
     buffered = int(memory_room(blk.hw) // 2 // blk.stored_layer_bytes)  # most disk layers read buffered
     if hi[2] <= buffered:

@@ -22,7 +22,7 @@ class Workload:
     (it sizes memory: the largest block must fit). gen_len is the largest max_new_tokens (it sizes the KV cache);
     expected_gen_len the tokens a row generates on average (its own max_new_tokens, or fewer where a stop string
     or EOS ends it; measured on the first blocks when known; gen_len when not given): without refill a block
-    runs until its last row ends, with refill a finished row's slot takes the next row (engine/refill.py).
+    runs until its last row ends, with refill a finished row's slot takes the next row (engine/loop/refill.py).
     block_gen_len: the tokens a block runs for without refill, the mean of the rows' own max_new_tokens (the engine
     groups rows by it, so a block runs about as long as its rows may)."""
 

@@ -99,7 +99,7 @@ def run_ours(args, place: dict) -> dict:
     (2 tokens), then `repeats` timed runs, the median quoted as FlexGen's figures are named."""
     import statistics
 
-    from engine.generate import Engine
+    from engine.engine import Engine
     from engine.request import Request, SamplingParams
     from engine.spec import load_model_spec
     from jobs.bench.planner import _eos, requests_for

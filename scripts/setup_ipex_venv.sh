@@ -31,7 +31,7 @@ fi
 "$VENV/bin/python" - <<'EOF'
 import torch
 
-from engine.kernels import load_kernels
+from engine.kernels.native import load_kernels
 
 kernels = load_kernels("ipex")
 print(f"torch {torch.__version__}: the {kernels.name} backend works, int4 GEMM {'on' if kernels.int4 else 'off'}")

@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Fails the test if any model is loaded: for checks that must come before the weights."""
-    from engine.generate import Engine
+    from engine.engine import Engine
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the input was checked")
@@ -103,22 +103,22 @@ def one_thread():
 def dense_compressed_weights(monkeypatch):
     """Compressed weights take the dequantize + GEMM path in every test unless the test picks a kernel
     (`compressed_kernels`): which path wins is measured per machine, and tests must not depend on it."""
-    monkeypatch.setattr("engine.kernels.max_rows", lambda fmt, n, k, dtype: 0)
+    monkeypatch.setattr("engine.kernels.native.max_rows", lambda fmt, n, k, dtype: 0)
 
 
 @pytest.fixture(autouse=True)
 def chunked_decode_attention(monkeypatch):
     """Decode attention takes the chunked path in every test unless the test picks SDPA (`sdpa_decode`): which
     kernel is faster is measured per machine, and tests must not depend on it."""
-    monkeypatch.setattr("engine.decode_kernel.decode_kernel", lambda *a: "chunked")
+    monkeypatch.setattr("engine.kernels.decode_choice.decode_kernel", lambda *a: "chunked")
 
 
 @pytest.fixture
 def sdpa_decode(monkeypatch):
-    monkeypatch.setattr("engine.decode_kernel.decode_kernel", lambda *a: "sdpa")
+    monkeypatch.setattr("engine.kernels.decode_choice.decode_kernel", lambda *a: "sdpa")
 
 
 @pytest.fixture
 def compressed_kernels(monkeypatch):
     """Compressed weights computed by the compressed kernels (int4pack, int8 x int8) at every row count."""
-    monkeypatch.setattr("engine.kernels.max_rows", lambda fmt, n, k, dtype: 1 << 30)
+    monkeypatch.setattr("engine.kernels.native.max_rows", lambda fmt, n, k, dtype: 1 << 30)

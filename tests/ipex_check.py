@@ -11,7 +11,7 @@ def ipex_missing() -> str | None:
     """None when IPEX imports and matches this torch, else why not (IPEX is imported only when installed)."""
     if importlib.util.find_spec("intel_extension_for_pytorch") is None:
         return "intel-extension-for-pytorch is not installed"
-    from engine.kernels_ipex import IpexUnavailable, ipex_kernels
+    from engine.kernels.ipex import IpexUnavailable, ipex_kernels
 
     try:
         ipex_kernels()

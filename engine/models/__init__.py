@@ -6,7 +6,7 @@ loop (and later the block schedule) calls layer by layer:
     layer(lw, h, ctx, i) -> h  one transformer layer with its KV cache
     head(gw, h) -> logits      hidden [B, H] -> float32 logits [B, V]
 
-Linear layers and rotary positions go through the backend's kernels (engine/kernels.py).
+Linear layers and rotary positions go through the backend's kernels (engine/kernels/native.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels import NativeKernels
-from engine.kv_cache import KVCache
-from engine.qlinear import QWeight
+from engine.compression.qlinear import QWeight
+from engine.kernels.native import NativeKernels
+from engine.memory.kv_cache import KVCache
 from engine.spec import ModelSpec
 
 
@@ -55,7 +55,7 @@ def by_rows(fn, h: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def head_weight(gw, spec: ModelSpec):
-    """The LM head's weight: an int8 head where one was made (engine.kernels.int8_head), else `lm_head.weight`,
+    """The LM head's weight: an int8 head where one was made (engine.kernels.native.int8_head), else `lm_head.weight`,
     or the embeddings where they are tied."""
     w = gw.get("lm_head.weight")
     if isinstance(w, QWeight) or (w is not None and not spec.tie_word_embeddings):

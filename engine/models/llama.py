@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import NativeKernels
+from engine.checkpoint import LayerWeights, require
+from engine.kernels.native import NativeKernels
+from engine.kernels.rope import inv_frequencies
 from engine.models import StepContext, by_rows, head_weight
-from engine.rope import inv_frequencies
 from engine.spec import ModelSpec
-from engine.weights import LayerWeights, require
 
 _ACT = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu}
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import NativeKernels
+from engine.checkpoint import LayerWeights, require
+from engine.kernels.native import NativeKernels
 from engine.models import StepContext, by_rows, head_weight
 from engine.spec import ModelSpec
-from engine.weights import LayerWeights, require
 
 POSITION_OFFSET = 2
 _ACT = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}

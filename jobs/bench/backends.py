@@ -23,7 +23,7 @@ import sys
 import click
 import torch
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.policy import Policy
 from jobs.bench import models as bm
 from jobs.bench.report import Line
@@ -75,7 +75,7 @@ def probe_rss(job: dict) -> dict[str, int]:
 def _probe_main(job: dict) -> None:
     import transformers  # noqa: F401  (the libraries count in the baseline, not in the engine's share)
 
-    from engine.backend import load_kernels
+    from engine.kernels.backend import load_kernels
 
     torch.set_num_threads(job["threads"])
     baseline = bm.rss_bytes()

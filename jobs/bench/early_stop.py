@@ -3,7 +3,7 @@ max_new_tokens uniform in [8, 256], and on every other row the stop string " " (
 one-word answer, as HELM's newline stop makes of most rows). fp32, greedy.
 
 Runs, timed interleaved round by round (the machine is shared: medians of the rounds):
-  - flexbatch with refill (finished rows' slots take waiting rows, engine/refill.py);
+  - flexbatch with refill (finished rows' slots take waiting rows, engine/loop/refill.py);
   - flexbatch sorted: without refill, the engine's blocks of rows of similar max_new_tokens, finished rows
     dropped from their GPU batch (the fallback where refill does not pay);
   - the block schedule as it was before either (blocks by prompt length alone, every row computed until its block
@@ -28,9 +28,9 @@ import random
 
 import torch
 
-import engine.generate as generate
-import engine.schedule as schedule
-from engine.generate import Engine
+import engine.engine as generate
+import engine.loop.schedule as schedule
+from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from jobs.bench import models as bm
@@ -116,10 +116,10 @@ def hf_w4_runner(model, tokenizer, reqs: list[Request], useful: list[int], batch
 
 def refill_pick(eng: Engine, reqs: list[Request], comps, gbs: int, hardware: str | None) -> dict:
     """What `--refill auto` picks for these rows at GPU batch `gbs`: the planner's prediction of each choice with
-    this machine's profile, on the workload a job would plan (`pipeline.planning`: the rows' prompt lengths, own
+    this machine's profile, on the workload a job would plan (`pipeline.plan.planning`: the rows' prompt lengths, own
     max_new_tokens and stop strings), with the tokens the rows really generated measured."""
-    from pipeline.input_sample import InputSample
-    from pipeline.planning import measured_workload, workload_from_sample
+    from pipeline.input.sample import InputSample
+    from pipeline.plan.planning import measured_workload, workload_from_sample
     from planner.hardware import load_hardware
     from planner.predict import predict
     from planner.profiler import load_or_profile

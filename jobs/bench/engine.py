@@ -29,8 +29,8 @@ import click
 import torch
 import torch.nn.functional as F
 
+from engine.engine import Engine
 from engine.errors import FlexbatchError
-from engine.generate import Engine
 from engine.policy import Policy, parse_bytes
 from engine.spec import load_model_spec
 from jobs.bench import models as bm

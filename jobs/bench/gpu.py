@@ -86,7 +86,7 @@ def bench_hardware(cfg: GpuBenchConfig, gpu_bytes: float):
 
 
 def load_engine(model_dir: Path, cfg: GpuBenchConfig, policy, gpu_bytes: float, offload: Path):
-    from engine.generate import Engine
+    from engine.engine import Engine
 
     return Engine.load(model_dir, dtype=cfg.dtype, policy=policy, budgets={"gpu": gpu_bytes},
                        simulate_gpu=cfg.simulate_gpu, offload_dir=offload)

@@ -25,7 +25,7 @@ from planner.memory_model import global_bytes
 BASELINE = "offload"
 KINDS = (BASELINE, "cpu", "gpu-cpu", "gpu-split", "split-split", "planner")
 SPLIT_POINTS = (0.25, 0.5, 0.75)  # of the layers, as the planner's search splits
-ACT_BYTES = 4  # the residual stream between layers is float32 (engine.schedule.ACT_DTYPE)
+ACT_BYTES = 4  # the residual stream between layers is float32 (engine.loop.schedule.ACT_DTYPE)
 STAGED_LAYERS = 2  # layers staged on the GPU while streaming: the one computing and the one prefetched
 
 
@@ -67,7 +67,7 @@ def fitting_layers(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batc
                    staged: int) -> int:
     """Whole layers whose weights fit the GPU budget after `staged` staged layers, the largest batch's
     activations, and the embeddings and LM head (every policy sized here computes decode's last layer on the
-    GPU, so they live there: engine.weight_store.globals_tier)."""
+    GPU, so they live there: engine.memory.weight_store.globals_tier)."""
     room = (gpu_bytes - staged * spec.layer_bytes(dtype_bytes) - act_bytes(spec, max_batch, prompt_len)
             - global_bytes(spec, dtype_bytes))
     return max(0, min(spec.num_layers, int(room // spec.layer_bytes(dtype_bytes))))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from engine.tiers import human
+from engine.memory.tiers import human
 from jobs.bench.gpu_policies import BASELINE
 from jobs.bench.table import Column, format_table, num, pct
 

@@ -1,4 +1,4 @@
-"""`flexbatch bench engine`, line 8 ("heap"): the engine's two C heap policies (engine/heap.py `choose_heap`) on
+"""`flexbatch bench engine`, line 8 ("heap"): the engine's two C heap policies (engine/memory/heap.py `choose_heap`) on
 one block: under a binding memory limit every allocation of LARGE_BLOCK_BYTES or more mmapped (fresh pages,
 faulted in on first touch, given back when freed), elsewhere every block served from the heap and freed memory
 kept there (reused without faulting it in again). One engine, the policy set again before each call, the two
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.generate import Engine
-from engine.heap import LARGE_BLOCK_BYTES, mmap_large_blocks, release_freed_memory, reuse_freed_blocks
+from engine.engine import Engine
+from engine.memory.heap import LARGE_BLOCK_BYTES, mmap_large_blocks, release_freed_memory, reuse_freed_blocks
 from engine.policy import Policy
 from jobs.bench.report import Line
 from jobs.bench.runs import DTYPE, engine_runner, side_by_side

@@ -8,7 +8,7 @@ inherited from the benchmark's), reports the memory its load and a first run (2 
 generations the benchmark asks for, one at a time. The benchmark still interleaves the lines round by round, and
 only one line runs at any moment; the others wait on their pipe.
 
-Every line's process has the C heap policy the engine sets for itself (`engine.heap.choose_heap`): set before the
+Every line's process has the C heap policy the engine sets for itself (`engine.memory.heap.choose_heap`): set before the
 line loads, so CTranslate2's lines get it too. With glibc's default its W2 int8 run faulted 43 million pages and
 made 231 tokens/s rather than 618; the whole-process lines (jobs/bench/whole_process.py) run it as users do."""
 
@@ -36,8 +36,8 @@ def serve(conn, make, args: tuple, threads: int) -> None:
     """The line's process: load with make(*args), then time a generation of each gen_len received, until None."""
     import torch
 
-    from engine.heap import choose_heap
-    from engine.memory_room import memory_room
+    from engine.memory.heap import choose_heap
+    from engine.memory.room import memory_room
 
     try:
         torch.set_num_threads(threads)

@@ -2,7 +2,7 @@
 
 Each side runs as a whole process of its own inside its own cgroup v1 memory group (`memory.limit_in_bytes`),
 which charges the page cache to the group: a model larger than the limit must come from the disk. flexbatch
-keeps what fits of the weights in memory and reads the rest with O_DIRECT (engine/disk_read.py); Accelerate
+keeps what fits of the weights in memory and reads the rest with O_DIRECT (engine/memory/disk_read.py); Accelerate
 uses `device_map="auto"` with `max_memory` and an `offload_folder`. Reported per side and batch: generated
 tokens/s of the generation, the whole process's wall time, the group's peak memory, and whether the kernel
 killed it (OOM). Accelerate's figure is its best batch that survives the limit.

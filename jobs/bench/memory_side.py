@@ -16,11 +16,11 @@ DTYPE = "bfloat16"
 
 
 def flexbatch_plan(side: Side):
-    """The planner's policy for this side's workload under the room its group leaves (`pipeline.planning`):
+    """The planner's policy for this side's workload under the room its group leaves (`pipeline.plan.planning`):
     the same decision a job makes, with the hardware profile the bench measured."""
-    from engine.memory_room import memory_room
+    from engine.memory.room import memory_room
     from engine.spec import load_model_spec
-    from pipeline.planning import plan_budgets, planning_process
+    from pipeline.plan.planning import plan_budgets, planning_process
     from planner.hardware import load_hardware
     from planner.profiler import load_or_profile
     from planner.search import search
@@ -35,7 +35,7 @@ def flexbatch_plan(side: Side):
 
 
 def run_flexbatch(side: Side, prompts) -> tuple[int, float, dict]:
-    from engine.generate import Engine
+    from engine.engine import Engine
     from engine.request import Request, SamplingParams
 
     plan, budgets = flexbatch_plan(side)
@@ -75,7 +75,7 @@ def imports(side: Side) -> None:
     import transformers  # noqa: F401  (both sides' baseline includes it)
 
     if side.side == "flexbatch":
-        import engine.generate  # noqa: F401
+        import engine.engine  # noqa: F401
         import planner.program  # noqa: F401  (cvxpy and HiGHS)
         from engine.tokenizer import load_tokenizer
 
@@ -90,7 +90,7 @@ def main(arg: str, baseline: bool = False) -> None:
     less a margin (capped by the Side's), so both sides get the same."""
     import torch
 
-    from engine.disk_read import memory_room_bytes
+    from engine.memory.disk_read import memory_room_bytes
 
     side = Side(**json.loads(arg))
     torch.set_num_threads(side.threads)

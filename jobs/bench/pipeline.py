@@ -71,7 +71,7 @@ def write_batch_file(folder: Path, data: Path) -> Path:
 
 def plan_once(model_dir: Path, data: Path, cfg: PipelineBenchConfig) -> Policy:
     """The policy the planner picks for one engine on this machine; every run below uses it."""
-    from pipeline.runner import RunConfig, choose, prepare_job
+    from pipeline.job import RunConfig, choose, prepare_job
 
     config = RunConfig(input=str(data), output=data.parent / "plan-only", model=model_dir, dtype=cfg.dtype,
                        params=SamplingParams(max_new_tokens=cfg.gen_len))
@@ -82,9 +82,9 @@ def plan_once(model_dir: Path, data: Path, cfg: PipelineBenchConfig) -> Policy:
 
 def bare_engine(model_dir: Path, data: Path, policy: Policy, cfg: PipelineBenchConfig) -> tuple[dict, dict[str, str]]:
     """Model load and `generate` over every row, timed apart; completions by id."""
-    from engine.generate import Engine
-    from pipeline.rows import build_requests, row_ids
-    from pipeline.worker import warm_up
+    from engine.engine import Engine
+    from pipeline.execution.worker import warm_up
+    from pipeline.input.requests import build_requests, row_ids
 
     table = pq.read_table(data)
     items = build_requests(table, row_ids(table, "rows"), "prompt", SamplingParams(max_new_tokens=cfg.gen_len))
@@ -106,8 +106,8 @@ def pipeline_run(model_dir: Path, data: Path, out: Path, policy: Policy, cfg: Pi
                  workers: int) -> tuple[dict, dict[str, str]]:
     import ray
 
-    from pipeline.driver import run_job
-    from pipeline.runner import RunConfig
+    from pipeline.execution.driver import run_job
+    from pipeline.job import RunConfig
 
     config = RunConfig(input=str(data), output=out, model=model_dir, dtype=cfg.dtype, policy=policy, plan=False,
                        params=SamplingParams(max_new_tokens=cfg.gen_len), workers=workers,

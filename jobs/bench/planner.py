@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
@@ -108,7 +108,7 @@ def row(spec, hw, work, name, policy, runs: list[float]) -> dict:
 
 
 def _eos(model_dir: Path, spec: ModelSpec) -> tuple[int, ...]:
-    from engine.generate import _eos_ids
+    from engine.engine import _eos_ids
 
     return _eos_ids(model_dir, spec)
 

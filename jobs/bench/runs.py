@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from jobs.bench import models as bm

@@ -38,7 +38,7 @@ def mark(name, **kw):
     record = {"mark": name, "t": time.time(), "cpu_s": ru.ru_utime + ru.ru_stime, **kw}
     print("FLEXBATCH_STARTUP " + json.dumps(record), file=sys.stderr, flush=True)
 mark("interpreter")
-import pipeline.worker as w
+import pipeline.execution.worker as w
 def timed(fn, name):
     def call(*args, **kwargs):
         t0 = time.time()

@@ -27,7 +27,7 @@ import click
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.heap import KEEP_FREED
+from engine.memory.heap import KEEP_FREED
 from jobs.bench import models as bm
 from jobs.bench.table import Column, num
 
@@ -36,7 +36,7 @@ FORMATS = {"int8": ("--compress-weight", "int8"), "int4": ("--compress-weight", 
 SCRIPT = Path(__file__).with_name("ct2_script.py")
 CT2_LINE = "ctranslate2 int8 script"
 CT2_HEAP_LINE = "ctranslate2 int8 script, heap reusing freed blocks"
-# glibc's environment equivalents of the engine's reuse_freed_blocks (engine/heap.py): every block from the heap,
+# glibc's environment equivalents of the engine's reuse_freed_blocks (engine/memory/heap.py): every block from the heap,
 # freed memory kept there. Without them a fresh CTranslate2 process faults its buffers in afresh at every step
 # (W2 in one process: 43 million page faults, 231 tokens/s, against 618 with them).
 REUSE_HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(KEEP_FREED)}

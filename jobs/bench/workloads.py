@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.dtypes import cpu_info
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.policy import Policy
 from engine.spec import load_model_spec
 from jobs.bench import models as bm

@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 
 from engine.request import SamplingParams
 from pipeline import JobSummary, RunConfig, run_job
-from pipeline.driver import WorkerPool
-from pipeline.rows import derive_seed
-from pipeline.settings import EngineSettings
+from pipeline.execution.driver import WorkerPool
+from pipeline.input.requests import derive_seed
+from pipeline.plan.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def read_completions(summary: JobSummary) -> dict[str, dict]:
 
 def _batches(output: Path) -> dict[str, dict]:
     """The last manifest line of each part (the job is rerun with `overwrite`, so the last one is current)."""
-    from pipeline.manifest import MANIFEST_FILE
+    from pipeline.output.manifest import MANIFEST_FILE
 
     records = {}
     path = Path(output) / MANIFEST_FILE

@@ -3,7 +3,7 @@ complete the requests through the pipeline, score them with HELM's metrics, and 
 write the suite summary.
 
 Every run is checked (spec, scenario files, scenario states, model folders) before any model is loaded. The runs
-of one invocation share one Ray connection and its engines (`pipeline.driver.WorkerPool`: a run keeps the loaded
+of one invocation share one Ray connection and its engines (`pipeline.execution.driver.WorkerPool`: a run keeps the loaded
 model where its model, settings and weight placement equal the last run's). A run whose shards failed every try is reported and its HELM files
 are not written; rerunning the same command resumes it.
 """
@@ -44,8 +44,8 @@ from jobs.helm.state import (
     source_file,
     source_metrics,
 )
-from pipeline.driver import WorkerPool
-from pipeline.settings import EngineSettings
+from pipeline.execution.driver import WorkerPool
+from pipeline.plan.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def _ray_session(engine: EngineSettings, needed: bool):
     if not (needed and engine.use_ray):
         yield
         return
-    from pipeline.ray_runtime import connect
+    from pipeline.execution.ray_runtime import connect
 
     where, joined = connect(engine.address)
     log.info("the runs share %s", where)

@@ -39,7 +39,7 @@ from jobs.wrangle.tasks import (
     shots_prefix,
 )
 from pipeline import JobSummary, RunConfig, run_job
-from pipeline.settings import EngineSettings
+from pipeline.plan.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_NEW_TOKENS = 8  # "Yes"/"No" or a short value, then a newline

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from pipeline import JobSummary
 from pipeline.errors import OutputFolderError
-from pipeline.output_dir import JOB_FILE
+from pipeline.output.folder import JOB_FILE
 
 COMPLETIONS_DIR = "completions"
 

@@ -10,7 +10,7 @@ import click
 from jobs.wrangle.helm_output import write_helm_runs
 from jobs.wrangle.paper_job import PROMPTS_FILE, PaperConfig, run_paper, summary_lines
 from jobs.wrangle.paper_prompts import SAMPLE_METHODS
-from pipeline.settings import EngineSettings
+from pipeline.plan.settings import EngineSettings
 
 # name -> (click option arguments, keyword arguments); defaults are run_inference's
 PAPER_OPTIONS = {

@@ -31,7 +31,7 @@ from jobs.wrangle.paper_prompts import (
     random_prefix,
 )
 from pipeline import JobSummary, RunConfig, run_job
-from pipeline.settings import EngineSettings
+from pipeline.plan.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 PROMPTS_FILE = "prompts.parquet"

@@ -10,15 +10,15 @@ from tests.engine.memory_probe import status_bytes
 def main(model_dir: str, fmt: str) -> None:
     import torch
 
-    import engine.kernels
-    from engine.generate import codecs_for
+    import engine.kernels.native
+    from engine.checkpoint import CheckpointReader
+    from engine.engine import codecs_for
+    from engine.memory.tiers import Devices
+    from engine.memory.weight_store import WeightStore
     from engine.policy import Policy
     from engine.spec import load_model_spec
-    from engine.tiers import Devices
-    from engine.weight_store import WeightStore
-    from engine.weights import CheckpointReader
 
-    engine.kernels.max_rows = lambda fmt, n, k, dtype: 0  # as in the tests: no kernel measurement in the load
+    engine.kernels.native.max_rows = lambda fmt, n, k, dtype: 0  # as in the tests: no kernel measurement in the load
     policy = Policy(compress_weight=fmt != "none", weight_format="int4" if fmt == "none" else fmt)
     reader = CheckpointReader(model_dir, load_model_spec(model_dir))
     codec, _ = codecs_for(policy, torch.float32)

@@ -19,7 +19,7 @@ def main(model_dir: str, offload_dir: str, cpu_mem: str) -> None:
     import torch  # noqa: F401  (imports count in the baseline, not in the engine's share)
     import transformers  # noqa: F401
 
-    from engine.generate import Engine
+    from engine.engine import Engine
     from engine.policy import Policy, parse_bytes
     from engine.request import Request, SamplingParams
     from engine.tokenizer import load_tokenizer

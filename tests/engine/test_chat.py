@@ -4,7 +4,7 @@ the rendered prompt, EOS ids from generation_config.json, and bad conversations 
 import pytest
 import torch
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.request import Request, SamplingParams
 from tests.chat_checkpoints import CHAT_STYLES, STYLES, set_generation_eos
 from tests.engine.reference import hf_model

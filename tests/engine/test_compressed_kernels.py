@@ -7,12 +7,12 @@ import time
 import pytest
 import torch
 
-from engine import kernel_rates
-from engine.codecs import WeightCodec
-from engine.generate import Engine
-from engine.kernels import NativeKernels
+from engine.compression.codecs import WeightCodec
+from engine.compression.qlinear import QLinear, QWeight
+from engine.engine import Engine
+from engine.kernels import rates as kernel_rates
+from engine.kernels.native import NativeKernels
 from engine.policy import Policy
-from engine.qlinear import QLinear, QWeight
 
 NAME = "mlp.down_proj.weight"
 TIMINGS = [{"rows": r, "fast_s": 1e-5 * r, "dense_s": 4e-5 + 1e-5 * r} for r in kernel_rates.ROWS]
@@ -45,7 +45,7 @@ def test_compressed_kernel_matches_dequantize_gemm(fmt, dtype, compressed_kernel
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 def test_rows_above_max_rows_take_the_dense_path(fmt, monkeypatch):
-    monkeypatch.setattr("engine.kernels.max_rows", lambda f, n, k, dtype: 4)
+    monkeypatch.setattr("engine.kernels.native.max_rows", lambda f, n, k, dtype: 4)
     codec, stored, meta = _layer(fmt, torch.bfloat16)
     kernels = NativeKernels()
     packed = kernels.pack_resident(stored, meta, codec)
@@ -147,10 +147,10 @@ def test_unknown_weight_format_names_the_choices():
 
 
 def test_rows_beyond_the_measured_range_run_the_kernel_in_chunks(monkeypatch):
-    from engine.qlinear import LARGEST_MEASURED
-    from engine.quant_int8 import int8_linear
+    from engine.compression.int8 import int8_linear
+    from engine.compression.qlinear import LARGEST_MEASURED
 
-    monkeypatch.setattr("engine.kernels.max_rows", lambda f, n, k, dtype: LARGEST_MEASURED)
+    monkeypatch.setattr("engine.kernels.native.max_rows", lambda f, n, k, dtype: LARGEST_MEASURED)
     codec, stored, meta = _layer("int8", torch.float32)
     kernels = NativeKernels()
     q = kernels.ready(stored, meta, codec, "cpu")[0][NAME]
@@ -163,7 +163,7 @@ def test_rows_beyond_the_measured_range_run_the_kernel_in_chunks(monkeypatch):
 def test_int8_rows_in_chunks_equal_one_pass_and_the_formula(dtype):
     """int8_linear's chunks of rows (written into one output, int32 sums turned to float32 in place) equal the
     whole call and y = a_m s_n sum_k qx q computed directly."""
-    from engine.quant_int8 import int8_linear, quantize_int8
+    from engine.compression.int8 import int8_linear, quantize_int8
 
     w = quantize_int8(torch.randn(48, 40))
     x = (torch.randn(3, 11, 40) * 3).to(dtype)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.codecs import KVCodec, WeightCodec
-from engine.generate import Engine
+from engine.compression.codecs import KVCodec, WeightCodec
+from engine.compression.int4 import dequantize, quantize
+from engine.engine import Engine
 from engine.policy import Policy
-from engine.quant import dequantize, quantize
 from engine.request import Request, SamplingParams
 from tests.engine.reference import PROMPTS
 

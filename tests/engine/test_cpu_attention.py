@@ -6,10 +6,10 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from engine.attention import decode_mask
-from engine.cpu_attention import attention, decode_attention
-from engine.kv_cache import KVCache, QuantKVCache
-from engine.quant import QTensor, dequantize, quantize
+from engine.compression.int4 import QTensor, dequantize, quantize
+from engine.kernels.attention import decode_mask
+from engine.kernels.cpu_attention import attention, decode_attention
+from engine.memory.kv_cache import KVCache, QuantKVCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,11 +4,11 @@ with SDPA decode over plain and 4-bit caches, and the choice is measured once pe
 import pytest
 import torch
 
-from engine import decode_kernel as dk
-from engine import kernel_rates
-from engine.generate import Engine
+from engine.compression.int4 import quantize
+from engine.engine import Engine
+from engine.kernels import decode_choice as dk
+from engine.kernels import rates as kernel_rates
 from engine.policy import Policy
-from engine.quant import quantize
 from engine.request import Request, SamplingParams
 from tests.engine.reference import PROMPTS, hf_greedy, hf_model
 
@@ -71,7 +71,7 @@ def test_the_measurement_fits_a_small_memory_room(monkeypatch):
     only the lengths that fit, not 2 x 64 MiB beside a block that filled its budget."""
     from types import SimpleNamespace
 
-    from engine import decode_kernel as dk
+    from engine.kernels import decode_choice as dk
 
     monkeypatch.setattr(dk, "memory_room", lambda: SimpleNamespace(available_bytes=32 << 20))
     out = dk.measure("plain", torch.float32, 1024, 8, 4, 64, repeats=1)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from engine.score import perplexity

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-from engine.disk_kv import DirectKVCache
-from engine.kv_cache import KVCache
-from engine.offload import DEFAULT_OFFLOAD_DIR
+from engine.memory.disk_kv import DirectKVCache
+from engine.memory.kv_cache import KVCache
+from engine.memory.offload import DEFAULT_OFFLOAD_DIR
 
 L, B, KVH, T, D = 2, 3, 2, 40, 16
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import disk_read
-from engine.disk_read import ALIGN, DirectReader
-from engine.generate import Engine
+from engine.engine import Engine
+from engine.memory import disk_read
+from engine.memory.disk_read import ALIGN, DirectReader
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from tests.engine.reference import PROMPTS

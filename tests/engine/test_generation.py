@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from engine.generate import Engine
+from engine.engine import Engine
+from engine.loop.sampling import filter_logits
 from engine.request import Request, SamplingParams
-from engine.sampling import filter_logits
 from tests.engine.reference import PROMPTS, hf_greedy, hf_logits, hf_model
 
 VARIANT = "llama_gqa_llama3"

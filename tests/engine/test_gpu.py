@@ -7,11 +7,11 @@ tier, where every copy is real and synchronous."""
 import pytest
 import torch
 
-from engine.codecs import KVCodec
-from engine.generate import Engine
+from engine.compression.codecs import KVCodec
+from engine.engine import Engine
+from engine.memory.weight_store import weight_placement
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
-from engine.weight_store import weight_placement
 from tests.engine.reference import PROMPTS
 from tests.engine.test_policies import POLICIES
 

@@ -14,11 +14,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.generate import Engine
-from engine.placement import PlacedActivations
+from engine.engine import Engine
+from engine.memory.placement import PlacedActivations
+from engine.memory.tiers import BudgetError
+from engine.memory.weight_store import globals_tier
 from engine.policy import Policy
-from engine.tiers import BudgetError
-from engine.weight_store import globals_tier
 from tests.engine.test_gpu import COMPRESSED, GPU_POLICIES, VARIANT, _agreement, _on_cpu, _reqs
 
 SIDE_POLICIES = {name: GPU_POLICIES[name] for name in ("offload-both", "split-resident", "offload-gpu-attention",
@@ -236,7 +236,7 @@ def _check_staging_protocol(log: list, sets: int) -> None:
 def test_staging_check_catches_a_buffer_refilled_too_early(checkpoint, tmp_path, monkeypatch):
     """The staging check can fail: a ring that refills a buffer without waiting for the copy reading it (which
     on CUDA may still be in flight) breaks it."""
-    monkeypatch.setattr("engine.staging.synchronize", lambda event: None)
+    monkeypatch.setattr("engine.memory.staging.synchronize", lambda event: None)
     _, engine, log = _run(checkpoint(VARIANT), SIDE_POLICIES["offload-gpu-attention"], tmp_path, deferred=True)
     with pytest.raises(AssertionError, match="refilled before the copy"):
         _check_staging_protocol(log, len(engine.devices.staging.sets))

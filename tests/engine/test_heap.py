@@ -1,5 +1,5 @@
 """Under a binding memory limit the engine's large temporaries are mmapped, so freeing them gives the memory
-back instead of leaving holes in the C heap (engine/heap.py); elsewhere freed blocks stay in the heap, reused. mallopt is
+back instead of leaving holes in the C heap (engine/memory/heap.py); elsewhere freed blocks stay in the heap, reused. mallopt is
 process-wide and cannot be undone: each check runs in a process of its own."""
 
 import subprocess
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine.heap import _libc
+from engine.memory.heap import _libc
 from tests.cgroups import memory_cgroup, remove_cgroup, run_in_cgroup
 
 MIB = 2**20
@@ -36,7 +36,7 @@ def _mmapped_mib(done: subprocess.CompletedProcess) -> int:
 
 
 def _load(model_dir) -> list[str]:
-    code = f"import logging\nlogging.basicConfig(level=logging.INFO)\nfrom engine.generate import Engine\nEngine.load({str(model_dir)!r})\n" + _CHECK
+    code = f"import logging\nlogging.basicConfig(level=logging.INFO)\nfrom engine.engine import Engine\nEngine.load({str(model_dir)!r})\n" + _CHECK
     return [sys.executable, "-c", code]
 
 

@@ -1,4 +1,4 @@
-"""The `ipex` kernel backend (engine/kernels_ipex.py) against the native kernels.
+"""The `ipex` kernel backend (engine/kernels/ipex.py) against the native kernels.
 
 Tests marked `ipex` need intel-extension-for-pytorch, which needs torch 2.8 (scripts/setup_ipex_venv.sh makes
 such an environment); they are skipped without it. The backend-selection tests run everywhere.
@@ -13,15 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from engine.attention import attend, prefill_mask
-from engine.backend import load_kernels
+from engine.compression.int4 import QuantConfig, dequantize, quantize
+from engine.engine import Engine
 from engine.errors import InvalidParamsError
-from engine.generate import Engine
-from engine.kernels import NativeKernels
+from engine.kernels.attention import attend, prefill_mask
+from engine.kernels.backend import load_kernels
+from engine.kernels.native import NativeKernels
+from engine.kernels.rope import inv_frequencies
 from engine.policy import Policy
-from engine.quant import QuantConfig, dequantize, quantize
 from engine.request import Request, SamplingParams
-from engine.rope import inv_frequencies
 from engine.spec import RopeSpec
 from tests.conftest import DEMO_PROMPTS
 from tests.engine.reference import PROMPTS, hf_greedy, hf_model
@@ -79,7 +79,7 @@ def test_auto_picks_ipex():
 @pytest.mark.parametrize("shape", [(48, 64), (40, 130), (33, 129), (64, 256)])
 @pytest.mark.parametrize("group", [32, 64])
 def test_int4_linear_equals_dequantized_weights(shape, group):
-    from engine.kernels_ipex import pack_int4, packed_linear
+    from engine.kernels.ipex import pack_int4, packed_linear
 
     torch.manual_seed(0)
     w = torch.randn(shape)
@@ -135,7 +135,7 @@ def test_fp32_greedy_tokens_equal_transformers(checkpoint, variant):
 @pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fp32_greedy_tokens_equal_native(checkpoint, tmp_path, variant, policy):
-    from engine.kernels_ipex import PackedLinear
+    from engine.kernels.ipex import PackedLinear
 
     src = checkpoint(variant)
     native = Engine.load(src, dtype="float32", policy=policy, offload_dir=tmp_path)
@@ -150,9 +150,9 @@ def test_fp32_greedy_tokens_equal_native(checkpoint, tmp_path, variant, policy):
 def int4(request, monkeypatch):
     """Run 4-bit weights through IPEX's int4 GEMM (as on CPUs where IPEX has its optimized kernel, forced
     elsewhere) or dequantized as natively (as on the others)."""
-    import engine.kernels_ipex
+    import engine.kernels.ipex
 
-    monkeypatch.setattr(engine.kernels_ipex, "int4_gemm_available", lambda: request.param)
+    monkeypatch.setattr(engine.kernels.ipex, "int4_gemm_available", lambda: request.param)
     return request.param
 
 

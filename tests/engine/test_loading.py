@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.engine import Engine
 from engine.errors import ModelNotFoundError, UnsupportedModelError, WeightFormatError
-from engine.generate import Engine
 from engine.request import Request, SamplingParams
 from engine.spec import load_model_spec
 from tests.checkpoints import make_checkpoint

@@ -5,9 +5,9 @@ import tempfile
 
 import torch
 
-from engine import offload
-from engine.placement import alloc
-from engine.tiers import Devices
+from engine.memory import offload
+from engine.memory.placement import alloc
+from engine.memory.tiers import Devices
 
 
 def _mapped_paths() -> str:
@@ -50,14 +50,14 @@ def _tokens(engine):
 
 
 def _engine(checkpoint, tmp_path, weight_cpu):
-    from engine.generate import Engine
+    from engine.engine import Engine
     from engine.policy import Policy
 
     return Engine.load(checkpoint(VARIANT), dtype="float32", policy=Policy(weight_cpu=weight_cpu), offload_dir=tmp_path)
 
 
 def test_a_partial_offload_folder_is_completed_not_trusted(checkpoint, tmp_path):
-    from engine.generate import Engine
+    from engine.engine import Engine
 
     expected = _tokens(Engine.load(checkpoint(VARIANT), dtype="float32"))
     half = _engine(checkpoint, tmp_path, 0.5)  # one layer on disk: the folder holds that layer only
@@ -68,7 +68,7 @@ def test_a_partial_offload_folder_is_completed_not_trusted(checkpoint, tmp_path)
 
 
 def test_a_torn_or_unrecorded_layer_file_is_rebuilt(checkpoint, tmp_path):
-    from engine.offload import stored_layer
+    from engine.memory.offload import stored_layer
 
     expected = _tokens(_engine(checkpoint, tmp_path, 0.0))
     first, second = sorted(tmp_path.rglob("layer_*.safetensors"))
@@ -85,7 +85,7 @@ def test_a_layer_file_changed_in_place_is_rebuilt(checkpoint, tmp_path, caplog):
     """Same size, same header, one byte of tensor data flipped: only the recorded SHA-256 tells."""
     import struct
 
-    from engine.offload import stored_layer
+    from engine.memory.offload import stored_layer
 
     expected = _tokens(_engine(checkpoint, tmp_path, 0.0))
     path = sorted(tmp_path.rglob("layer_*.safetensors"))[0]
@@ -102,10 +102,10 @@ def test_two_processes_converting_one_model_at_once_leave_a_sound_folder(checkpo
     import subprocess
     import sys
 
-    from engine.offload import stored_layer
+    from engine.memory.offload import stored_layer
 
     model = checkpoint(VARIANT)
-    code = ("import sys; from engine.generate import Engine; from engine.policy import Policy; "
+    code = ("import sys; from engine.engine import Engine; from engine.policy import Policy; "
             "Engine.load(sys.argv[1], dtype='float32', policy=Policy(weight_cpu=0.0), offload_dir=sys.argv[2]); "
             "print('loaded')")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

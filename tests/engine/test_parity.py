@@ -3,7 +3,7 @@ prompts of different lengths batched together (left padding) and in batches of o
 
 import pytest
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.request import Request, SamplingParams
 from tests.checkpoints import VARIANTS
 from tests.engine.reference import PROMPTS, hf_greedy, hf_model

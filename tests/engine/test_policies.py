@@ -3,11 +3,11 @@ token; the gpu tier is the simulated pool so every transfer and split path runs 
 
 import pytest
 
+from engine.engine import Engine
 from engine.errors import InvalidParamsError
-from engine.generate import Engine
+from engine.memory.tiers import BudgetError
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
-from engine.tiers import BudgetError
 from tests.engine.reference import PROMPTS
 
 PROMPTS_X2 = PROMPTS + [p[::-1] for p in PROMPTS]

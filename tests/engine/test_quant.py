@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import engine.quant as quant
+import engine.compression.int4 as quant
+from engine.compression.int4 import QTensor, QuantConfig, dequantize, int4_linear, pack_int4, quantize
 from engine.errors import InvalidParamsError
-from engine.quant import QTensor, QuantConfig, dequantize, int4_linear, pack_int4, quantize
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

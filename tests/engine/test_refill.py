@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from engine.generate import Engine
+from engine.engine import Engine
+from engine.loop.refill import choose_refill
+from engine.loop.row_state import RowState
 from engine.policy import Policy
-from engine.refill import choose_refill
 from engine.request import Request, SamplingParams
-from engine.rows import RowState
 from tests.engine.reference import PROMPTS, hf_greedy, hf_model
 
 REFILL_POLICIES = {
@@ -111,7 +111,7 @@ def test_finished_rows_leave_the_batch_and_the_tokens_stay(checkpoint, one_threa
     engine = Engine.load(checkpoint("llama_gqa_llama3"), dtype="float32", policy=policy, simulate_gpu=True,
                          offload_dir=tmp_path)
     got, dropped = engine.generate(_requests()), engine.schedule_counts["row_steps"]
-    monkeypatch.setattr("engine.schedule.DROP_SHARE", 2.0)  # a share above 1: finished rows are never dropped
+    monkeypatch.setattr("engine.loop.schedule.DROP_SHARE", 2.0)  # a share above 1: finished rows are never dropped
     want, kept = engine.generate(_requests()), engine.schedule_counts["row_steps"]
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert [(c.text, c.finish_reason) for c in got] == [(c.text, c.finish_reason) for c in want]
@@ -121,7 +121,7 @@ def test_finished_rows_leave_the_batch_and_the_tokens_stay(checkpoint, one_threa
 
 def test_blocks_without_refill_group_rows_by_max_new_tokens_then_prompt_length():
     """MAX_NEW_GROUP blocks' worth of rows of the smallest max_new_tokens first, each group by prompt length."""
-    from engine.generate import MAX_NEW_GROUP
+    from engine.engine import MAX_NEW_GROUP
 
     rows = [_row(length=1 + (7 * i) % 16, max_new=1 + i % 4) for i in range(16)]
     blocks = Engine._blocks(list(enumerate(rows)), Policy(gbs=2, num_gb=1))

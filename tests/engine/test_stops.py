@@ -10,9 +10,9 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
+from engine.loop.row_state import RowState
+from engine.loop.stops import StopScanner, stream_backend
 from engine.request import Request, SamplingParams
-from engine.rows import RowState
-from engine.stops import StopScanner, stream_backend
 from engine.tokenizer import load_tokenizer
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Ünïcödé ✓ — naïve café, 12 + 30 = 42.\n"

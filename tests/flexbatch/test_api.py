@@ -42,11 +42,11 @@ def test_processor_rows_follow_ray_data_llm_columns(tmp_path, chat_checkpoint, d
 
 def test_a_processor_loads_within_its_share_of_the_nodes_memory(demo_model_dir, monkeypatch):
     """Planned or not, a stage's engine keeps to plan_budgets: its share of the room among `engines_per_node`."""
-    import engine.memory_room
-    from pipeline.planning import CPU_BUDGET_SHARE
+    import engine.memory.room
+    from pipeline.plan.planning import CPU_BUDGET_SHARE
 
-    room = engine.memory_room.MemoryRoom(8 * 2**30, None, None, None, None)
-    monkeypatch.setattr(engine.memory_room, "memory_room", lambda: room)
+    room = engine.memory.room.MemoryRoom(8 * 2**30, None, None, None, None)
+    monkeypatch.setattr(engine.memory.room, "memory_room", lambda: room)
     stage = Processor(demo_model_dir, max_new_tokens=2, dtype="float32", policy=Policy(gbs=2, num_gb=1),
                       engines_per_node=2)
     assert stage({"prompt": ["copy: abc ->"]})["error"] == [None]
@@ -81,7 +81,7 @@ def test_ray_data_pipeline_equals_flexbatch_run(tmp_path, demo_model_dir, demo_p
     """read_parquet -> map_batches(Processor) -> take_all gives what `flexbatch.run` writes (fp32, greedy)."""
     import ray
 
-    from pipeline.ray_runtime import connect
+    from pipeline.execution.ray_runtime import connect
 
     prompts = demo_prompts[:12]
     write_parquet(tmp_path / "in" / "p.parquet", prompt=prompts, id=list(range(len(prompts))))

@@ -153,12 +153,12 @@ def test_bad_input_through_python_m_jobs_run_exits_2(tmp_path):
 
 
 def test_a_shard_that_fails_every_try_exits_1_and_is_listed(tmp_path, tiny_llama_dir, monkeypatch):
-    import pipeline.worker
+    import pipeline.execution.worker
 
     def broken(shard):
         raise OSError(f"cannot read {shard.path}")
 
-    monkeypatch.setattr(pipeline.worker, "read_shard", broken)
+    monkeypatch.setattr(pipeline.execution.worker, "read_shard", broken)
     f = write_parquet(tmp_path / "a.parquet", prompt=["hello"])
     result = invoke("--model", tiny_llama_dir, "--input", f, "--output", tmp_path / "out", "--no-plan",
                     "--max-shard-retries", "0")

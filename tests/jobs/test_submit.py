@@ -22,7 +22,7 @@ from jobs.submit import (
     load_runtime_env,
     submit_command,
 )
-from pipeline.ray_watchdog import stop_processes
+from pipeline.execution.ray_watchdog import stop_processes
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "examples" / "prompts.parquet"

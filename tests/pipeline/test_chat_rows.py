@@ -4,11 +4,11 @@ a chat template refused before any weights load."""
 import pyarrow as pa
 import pytest
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.request import Request, SamplingParams
 from pipeline import RunConfig, prepare_job, run_job
 from pipeline.errors import ConfigError, InputError
-from pipeline.rows import build_requests
+from pipeline.input.requests import build_requests
 from tests.pipeline.parquet_files import read_rows, write_parquet
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("name", pa.string())])
@@ -82,7 +82,7 @@ def test_build_requests_reads_the_messages_column_for_chat_rows():
 def test_the_planner_sees_rendered_chat_prompt_lengths(tmp_path, chat_checkpoint, no_model_load):
     from engine.chat import chat_prompt_ids
     from engine.tokenizer import load_tokenizer
-    from pipeline.planning import workload_from_input
+    from pipeline.plan.planning import workload_from_input
 
     model = chat_checkpoint("llama3")
     write_parquet(tmp_path / "in" / "a.parquet", messages=_messages([GOOD[1]] * 3))

@@ -12,7 +12,7 @@ from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
 from pipeline.errors import OutputFolderError
-from pipeline.verify import verify_output
+from pipeline.output.verify import verify_output
 from tests.pipeline.parquet_files import read_rows, write_parquet
 
 

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from jobs import cli
 from pipeline.errors import OutputWriteError
+from pipeline.output.verify import verify_output
 from pipeline.storage import Folder
-from pipeline.verify import verify_output
 from tests.jobs.test_cli import assert_user_error
 from tests.pipeline.parquet_files import write_parquet
 

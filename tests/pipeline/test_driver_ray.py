@@ -18,8 +18,8 @@ import pytest
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
 from pipeline.errors import OutputFolderError
-from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE
-from pipeline.planning import CPU_BUDGET_SHARE
+from pipeline.output.manifest import MANIFEST_FILE, SUCCESS_FILE
+from pipeline.plan.planning import CPU_BUDGET_SHARE
 from tests.pipeline.parquet_files import write_parquet
 
 pytestmark = pytest.mark.slow
@@ -168,8 +168,8 @@ def test_a_two_node_cluster_gets_one_actor_per_node(tmp_path, tiny_llama_dir, ra
         assert sorted(r["id"] for r in _output_rows(tmp_path / "out")) == sorted(ids)
         import ray
 
-        from engine.memory_room import oom_kills_here
-        from pipeline.ray_runtime import node_oom_kills
+        from engine.memory.room import oom_kills_here
+        from pipeline.execution.ray_runtime import node_oom_kills
 
         # a lost worker's node is asked for its OOM kill count: here every node shares this process's group
         ray.init(address=cluster.address)

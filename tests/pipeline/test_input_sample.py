@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from pipeline import RunConfig, prepare_job, run_job
-from pipeline.runner import choose
+from pipeline.job import choose
 from planner.hardware import save_hardware
 from tests.pipeline.parquet_files import read_rows
 from tests.planner.specs import server_cpu

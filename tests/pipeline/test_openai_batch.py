@@ -8,11 +8,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.request import Request, SamplingParams
 from pipeline import RunConfig, prepare_job, run_job
 from pipeline.errors import ConfigError
-from pipeline.manifest import MANIFEST_FILE
+from pipeline.output.manifest import MANIFEST_FILE
 
 SCHEMA = json.loads((Path(__file__).parent / "openai_batch_output.schema.json").read_text())
 CHAT = "/v1/chat/completions"
@@ -141,14 +141,14 @@ def test_chat_lines_need_a_chat_template_before_any_load(tmp_path, tiny_llama_di
     ({"prompt": "x", "frequency_penalty": 0.5}, "'frequency_penalty' is not supported"),
 ])
 def test_bad_completion_bodies_name_the_field(body, problem):
-    from pipeline.openai_batch import parse_line
+    from pipeline.input.openai_batch import parse_line
 
     line = parse_line(_line("c", COMPLETIONS, body), 0, "f", SamplingParams(), duplicate=False, chat=True)
     assert line.error is not None and problem in line.error["message"] and not line.requests
 
 
 def test_neutral_fields_are_accepted_and_choices_get_their_own_seeds():
-    from pipeline.openai_batch import parse_line
+    from pipeline.input.openai_batch import parse_line
 
     body = {"messages": ASK, "n": 3, "seed": 11, "logit_bias": {}, "stream": False, "presence_penalty": 0,
             "max_completion_tokens": 5, "max_tokens": 5, "logprobs": False, "top_logprobs": 0, "user": "u"}

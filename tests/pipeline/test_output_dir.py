@@ -3,8 +3,8 @@ import json
 import pytest
 
 from pipeline.errors import OutputFolderError
-from pipeline.manifest import MANIFEST_FILE
-from pipeline.output_dir import JOB_FILE, check_output, job_record, open_output
+from pipeline.output.folder import JOB_FILE, check_output, job_record, open_output
+from pipeline.output.manifest import MANIFEST_FILE
 
 SHARDS = [{"index": 0, "path": "/in/a.parquet", "part_stem": "a", "row_start": 0, "row_stop": 3,
            "part_name": "a.parquet"}]

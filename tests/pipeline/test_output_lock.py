@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from jobs import cli
-from pipeline import output_lock
-from pipeline.output_lock import LEASE_FILE, LOCK_FILE, FolderLock, Lease, OutputLockedError, lock_output
+from pipeline.output import lock as output_lock
+from pipeline.output.lock import LEASE_FILE, LOCK_FILE, FolderLock, Lease, OutputLockedError, lock_output
 from tests.pipeline.parquet_files import read_rows, write_parquet
 
 

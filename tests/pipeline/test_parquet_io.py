@@ -5,7 +5,7 @@ import pytest
 from engine.request import Completion
 from pipeline import storage
 from pipeline.errors import InputError
-from pipeline.parquet_io import (
+from pipeline.input.parquet import (
     inspect_inputs,
     output_table,
     part_names,

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from pipeline.ray_runtime import secure_token_file
+from pipeline.execution.ray_runtime import secure_token_file
 
 DRIVER = """
 import json, os, time
 import ray
-from pipeline.ray_runtime import connect
+from pipeline.execution.ray_runtime import connect
 connect(None)
 print(json.dumps({"worker": ray.get(ray.remote(lambda: os.getpid()).remote())}), flush=True)
 time.sleep(600)

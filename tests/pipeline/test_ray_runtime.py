@@ -1,7 +1,7 @@
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.ray_runtime import actor_specs
+from pipeline.execution.ray_runtime import actor_specs
 
 
 def _node(node_id, cpus, gpus=0, alive=True):
@@ -33,7 +33,7 @@ def test_a_cluster_without_cpus_is_refused():
 
 
 def test_a_worker_lost_on_another_node_is_blamed_on_memory_only_if_its_oom_kill_count_rose():
-    from pipeline.ray_runtime import NodeOomKills
+    from pipeline.execution.ray_runtime import NodeOomKills
 
     counts = {"n1": 4, "n2": None, "n3": 9}
     kills = NodeOomKills(probe=lambda node: counts[node])

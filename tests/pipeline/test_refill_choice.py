@@ -8,15 +8,15 @@ import pytest
 from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
-from pipeline.input_sample import take_sample
-from pipeline.planning import (
+from pipeline.input.sample import take_sample
+from pipeline.plan.planning import (
     STOP_PRIOR,
     generation_lengths,
     measured_workload,
     refill_choice,
     workload_from_sample,
 )
-from pipeline.settings import EngineSettings
+from pipeline.plan.settings import EngineSettings
 from planner.hardware import save_hardware
 from planner.workload import Workload
 from tests.pipeline.parquet_files import read_rows, write_parquet
@@ -31,7 +31,7 @@ def hardware_file(tmp_path):
 def test_row_lengths_come_from_the_rows_own_columns(tmp_path, tiny_llama_dir):
     from engine.spec import load_model_spec
     from engine.tokenizer import load_tokenizer
-    from pipeline.runner import inspect_job_inputs
+    from pipeline.job import inspect_job_inputs
 
     path = write_parquet(tmp_path / "in.parquet", prompt=["a", "b", "c", "d"], max_new_tokens=[10, None, 30, -2],
                          stop=pa.array([["\n"], None, [], None], pa.list_(pa.string())))
@@ -52,8 +52,8 @@ def test_a_block_runs_about_the_largest_max_new_tokens_of_its_group():
     """Without refill a block runs until its last row ends, and blocks come from groups of MAX_NEW_GROUP blocks'
     rows of similar max_new_tokens: a call of BLOCKS_PER_CALL blocks has four such groups, so a block runs about
     its group's largest max_new_tokens, not the rows' mean."""
-    from engine.generate import MAX_NEW_GROUP
-    from pipeline.planning import BLOCKS_PER_CALL, block_length
+    from engine.engine import MAX_NEW_GROUP
+    from pipeline.plan.planning import BLOCKS_PER_CALL, block_length
 
     assert BLOCKS_PER_CALL // MAX_NEW_GROUP == 4
     assert block_length([80, 10, 70, 20, 60, 30, 50, 40]) == (20 + 40 + 60 + 80) / 4

@@ -5,7 +5,7 @@ import pytest
 
 from engine.errors import InvalidParamsError
 from engine.request import Completion, Request, SamplingParams
-from pipeline.rows import build_requests, derive_seed, row_ids, row_params
+from pipeline.input.requests import build_requests, derive_seed, row_ids, row_params
 
 DEFAULTS = SamplingParams(max_new_tokens=16, temperature=0.7, seed=5)
 

@@ -3,7 +3,7 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, prepare_job, run_job

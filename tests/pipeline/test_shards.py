@@ -7,9 +7,9 @@ import pytest
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
 from pipeline.errors import InputError
-from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE, append_manifest, read_manifest
-from pipeline.parquet_io import inspect_inputs
-from pipeline.shards import cut_points, make_shards, read_shard
+from pipeline.input.parquet import inspect_inputs
+from pipeline.input.shards import cut_points, make_shards, read_shard
+from pipeline.output.manifest import MANIFEST_FILE, SUCCESS_FILE, append_manifest, read_manifest
 from tests.pipeline.parquet_files import read_rows, write_parquet
 
 
@@ -67,9 +67,9 @@ def test_manifest_ignores_a_torn_line_other_jobs_and_changed_parts(tmp_path):
 def test_a_shard_that_keeps_failing_is_reported_and_the_others_complete(tmp_path, tiny_llama_dir, monkeypatch):
     write_parquet(tmp_path / "in" / "good.parquet", prompt=["a b c", "d e"])
     write_parquet(tmp_path / "in" / "bad.parquet", prompt=["x y"])
-    import pipeline.worker
+    import pipeline.execution.worker
 
-    real = pipeline.worker.read_shard
+    real = pipeline.execution.worker.read_shard
     tries = []
 
     def flaky(shard):
@@ -78,7 +78,7 @@ def test_a_shard_that_keeps_failing_is_reported_and_the_others_complete(tmp_path
             raise OSError("disk read error")
         return real(shard)
 
-    monkeypatch.setattr(pipeline.worker, "read_shard", flaky)
+    monkeypatch.setattr(pipeline.execution.worker, "read_shard", flaky)
     config = RunConfig(input=str(tmp_path / "in"), output=tmp_path / "out", model=tiny_llama_dir, dtype="float32",
                        params=SamplingParams(max_new_tokens=2), use_ray=False, max_shard_retries=1, plan=False)
     summary = run_job(config)
@@ -90,6 +90,6 @@ def test_a_shard_that_keeps_failing_is_reported_and_the_others_complete(tmp_path
     success = json.loads((tmp_path / "out" / SUCCESS_FILE).read_text())
     assert not success["ok"] and success["failed_shards"][0]["tries"] == 2 and success["rows"] == 2
 
-    monkeypatch.setattr(pipeline.worker, "read_shard", real)  # the fault is gone: a rerun completes the job
+    monkeypatch.setattr(pipeline.execution.worker, "read_shard", real)  # the fault is gone: a rerun completes the job
     again = run_job(config)
     assert again.ok and again.skipped_shards == 1 and again.rows == 3

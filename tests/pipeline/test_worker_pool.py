@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
-from pipeline.driver import WorkerPool
+from pipeline.execution.driver import WorkerPool
 from planner.hardware import save_hardware
 from tests.pipeline.parquet_files import read_rows, write_parquet
 from tests.planner.specs import server_cpu

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.weight_store import weight_placement
+from engine.memory.weight_store import weight_placement
 from planner.hardware import load_hardware
 from planner.predict import predict
 from planner.search import search

@@ -6,10 +6,10 @@ import dataclasses
 import pytest
 import torch
 
-from engine.generate import Engine
+from engine.compression.int4 import Int4Packed
+from engine.compression.qlinear import QWeight
+from engine.engine import Engine
 from engine.policy import Policy
-from engine.qlinear import QWeight
-from engine.quant import Int4Packed
 from engine.spec import load_model_spec
 from planner.memory_model import disk_staging_bytes, global_bytes, home_bytes
 from planner.predict import realized_policy

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.memory_room import MemoryRoom, memory_room
-from pipeline.planning import CPU_BUDGET_SHARE, plan_budgets
+from engine.memory.room import MemoryRoom, memory_room
+from pipeline.plan.planning import CPU_BUDGET_SHARE, plan_budgets
 from planner.hardware import save_hardware
 from tests.cgroups import memory_cgroup, remove_cgroup, run_in_cgroup
 from tests.planner.specs import server_cpu
@@ -75,7 +75,7 @@ def test_the_budget_is_a_share_of_the_room_and_a_larger_cpu_mem_is_lowered(caplo
 def test_the_budget_inside_a_real_memory_cgroup_fits_its_limit():
     group = memory_cgroup("flexbatch-budget", 600 * MIB)
     try:
-        code = ("import torch, json; from pipeline.planning import plan_budgets; from engine.memory_room import "
+        code = ("import torch, json; from pipeline.plan.planning import plan_budgets; from engine.memory.room import "
                 "memory_room; r = memory_room(); print(json.dumps([plan_budgets({}, r)['cpu'], r.cgroup_limit_bytes, "
                 "r.cgroup_used_bytes, r.mem_available_bytes]))")
         done = run_in_cgroup(group, [sys.executable, "-c", code], timeout=120)
@@ -91,10 +91,10 @@ def test_the_budget_inside_a_real_memory_cgroup_fits_its_limit():
 @pytest.mark.parametrize("pins", [(), ("--percent", "0", "100", "0", "0", "0", "100")], ids=["planned", "kv-on-disk"])
 def test_a_job_in_a_small_memory_cgroup_plans_within_it_instead_of_being_killed(tmp_path, demo_model_dir, pins):
     """Planned freely with a profile whose disk is as fast as memory, and with the KV cache pinned to the disk
-    tier (read and written with direct I/O, engine/disk_kv.py), 1,000 rows finish inside a 500 MiB group. (It was
+    tier (read and written with direct I/O, engine/memory/disk_kv.py), 1,000 rows finish inside a 500 MiB group. (It was
     killed there in about one run of six to ten while the prefill's temporaries fragmented the C heap: the same
     plan peaked between 400 and 510 MiB; prefill in chunks of rows and, under a binding limit, large temporaries
-    mmapped, engine/heap.py, bring it to 341-364 MiB.)"""
+    mmapped, engine/memory/heap.py, bring it to 341-364 MiB.)"""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -133,7 +133,7 @@ def test_engines_on_one_node_split_its_room(caplog):
 
 
 def test_oom_kills_are_the_cgroups_count_else_the_machines(tmp_path):
-    from engine.memory_room import oom_kills_here
+    from engine.memory.room import oom_kills_here
 
     proc = _proc(tmp_path, ["4:memory:/job", "0::/"])
     (proc / "vmstat").write_text("pgfault 10\noom_kill 7\n")

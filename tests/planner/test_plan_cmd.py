@@ -5,9 +5,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import engine.memory_room
-import pipeline.planning
-from engine.memory_room import MemoryRoom
+import engine.memory.room
+import pipeline.plan.planning
+from engine.memory.room import MemoryRoom
 from jobs import cli
 from planner import profiler
 from planner.hardware import load_hardware, save_hardware
@@ -87,14 +87,14 @@ def test_plan_reads_the_workload_from_an_openai_batch_file(demo_model_dir, hw_fi
 
 
 def test_plan_and_run_choose_the_same_policy_for_the_same_input(tmp_path, tiny_llama_dir, hw_file, monkeypatch):
-    """One decision (pipeline.planning.choose_policy) with one CPU budget default: here a small memory room
+    """One decision (pipeline.plan.planning.choose_policy) with one CPU budget default: here a small memory room
     binds, so a command that defaulted the budget otherwise (plan once took the spec's memory) would differ."""
     inp = write_parquet(tmp_path / "in.parquet", prompt=[f"prompt {i} " + "word " * (i % 7) for i in range(64)])
     common = ["--model", tiny_llama_dir, "--input", inp, "--hardware", hw_file, "--dtype", "float32"]
     plans = {}
     for room_bytes in (1e12, 1e6):
-        room = MemoryRoom(room_bytes / pipeline.planning.CPU_BUDGET_SHARE, None, None, None, None)
-        monkeypatch.setattr(engine.memory_room, "memory_room", lambda room=room: room)
+        room = MemoryRoom(room_bytes / pipeline.plan.planning.CPU_BUDGET_SHARE, None, None, None, None)
+        monkeypatch.setattr(engine.memory.room, "memory_room", lambda room=room: room)
         result = plan(*common, "--gen-len", 3, "--json")
         assert result.exit_code == 0, result.output
         plans[room_bytes] = json.loads(result.output)
@@ -113,13 +113,13 @@ def test_a_run_without_planning_keeps_to_the_same_cpu_budget(tmp_path, tiny_llam
     common = ["run", "--no-ray", "--no-plan", "--model", str(tiny_llama_dir), "--input", str(inp),
               "--max-new-tokens", "3", "--dtype", "float32"]
     room = MemoryRoom(10 * 2**30, None, None, None, None)
-    monkeypatch.setattr(engine.memory_room, "memory_room", lambda: room)
+    monkeypatch.setattr(engine.memory.room, "memory_room", lambda: room)
     ran = CliRunner().invoke(cli.main, [*common, "--output", str(tmp_path / "a"), "--cpu-mem", "100GiB"])
     assert ran.exit_code == 0, ran.output
     worker = json.loads((tmp_path / "a" / "_job.json").read_text())["run"]["workers"][0]
-    assert worker["cpu_budget"] == pytest.approx(pipeline.planning.CPU_BUDGET_SHARE * 10 * 2**30)
+    assert worker["cpu_budget"] == pytest.approx(pipeline.plan.planning.CPU_BUDGET_SHARE * 10 * 2**30)
     tiny = MemoryRoom(4096, None, None, None, None)  # far less than the weights
-    monkeypatch.setattr(engine.memory_room, "memory_room", lambda: tiny)
+    monkeypatch.setattr(engine.memory.room, "memory_room", lambda: tiny)
     refused = CliRunner().invoke(cli.main, [*common, "--output", str(tmp_path / "b")])
     assert refused.exit_code == 2 and "on the cpu tier" in refused.output, refused.output
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from engine.generate import Engine
+from engine.engine import Engine
 from engine.spec import load_model_spec
 from jobs import cli
 from jobs.bench import models as bm

@@ -4,7 +4,7 @@ import json
 
 from click.testing import CliRunner
 
-from jobs.bench.stops import stops_command
+from jobs.bench.stop_strings import stops_command
 
 
 def test_bench_stops_reports_both_checks_per_length(tmp_path):

@@ -4,7 +4,7 @@ outputs per request, --skip-completed-runs, resume, and compression passed to th
 import pyarrow.parquet as pq
 import pytest
 
-from engine.generate import Engine
+from engine.engine import Engine
 from jobs.helm import execute as helm_execute
 from pipeline.errors import ConfigError
 from tests.jobs.helm.files import DEMO_ADAPTER, invoke, read_json, write_spec

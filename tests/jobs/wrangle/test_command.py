@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from jobs.wrangle.command import WrangleConfig, build_prompts, run_wrangle, wrangle_command
 from jobs.wrangle.tasks import render
-from pipeline.settings import EngineSettings
+from pipeline.plan.settings import EngineSettings
 
 REPO = Path(__file__).resolve().parents[3]
 DATA = REPO / "examples" / "wrangle"

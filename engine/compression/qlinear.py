@@ -1,0 +1,86 @@
+"""Compressed Linear weights as they compute: the compressed kernel where it was measured faster than the
+dense GEMM, a dequantized copy and the dense GEMM elsewhere.
+
+The choice is per weight shape and row count (rows = batch x tokens of the call, so decode and prefill choose
+apart): `max_rows` is the largest row count at which the compressed kernel beat dequantize + GEMM in a
+measurement on this machine (engine/kernels/rates.py); calls with more rows take the dense path, unless the
+kernel still won at the largest row count measured: then int8 takes the call whole (`int8_linear` goes through
+it in chunks of rows written into one output, nothing concatenated), and int4's kernel, built for decode-sized
+rows, runs on chunks of that many rows. The dense copy is made on first need and kept for the rest of the step
+(one dequantization per layer per step, as before), in buffers the weight store hands back when the next layer
+is taken.
+
+    int4   aten's packed int4 GEMM (`_weight_int4pack_mm_for_cpu`), for layers packed once at load
+    int8   int8 x int8 GEMM with activations quantized per row (`engine/compression/int8.py`), no packing needed"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from engine.compression.int4 import Int4Packed, int4_linear
+from engine.compression.int8 import Int8Weight, dequantize_int8, int8_linear
+from engine.kernels.rates import ROWS
+
+LARGEST_MEASURED = ROWS[-1]
+
+
+@dataclass(frozen=True)
+class QWeight:
+    """A compressed Linear weight as kept: `stored` (QTensor or Int8Weight) for the dense path, `fast` (the
+    compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows)."""
+
+    stored: object
+    fast: Int4Packed | Int8Weight | None
+    max_rows: int
+
+
+def kernel_layout_bytes(weights) -> int:
+    """Bytes the int4 kernel's own layout (Int4Packed) keeps beside the stored codes, over a layer's weights."""
+    return sum(w.fast.weight.nbytes + w.fast.scales_and_zeros.nbytes for w in weights
+               if isinstance(w, QWeight) and isinstance(w.fast, Int4Packed))
+
+
+def stored_bytes(weights) -> int:
+    """Bytes of weights as kept: tensors at their size, QWeights at their stored form's (the int8 head)."""
+    return sum(w.stored.nbytes if isinstance(w, QWeight) else w.numel() * w.element_size() for w in weights)
+
+
+def one_call(w: QWeight, dtype: torch.dtype) -> QLinear:
+    """A view of an int8 QWeight kept outside a layer (the head) for one call: a dense copy only if needed."""
+    return QLinear(w, lambda: dequantize_int8(w.stored, dtype))
+
+
+@dataclass
+class QLinear:
+    """One step's view of a QWeight: `dense()` dequantizes on first call, through `make_dense`."""
+
+    weight: QWeight
+    make_dense: Callable[[], torch.Tensor]
+    _dense: torch.Tensor | None = field(default=None, repr=False)
+
+    def dense(self) -> torch.Tensor:
+        if self._dense is None:
+            self._dense = self.make_dense()
+        return self._dense
+
+    def uses_fast(self, rows: int) -> bool:
+        return self.weight.fast is not None and rows <= self.weight.max_rows
+
+    def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        rows, w = x.numel() // x.shape[-1], self.weight
+        if self.uses_fast(rows) or (isinstance(w.fast, Int8Weight) and w.max_rows >= LARGEST_MEASURED):
+            y = _kernel(x, w.fast)
+        elif w.fast is not None and w.max_rows >= LARGEST_MEASURED:  # still faster at the largest row count
+            x2 = x.reshape(-1, x.shape[-1])  # measured: run the kernel on chunks of that many rows
+            y = torch.cat([_kernel(c, w.fast) for c in x2.split(w.max_rows)]).view(*x.shape[:-1], -1)
+        else:
+            return F.linear(x, self.dense(), b)
+        return y if b is None else y.add_(b)
+
+
+def _kernel(x: torch.Tensor, fast: Int4Packed | Int8Weight) -> torch.Tensor:
+    return int8_linear(x, fast) if isinstance(fast, Int8Weight) else int4_linear(x, fast)

@@ -1,0 +1,236 @@
+"""`Engine`: load a checkpoint once, then complete batches of requests with left padding, layer by layer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from engine.chat import chat_prompt_ids, messages_problem
+from engine.checkpoint import CheckpointReader, LayerWeights
+from engine.compression.codecs import KVCodec, WeightCodec
+from engine.compression.qlinear import stored_bytes
+from engine.dtypes import resolve_dtype
+from engine.errors import InvalidParamsError
+from engine.kernels.backend import load_kernels
+from engine.kernels.native import NativeKernels, int8_head
+from engine.loop.row_state import RowState
+from engine.loop.schedule import BlockExecutor
+from engine.memory.heap import choose_heap
+from engine.memory.room import memory_room
+from engine.memory.tiers import BudgetError, Devices, human
+from engine.memory.weight_store import WeightStore, globals_tier, head_in_int8
+from engine.models import family_for
+from engine.policy import Policy
+from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, Completion, Request
+from engine.spec import ModelSpec, load_model_spec
+from engine.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+# Without refill, blocks come from groups of this many blocks' rows of similar max_new_tokens (0: one group, blocks
+# by prompt length alone); measured by the W4 line of `flexbatch bench engine`.
+MAX_NEW_GROUP = 4
+
+
+class Engine:
+    def __init__(self, spec: ModelSpec, tokenizer, global_weights: LayerWeights, weights: WeightStore,
+                 dtype: torch.dtype, eos_ids: tuple[int, ...], policy: Policy, devices: Devices, kv_codec=None,
+                 kernels: NativeKernels | None = None, globals_on: str = "cpu"):
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.gw = global_weights
+        self.weights = weights
+        self.dtype = dtype
+        self.eos_ids = eos_ids
+        self.policy = policy
+        self.devices = devices
+        self.kv_codec = kv_codec
+        self.kernels = kernels or NativeKernels()
+        self.globals_on = globals_on  # the device the embeddings and the LM head live and compute on
+        self.model = family_for(spec, dtype, self.kernels)
+        self.phase_seconds: dict[str, float] = {}  # the last `generate`'s prefill and decode seconds
+        self.schedule_counts: dict[str, int] = {}  # the last `generate`'s layer passes, refilled rows, shifts
+
+    @property
+    def backend(self) -> str:
+        """The kernel backend in use ("native" or "ipex"; "auto" resolves to one of them at load)."""
+        return self.kernels.name
+
+    @property
+    def layers(self) -> list[LayerWeights]:
+        """Every layer's weights as computed on the CPU (loads disk layers; for inspection and tests)."""
+        # copies: a disk layer read with O_DIRECT is a view of a buffer that the next read reuses
+        return [{k: v.clone() for k, v in self.weights.get(i, "cpu").items()} for i in range(self.spec.num_layers)]
+
+    @classmethod
+    def load(cls, model_dir: str | Path, dtype: str = "auto", policy: Policy | None = None,
+             budgets: dict[str, float | None] | None = None, simulate_gpu: bool = False,
+             offload_dir: str | Path | None = None, backend: str = DEFAULT_BACKEND, tokenizer: bool = True) -> Engine:
+        """Load a checkpoint and place it by `policy` (everything on the CPU by default). `budgets` caps each
+        tier in bytes; `simulate_gpu` makes the gpu tier a separate CPU pool (tests on machines without CUDA).
+        `backend` picks the CPU kernels (engine/kernels/native.py): "native", "ipex", or "auto" (ipex if it imports).
+        `tokenizer=False` loads none: the engine then only runs token ids through `executor` (the planner's
+        probe of the engine's own costs)."""
+        spec = load_model_spec(model_dir)
+        policy = policy or Policy()
+        choose_heap(memory_room())  # mapped large blocks under a binding limit, else freed blocks reused
+        torch_dtype = resolve_dtype(dtype)
+        kernels = load_kernels(backend)
+        devices = Devices(budgets, simulate_gpu=simulate_gpu, offload_dir=offload_dir)
+        _check_gpu(policy, devices)
+        devices.use_pinned_host(any(policy.layer_on_gpu(ph, j) for ph in ("prefill", "decode")
+                                    for j in range(spec.num_layers)))
+        t0 = time.perf_counter()
+        reader = CheckpointReader(model_dir, spec)
+        gw, where = reader.globals(torch_dtype), globals_tier(policy, spec.num_layers)
+        if head_in_int8(policy, where):
+            gw = int8_head(gw, spec.tie_word_embeddings, torch_dtype)
+        devices.tiers[where].reserve(stored_bytes(gw.values()), "embeddings and head")
+        gw = {k: v.to(devices.torch_device(where)) if isinstance(v, torch.Tensor) else v for k, v in gw.items()}
+        wcodec, kvcodec = codecs_for(policy, torch_dtype)
+        weights = WeightStore(reader, policy, devices, torch_dtype, codec=wcodec, offload_dir=offload_dir,
+                              kernels=kernels)
+        log.info("loaded %s (%d layers, %s, layers on %s, %s kernels) in %.2fs", model_dir, spec.num_layers,
+                 torch_dtype, "/".join(weights.placement), kernels.name, time.perf_counter() - t0)
+        return cls(spec, load_tokenizer(model_dir) if tokenizer else None, gw, weights, torch_dtype, _eos_ids(model_dir, spec), policy,
+                   devices, kvcodec, kernels, where)
+
+    def generate(self, requests: list[Request], batch_size: int | None = None,
+                 truncate: str = "error") -> list[Completion]:
+        """Complete every request; results come back in the order of `requests`. A bad row gets
+        `finish_reason="error"`; it never fails the others. Rows run in blocks of `gbs * num_gb` prompts of
+        similar length; `batch_size` is a shorthand for one GPU batch of that many rows per block."""
+        if truncate not in TRUNCATE_CHOICES:
+            raise InvalidParamsError(f"truncate={truncate!r} is invalid: use one of {', '.join(TRUNCATE_CHOICES)}")
+        policy = self.policy
+        if batch_size is not None:
+            policy = dataclasses.replace(policy, gbs=batch_size, num_gb=1)
+        results: list[Completion | None] = [None] * len(requests)
+        ready: list[tuple[int, RowState]] = []
+        for n, req in enumerate(requests):
+            row = self._prepare(req, truncate)
+            if isinstance(row, Completion):
+                results[n] = row
+            else:
+                ready.append((n, row))
+        executor = self.executor(policy)
+        blocks = self._blocks(ready, policy)
+        self._check_budgets(executor, blocks)
+        for block, waiting in blocks:
+            rows, left = [row for _, row in block], [row for _, row in waiting]
+            while rows:
+                with torch.inference_mode():
+                    executor.run(rows, left if policy.refill else None)  # refill pops the rows it takes
+                rows, left = left[: policy.block_size], left[policy.block_size :]  # none fitted: a block of its own
+        for n, row in ready:
+            assert row.done, row.req.id
+            results[n] = row.completion(self.tokenizer)
+        self.phase_seconds = dict(executor.seconds)
+        self.schedule_counts = dict(executor.counts)
+        return results
+
+    @staticmethod
+    def _blocks(ready: list, policy: Policy) -> list[tuple[list, list]]:
+        """(block, waiting rows) pairs. Without refill, no waiting rows, and blocks of rows of similar
+        max_new_tokens (a block runs until its last row ends), taken MAX_NEW_GROUP blocks at a time and sorted by
+        prompt length within (less padding). With refill, one block of the longest prompts, every other row
+        waiting (longest first, so that each fits before the shared cursor of the slot it takes)."""
+        if not policy.refill:
+            n = policy.block_size
+            ready = sorted(ready, key=lambda item: (item[1].req.params.max_new_tokens, len(item[1].prompt_ids)))
+            group = n * MAX_NEW_GROUP if MAX_NEW_GROUP else len(ready)
+            ready = [item for g in range(0, len(ready), group)
+                     for item in sorted(ready[g : g + group], key=lambda item: len(item[1].prompt_ids))]
+            return [(ready[i : i + n], []) for i in range(0, len(ready), n)]
+        ready = sorted(ready, key=lambda item: -len(item[1].prompt_ids))
+        return [(ready[: policy.block_size], ready[policy.block_size :])] if ready else []
+
+    def executor(self, policy: Policy | None = None) -> BlockExecutor:
+        """The block executor of this engine's weights under `policy` (the engine's own by default): it runs a
+        block of `RowState`s through every layer, the zig-zag schedule."""
+        policy = policy or self.policy
+        pad = self.eos_ids[0] if self.eos_ids else 0
+        return BlockExecutor(self.spec, self.model, self.gw, self.weights, self.devices, policy, self.dtype,
+                             self.tokenizer, pad, kv_codec=self.kv_codec, kernels=self.kernels, globals_on=self.globals_on)
+
+    def _check_budgets(self, executor: BlockExecutor, blocks) -> None:
+        """Refuse, before any work, a workload whose largest block does not fit a tier's budget."""
+        for block, waiting in blocks:
+            rows = [row for _, row in block]
+            S = max(len(r.prompt_ids) for r in rows)
+            T = executor.total_slots(rows + [row for _, row in waiting])
+            need = executor.block_bytes(len(rows), S, T)
+            staging = self.weights.staging_bytes()  # two layers staged on the GPU away from their tier
+            need["gpu"] += staging
+            for tier, nbytes in need.items():
+                t = self.devices.tiers[tier]
+                if t.budget is not None and t.used + nbytes > t.budget:
+                    what = ("KV cache, activations and two streamed layers' staging" if tier == "gpu" and staging
+                            else "KV cache and activations")
+                    raise BudgetError(
+                        f"a block of {len(rows)} rows x {T} tokens needs {human(nbytes)} of {what} on the {tier} "
+                        f"tier, which has {human(t.budget - t.used)} left of its {human(t.budget)} budget; lower "
+                        f"--gbs/--num-gb, raise --{tier}-mem, or move cache or weights to another tier")
+
+    def _prompt_ids(self, req: Request) -> list[int] | str:
+        """The request's prompt token ids (given, rendered from its messages, or tokenized from its prompt),
+        or why it has none."""
+        if req.prompt_ids is not None:
+            return list(req.prompt_ids) or "prompt_ids is empty; give at least one token"
+        if req.messages is not None:
+            problem = messages_problem(req.messages)
+            if problem:
+                return problem
+            try:
+                return chat_prompt_ids(self.tokenizer, req.messages)
+            except ValueError as e:
+                return str(e)
+        if not isinstance(req.prompt, str) or not req.prompt:
+            what = "empty" if req.prompt == "" else f"not a string ({type(req.prompt).__name__})"
+            return f"prompt is {what}; give a non-empty string"
+        return list(self.tokenizer(req.prompt)["input_ids"])
+
+    def _prepare(self, req: Request, truncate: str) -> RowState | Completion:
+        ids = self._prompt_ids(req)
+        if isinstance(ids, str):
+            return Completion.failed(req.id, ids)
+        context = self.spec.max_position_embeddings
+        room = context - req.params.max_new_tokens
+        if room < 1:
+            return Completion.failed(req.id, f"max_new_tokens={req.params.max_new_tokens} leaves no room for the "
+                                     f"prompt in the model's context of {context} tokens; lower it", len(ids))
+        if len(ids) > room:
+            if truncate != "left":
+                return Completion.failed(
+                    req.id, f"prompt has {len(ids)} tokens; with max_new_tokens={req.params.max_new_tokens} it "
+                    f"exceeds the model's context of {context}; shorten it, lower max_new_tokens, or truncate left",
+                    len(ids))
+            ids = ids[-room:]
+        return RowState(req, ids, self.eos_ids)
+
+
+def _eos_ids(model_dir: str | Path, spec: ModelSpec) -> tuple[int, ...]:
+    """The ids that end a row: generation_config.json's `eos_token_id` (one id or several, e.g. Llama 3's
+    <|end_of_text|> and <|eot_id|>), which is what transformers' `generate` stops on; config.json's when that
+    file is absent or names none."""
+    gen = Path(model_dir) / "generation_config.json"
+    value = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
+    if value is None:
+        return tuple(spec.eos_token_ids)
+    return tuple(dict.fromkeys(int(t) for t in (value if isinstance(value, list) else [value])))
+
+
+def _check_gpu(policy: Policy, devices: Devices) -> None:
+    if policy.uses_gpu() and not devices.gpu_available:
+        raise InvalidParamsError(
+            "the policy places data or compute on the gpu tier but no CUDA device is available; "
+            "use a CPU-only policy (all fractions on cpu/disk, --prefill-device cpu --decode-device cpu)")
+
+
+def codecs_for(policy: Policy, dtype: torch.dtype):
+    """The weight and KV-cache codecs a policy asks for (None = uncompressed)."""
+    return (WeightCodec(dtype, format=policy.weight_format) if policy.compress_weight else None), (KVCodec() if policy.compress_cache else None)

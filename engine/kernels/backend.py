@@ -1,0 +1,32 @@
+"""Which kernels a run uses: the backend named by --backend, resolved to the native or the IPEX kernels.
+
+Kept apart from engine/kernels/native.py because the IPEX kernels build on the native ones."""
+
+from __future__ import annotations
+
+import logging
+
+from engine.errors import InvalidParamsError
+from engine.kernels.native import NativeKernels
+from engine.request import BACKEND_CHOICES, DEFAULT_BACKEND
+
+log = logging.getLogger(__name__)
+
+
+def load_kernels(backend: str = DEFAULT_BACKEND) -> NativeKernels:
+    """The kernels of `backend` ("native", "ipex" or "auto")."""
+    if backend not in BACKEND_CHOICES:
+        raise InvalidParamsError(f"backend={backend!r} is invalid: use one of {', '.join(BACKEND_CHOICES)}")
+    if backend == "native":
+        return NativeKernels()
+    from engine.kernels.ipex import IpexUnavailable, ipex_kernels
+
+    try:
+        return ipex_kernels()
+    except IpexUnavailable as e:
+        if backend == "ipex":
+            raise InvalidParamsError(
+                f"backend='ipex' cannot be used: {e}; install it in a separate environment "
+                "(scripts/setup_ipex_venv.sh) or use --backend native") from None
+        log.info("backend auto: %s; using the native kernels", e)
+        return NativeKernels()

@@ -1,0 +1,95 @@
+"""The kernel seam: the few operations a backend may implement its own way, everything else being shared.
+
+A backend supplies Linear, rotary positions, prefill attention, and how a layer's stored weights become
+ready to compute (dense tensors, compressed ones computed on directly or dequantized, or the backend's own
+packed form). The Policy, the
+block schedule, placement and the KV caches are the same for every backend.
+
+    native   plain PyTorch (the default): F.linear, engine/kernels/rope.py, the caches' SDPA, and compressed weights
+             through engine/compression/qlinear.py (int4 / int8 kernels, or dequantize + GEMM, by measured rate)
+    ipex     Intel Extension for PyTorch kernels where they beat these (engine/kernels/ipex.py)
+    auto     ipex when intel_extension_for_pytorch imports, else native
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from engine.checkpoint import LayerWeights
+from engine.compression.int4 import INT4_GROUP_SIZES, PACKED_DTYPE, pack_int4
+from engine.compression.int8 import Int8Weight, quantize_int8
+from engine.compression.qlinear import QLinear, QWeight, one_call
+from engine.kernels.rates import max_rows
+from engine.kernels.rope import apply_rope, cos_sin
+
+
+class NativeKernels:
+    """Plain PyTorch kernels; every backend falls back to these off the CPU or where it has nothing better."""
+
+    name = "native"
+    # full attention of a prefill; None leaves it to the KV caches (SDPA), as they do for decode
+    prefill_attention = None
+
+    def linear(self, x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(w, QLinear):
+            return w(x, b)
+        if isinstance(w, QWeight):  # kept outside a layer (the int8 head)
+            return one_call(w, x.dtype)(x, b)
+        return F.linear(x, w, b)
+
+    def rope_tables(self, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+        """What `rope` needs for one step, from positions [B, S]: cos, sin [B, 1, S, D]."""
+        return cos_sin(inv_freq, positions, dtype)
+
+    def rope(self, q: torch.Tensor, k: torch.Tensor, tables) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [B, NH, S, D], k [B, KVH, S, D] (transposed views of [B, S, H, D]), rotated by position."""
+        cos, sin = tables
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    def pack_resident(self, stored: LayerWeights, meta: dict[str, str] | None, codec=None) -> LayerWeights:
+        """A layer that stays in CPU memory and only ever computes on the CPU, in the form it is kept in
+        (called once at load). Compressed weights become QWeights, 4-bit ones packed for aten's int4 GEMM when
+        that was measured faster at some row count (kept beside the stored form, which the dense path reads)."""
+        if codec is None or meta is None:
+            return stored
+        plain, packed = codec.split(stored, meta)
+        return plain | {name: qweight(w, codec.dtype, pack=True) for name, w in packed.items()}
+
+    def ready(self, stored: LayerWeights, meta, codec, device: str) -> tuple[LayerWeights, dict | None]:
+        """A layer's weights on compute `device`, ready for `linear`, and the codec buffers they occupy
+        (handed back when the next layer is taken). On the CPU, compressed weights become QLinears (the
+        compressed kernel, or a dense copy made in those buffers on first need); elsewhere they are dequantized."""
+        if codec is None:
+            return stored, None
+        buffers = codec.acquire()
+        if device != "cpu":
+            return codec.decode(stored, meta, buffers), buffers
+        plain, packed = codec.split(stored, meta)
+        out = dict(plain)
+        for name, w in [*packed.items(), *((n, t) for n, t in plain.items() if isinstance(t, QWeight))]:
+            q = w if isinstance(w, QWeight) else qweight(w, codec.dtype, pack=False)
+            out[name] = QLinear(q, partial(codec.dense, name, q.stored, buffers))
+            if q.fast is None:  # dense at every row count: dequantize now (in the prefetch thread)
+                out[name].dense()
+        return out, buffers
+
+
+def int8_head(gw: LayerWeights, tied: bool, dtype: torch.dtype) -> LayerWeights:
+    """The global weights with the LM head's weight (the embeddings' where tied, which stay as they are for the
+    lookup) as a row-wise int8 QWeight under `lm_head.weight` (engine.memory.weight_store.head_in_int8 decides)."""
+    w = gw["embed_tokens.weight"] if tied or "lm_head.weight" not in gw else gw["lm_head.weight"]
+    return gw | {"lm_head.weight": qweight(quantize_int8(w), dtype, pack=False)}
+
+
+def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:
+    """A QTensor or Int8Weight as a QWeight: int8 computes on its codes as they are; int4 needs packing
+    (`pack`, done once for resident layers) and is packed only where it was measured faster somewhere."""
+    if isinstance(w, Int8Weight):
+        n, k = w.codes.shape
+        return QWeight(w, w, max_rows("int8", n, k, dtype))
+    n, k = w.shape
+    rows = max_rows("int4", n, k, dtype) if pack and w.config.group_size in INT4_GROUP_SIZES else 0
+    return QWeight(w, pack_int4(w, PACKED_DTYPE) if rows else None, rows)

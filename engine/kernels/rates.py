@@ -1,0 +1,186 @@
+"""Where the compressed kernels beat dequantize + dense GEMM on this machine, measured once per weight shape,
+format and compute dtype, and cached as JSON (~/.cache/flexbatch/kernel_rates.json) under a key of the machine
+(CPU model, a hash of its flags, torch version, thread count), so that a run measures only shapes it has not
+seen. `flexbatch profile` measures a few shapes at every row count through `shape_timings` and prices the
+planner's compressed GEMMs from the same entries: the profile and the crossovers are one measurement.
+
+For each row count of ROWS in turn, the compressed kernel's time is compared with the dense path's: one
+dequantization (as a layer is dequantized once per step) plus the GEMM over the dequantized weight. The
+largest row count at which the compressed kernel won is `max_rows` (calls of up to that many rows take it);
+0 means never. A cached entry is measured again when it is stale (older than MAX_AGE_S, or of another
+VERSION), implausible (a path that took less than half as long at more rows: a disturbed call), or was
+measured while the machine was busy (1-minute load average above the CPU count) and it is not now."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.compression.int4 import DEFAULT_CONFIG, PACKED_DTYPE, dequantize, int4_linear, pack_int4, quantize
+from engine.compression.int8 import dequantize_int8, int8_linear, quantize_int8
+from engine.dtypes import cpu_info
+
+log = logging.getLogger(__name__)
+ROWS = (1, 4, 16, 64, 256, 1024)
+VERSION = 3  # of the kernels measured and the entries' form: entries of another version are measured again
+MAX_AGE_S = 30 * 86400
+DEFAULT_PATH = Path.home() / ".cache" / "flexbatch" / "kernel_rates.json"
+_lock = threading.Lock()
+_memo: dict[tuple[Path, str], int] = {}
+
+
+def machine_key() -> str:
+    cpu = cpu_info("model name") or platform.processor() or platform.machine()
+    flags = hashlib.sha256((cpu_info("flags") or "").encode()).hexdigest()[:12]
+    return f"{cpu}|flags {flags}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+
+
+def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
+    """(compressed call, dense call) for a random [n, k] weight; dense includes the dequantization."""
+    w = torch.randn(n, k) * 0.02
+    if fmt == "int8":
+        w8 = quantize_int8(w)
+        return (lambda x: int8_linear(x, w8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
+    qt = quantize(w.to(dtype), DEFAULT_CONFIG)
+    packed = pack_int4(qt, PACKED_DTYPE)
+    return (lambda x: int4_linear(x, packed)), (lambda x: F.linear(x, dequantize(qt, dtype=dtype)))
+
+
+def fewest_seconds(fns, repeats: int) -> list[float]:
+    """The fewest seconds of each of `fns` over `repeats` rounds, timed interleaved (a busy machine slows calls;
+    the fewest is the least disturbed, and interleaving spreads the disturbance over both paths)."""
+    for fn in fns:
+        fn()  # warm-up
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int = 5,
+                     every_row_count: bool = False) -> tuple[int, list]:
+    """The largest row count of ROWS at which the compressed kernel is faster, and the timings. The scan stops
+    after two row counts in a row where it is not, unless `every_row_count` (the profile prices every one)."""
+    fast, dense = _paths(fmt, n, k, dtype)
+    best, losses, timings = 0, 0, []
+    with torch.inference_mode():
+        for rows in ROWS:
+            x = torch.randn(rows, k).to(dtype)
+            t_fast, t_dense = fewest_seconds([lambda: fast(x), lambda: dense(x)], repeats)  # noqa: B023
+            timings.append({"rows": rows, "fast_s": t_fast, "dense_s": t_dense})
+            losses = 0 if t_fast < t_dense else losses + 1
+            best = rows if t_fast < t_dense else best
+            if losses == 2 and not every_row_count:
+                break
+    return best, timings
+
+
+def max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, path: Path | None = None) -> int:
+    """`max_rows` for this shape, from the cache or measured now (and cached)."""
+    return int(shape_timings(fmt, n, k, dtype, path=path)["max_rows"])
+
+
+def shape_timings(fmt: str, n: int, k: int, dtype: torch.dtype, every_row_count: bool = False,
+                  path: Path | None = None, refresh: bool = False) -> dict:
+    """This shape's entry ({"max_rows", "timings", ...}), from the cache when it is usable (and not `refresh`),
+    else measured now (and cached)."""
+
+    def measure() -> dict:
+        best, timings = measure_max_rows(fmt, n, k, dtype, every_row_count=every_row_count)
+        log.info("%s kernel on [%d, %d] %s: faster than dequantize + GEMM up to %d rows", fmt, n, k, dtype, best)
+        return {"max_rows": best, "timings": timings}
+
+    complete = _complete if every_row_count else (lambda entry: True)
+    return cached(entry_key(fmt, dtype, f"{n}x{k}"), measure, path, refresh, complete)
+
+
+def entry_key(*parts) -> str:
+    """The cache key of a measurement on this machine: the machine, VERSION, then what was measured."""
+    return "|".join([machine_key(), f"v{VERSION}", *(str(p).removeprefix("torch.") for p in parts)])
+
+
+def cached(key: str, measure, path: Path | None = None, refresh: bool = False, complete=lambda entry: True) -> dict:
+    """The entry under `key`: from this process's memo or the file when usable (not stale, `complete`, not
+    `refresh`), else `measure()` now, stamped with when and how busy the machine was, and written back."""
+    path = path or DEFAULT_PATH
+    with _lock:
+        memo = _memo.get((path, key))
+        if memo is not None and not refresh and complete(memo):
+            return memo
+        entry = _read(path).get(key)
+        why = "measured again by request" if refresh else stale(entry) or (None if complete(entry) else "incomplete")
+        if why:
+            log.info("measuring %s (%s)", key.rsplit(f"|v{VERSION}|", 1)[-1], why)
+            entry = measure() | {"measured_at": time.time(), "load_average": os.getloadavg()[0],
+                                 "cpus": os.cpu_count() or 1}
+            _write(path, _read(path) | {key: entry})
+        _memo[(path, key)] = entry
+    return entry
+
+
+def stale(entry: dict | None, every_row_count: bool = False, now: float | None = None) -> str | None:
+    """Why a cached entry must be measured again, or None when it can be used."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("timings"), list):
+        return "not measured yet"
+    now = time.time() if now is None else now
+    if now - float(entry.get("measured_at", 0)) > MAX_AGE_S:
+        return "the cached figure is older than 30 days"
+    if not plausible(entry["timings"]):
+        return "the cached figure is implausible"
+    if busier_then(float(entry.get("load_average", 0)), float(entry.get("cpus", 1))):
+        return "the cached figure was measured on a busier machine"
+    if every_row_count and not _complete(entry):
+        return "the cached figure stops short of the largest row count"
+    return None
+
+
+def busier_then(load_average: float, cpus: float) -> bool:
+    """Whether a figure measured at this 1-minute load average on `cpus` CPUs came from a busy machine that is not
+    busy now: loaded beyond its CPU count then, within it now. Such figures are measured again (the kernel rates
+    here, the hardware profile in planner/profiler.py); on a machine busy throughout they are kept rather than
+    measured again at every load that happens to be lower."""
+    return load_average > cpus and os.getloadavg()[0] <= cpus
+
+
+def plausible(timings: list[dict]) -> bool:
+    """Each path (each `*_s` field) takes at least half as long at more rows or slots (more work is never much
+    faster: a call that was, was disturbed where it took longer with less)."""
+    for name in {k for t in timings for k in t if k.endswith("_s")}:
+        times = [t[name] for t in timings]
+        if any(b < 0.5 * a for a, b in zip(times, times[1:])) or min(times, default=1) <= 0:
+            return False
+    return True
+
+
+def _complete(entry: dict) -> bool:
+    return len(entry.get("timings", ())) == len(ROWS)
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: Path, table: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(table, f, indent=1)
+        os.replace(f.name, path)
+    except OSError as e:  # a read-only home still runs, measuring again next time
+        log.warning("could not cache kernel rates in %s: %s", path, e)

@@ -1,0 +1,86 @@
+"""Keeping the C heap from holding memory the engine has freed.
+
+While a model loads, quantizing a layer frees its full-precision copy and temporaries, but glibc keeps freed heap
+memory, and the compressed layers allocated in between pin it (measured on the 110M Llama: RSS added by an int4
+load +498 MiB untrimmed, +198 MiB trimmed after each layer, float32 +424 MiB): `release_freed_memory`.
+
+While a block runs, its large temporaries (a prefill's attention, norm and MLP intermediates, megabytes each)
+land in the heap too: glibc serves a block of 128 KiB or more with mmap only until one such block is freed, and
+then raises that threshold to the freed size (up to 32 MiB). In the heap they fragment it: holes that the next
+temporaries do not fit, and free memory above a live block, which the heap cannot give back. Under a binding
+memory limit that slack is what kills: the same plan (the demo model, a 512-row block) peaked between 400 and
+510 MiB from run to run, the heap holding 80-190 MiB free at the peak, and a 500 MiB group killed it about one
+run in six to ten. There `choose_heap` has every block of LARGE_BLOCK_BYTES or more mmapped (given back when
+freed: that job then peaks at 341-364 MiB), at the cost of faulting fresh pages in: 0.75x the tokens/s of the
+heap policy below on a 512-row block of the tiny preset, 0.91x on a 32 x 128-token block of the 110M one
+(`flexbatch bench engine`, line "heap"; 1 thread, load average ~5 on 2 cores). A higher threshold does not bound
+that peak: 402-411 MiB at 8 MiB, 365-456 MiB at 17 MiB.
+
+Elsewhere the opposite pays: above 32 MiB glibc always mmaps, so a long prefill's layer-sized temporaries
+(hundreds of MiB per layer) were mapped, faulted in page by page (zeroed by the kernel) and unmapped again at
+every layer: 1.8 million page faults and a quarter of the CPU time of a 32 x 512-token prefill of the 110M
+Llama. There `choose_heap` has glibc serve every block from the heap and keep what is freed there, reused
+without faulting it in again (that prefill: 1,225 faults, CPU time -26 % with int8 weights and -14 % in float32;
+peak RSS +2-4 %)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+from functools import cache
+
+log = logging.getLogger(__name__)
+LARGE_BLOCK_BYTES = 4 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # glibc's mallopt parameters (malloc.h)
+KEEP_FREED = 2**31 - 1  # M_TRIM_THRESHOLD, bytes of free heap top kept (mallopt takes an int)
+_GLIBC_MMAP_MAX, _GLIBC_TRIM_THRESHOLD = 65536, 128 << 10  # glibc's own M_MMAP_MAX and M_TRIM_THRESHOLD
+
+
+@cache
+def _libc():
+    """glibc, or None where the C library is another (musl, macOS: no malloc_trim, other mallopt numbers)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def release_freed_memory() -> None:
+    """glibc's malloc_trim(0): free heap pages go back to the OS (a no-op where the C library has none)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def mmap_large_blocks(nbytes: int = LARGE_BLOCK_BYTES) -> bool:
+    """From now on glibc serves every block of `nbytes` or more with its own mmap, freed straight back to the OS,
+    and never raises that threshold (mallopt M_MMAP_THRESHOLD), and gives back free memory at the heap's top
+    past glibc's own 128 KiB (undoing `reuse_freed_blocks`); whether it could be set."""
+    libc = _libc()
+    return libc is not None and all(libc.mallopt(param, value) for param, value in (
+        (_M_MMAP_MAX, _GLIBC_MMAP_MAX), (_M_TRIM_THRESHOLD, _GLIBC_TRIM_THRESHOLD), (_M_MMAP_THRESHOLD, int(nbytes))))
+
+
+def reuse_freed_blocks() -> bool:
+    """From now on glibc serves every block from the heap (M_MMAP_MAX 0; a thread's arena still maps what its
+    heap cannot hold) and keeps freed memory at the heap's top (M_TRIM_THRESHOLD), so freed blocks are reused
+    without being faulted in again; whether it could be set. `release_freed_memory` still gives memory back."""
+    libc = _libc()
+    return libc is not None and bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED))
+
+
+def choose_heap(room) -> str | None:
+    """The C heap's policy for this process, from its memory room (an engine.memory.room.MemoryRoom): under a
+    binding limit (`room.limit_binds`: the kernel kills at the cgroup's limit) `mmap_large_blocks`, so that the
+    peak is what the tensors take, not that plus the heap's holes; elsewhere `reuse_freed_blocks`, so that large
+    temporaries are not faulted in afresh at every layer. Which it set ("mmap-large", "reuse"), None if neither."""
+    if room.limit_binds:
+        if not mmap_large_blocks():
+            return None
+        log.info("a memory limit binds: allocations of %d MiB or more are mmapped, given back to the OS when freed",
+                 LARGE_BLOCK_BYTES >> 20)
+        return "mmap-large"
+    return "reuse" if reuse_freed_blocks() else None

@@ -1,0 +1,126 @@
+"""The offload folder: where the disk tier lives. Disk-tier tensors made during a run (activations, a 4-bit KV
+cache) are scratch files mapped into memory; nothing of them outlives the mapping. A plain KV cache on disk is
+a scratch file read and written with direct I/O instead (engine/memory/disk_kv.py).
+
+A scratch file is made in a fresh private folder (`mkdtemp`, mode 0700) under the offload folder, opened with
+O_CREAT | O_EXCL | O_NOFOLLOW (a name planted in advance, such as a symlink, makes the open fail rather than
+write through it), and its name and folder are removed as soon as it is mapped: a killed process leaves
+nothing behind, and no other process can reach the file by name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import mmap
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+DEFAULT_OFFLOAD_DIR = Path.home() / ".cache" / "flexbatch" / "offload"
+
+
+def offload_root(offload_dir: str | Path | None) -> Path:
+    """The offload folder (made if missing, private to its owner when flexbatch makes it)."""
+    root = Path(offload_dir or DEFAULT_OFFLOAD_DIR)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return root
+
+
+def scratch_tensor(offload_dir: str | Path | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized tensor backed by a shared memory-mapped scratch file under the offload folder."""
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    fd = scratch_file(offload_dir)
+    try:
+        os.ftruncate(fd, nbytes)
+        mapped = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)  # the mapping keeps the file alive until the tensor is freed
+    return torch.frombuffer(mapped, dtype=dtype, count=numel).view(shape)
+
+
+def scratch_file(offload_dir: str | Path | None, direct: bool = False) -> int:
+    """The descriptor of a new, already unlinked scratch file under the offload folder; with `direct`, opened
+    with O_DIRECT where the filesystem takes it (tmpfs does not: then buffered)."""
+    private = tempfile.mkdtemp(prefix="scratch-", dir=offload_root(offload_dir))
+    path = os.path.join(private, "scratch.bin")
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(path, flags | (os.O_DIRECT if direct else 0), 0o600)
+        except OSError:
+            if not direct:
+                raise
+            fd = os.open(path, flags, 0o600)
+        os.unlink(path)
+    finally:
+        os.rmdir(private)
+    return fd
+
+
+# Disk-tier layers: one safetensors file per layer, `layer_NNNN.safetensors`, in a folder per (checkpoint,
+# dtype, format). Each is written under a temporary name and renamed into place, then its completion record
+# `layer_NNNN.json` (size and SHA-256) is written the same way: a file without a record, or whose size or
+# SHA-256 differs from it, is rebuilt. The hash is checked on every reuse (one read of the file at load, not
+# kept in the page cache): a same-size change, a flipped bit or a file swapped in, would otherwise compute
+# with wrong weights and no error. Which layers a run puts on disk depends on its policy, so each layer stands alone; two
+# processes converting the same model at once each write their own temporary and rename the same content.
+
+def layer_path(folder: Path, i: int) -> Path:
+    return folder / f"layer_{i:04d}.safetensors"
+
+
+def stored_layer(folder: Path, i: int) -> dict | None:
+    """Layer i's metadata if its file is complete and matches its record, else None (it is to be rebuilt)."""
+    from safetensors import safe_open
+
+    path, record_path = layer_path(folder, i), folder / f"layer_{i:04d}.json"
+    try:
+        record = json.loads(record_path.read_text())
+        if path.stat().st_size != record["bytes"] or _sha256(path) != record["sha256"]:
+            log.warning("%s does not match its record %s (size or SHA-256); rebuilding it", path, record_path.name)
+            return None
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError):  # missing, torn or not safetensors
+        return None
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # a memory cgroup would charge the pages read
+    return digest
+
+
+def write_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], metadata: dict | None) -> Path:
+    """Write layer i's file and then its completion record, each atomically."""
+    from safetensors.torch import save
+
+    data = save(tensors, metadata=metadata)
+    path = layer_path(folder, i)
+    _write_atomic(path, data)
+    _write_atomic(folder / f"layer_{i:04d}.json",
+                  json.dumps({"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode())
+    return path
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

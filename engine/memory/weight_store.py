@@ -1,0 +1,244 @@
+"""Layer weights placed on tiers at layer granularity, loaded on demand for the compute device, with the next
+layer prefetched by a background thread while the current one computes.
+
+A layer whose weights live away from the GPU it computes on is copied into one of a few reused staging buffer
+sets there (the layer computing, the layer being prefetched), from pinned host memory, on the `weights` side
+stream; the compute stream waits for that copy's event, and a staging set is refilled only after the compute
+stream has passed the event recorded when its previous layer was handed back."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from engine.checkpoint import CheckpointReader, LayerWeights
+from engine.compression.qlinear import kernel_layout_bytes
+from engine.kernels.fuse import LAYOUT, fuse_projections
+from engine.kernels.native import NativeKernels
+from engine.memory.disk_read import DirectReader, memory_room_bytes, reads_direct
+from engine.memory.heap import release_freed_memory
+from engine.memory.offload import layer_path, offload_root, stored_layer, write_layer
+from engine.memory.tiers import Devices, tensor_bytes
+from engine.policy import Policy
+
+log = logging.getLogger(__name__)
+
+
+def layer_tiers(num_layers: int, fractions: dict[str, float]) -> list[str]:
+    """Assign each layer a tier so that each tier gets round(fraction * layers) layers, spread evenly (a disk
+    layer between resident ones gives its read time to overlap with their compute)."""
+    return _spread(num_layers, _tier_counts(num_layers, fractions))
+
+
+def _tier_counts(num_layers: int, fractions: dict[str, float]) -> dict[str, int]:
+    counts, acc = {}, 0.0
+    for name in ("gpu", "cpu", "disk"):
+        start = round(acc * num_layers)
+        acc += fractions[name]
+        counts[name] = round(min(acc, 1.0) * num_layers) - start
+    counts["disk"] = num_layers - counts["gpu"] - counts["cpu"]
+    return counts
+
+
+def _spread(n: int, counts: dict[str, int]) -> list[str]:
+    out, given = [], dict.fromkeys(counts, 0)
+    for i in range(n):
+        name = max(counts, key=lambda t: (counts[t] * (i + 1) / n - given[t], -"gpu cpu disk".find(t)))
+        out.append(name)
+        given[name] += 1
+    return out
+
+
+def stored_layers(folder: Path | None, layers: list[int]) -> dict[int, dict | None]:
+    """`stored_layer` of each of `layers` in the offload folder, checked on every core at once: each check hashes
+    its whole file, and hashlib lets other threads run meanwhile."""
+    if folder is None or not layers:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(len(layers), os.cpu_count() or 1)) as pool:
+        return dict(zip(layers, pool.map(lambda i: stored_layer(folder, i), layers)))
+
+
+def weight_placement(policy: Policy, num_layers: int) -> list[str]:
+    """Each layer's weight tier under `policy`. The gpu tier's layers go first to the layers that compute on the
+    GPU (in decode, then in prefill; upper layers first), so that a static CPU-GPU split keeps its GPU layers'
+    weights resident there and its CPU layers' weights in CPU memory: only activations cross (FlexInfer). The
+    cpu and disk layers are spread evenly over the rest. Without a split every layer is alike and the tiers are
+    spread evenly over all of them (`layer_tiers`)."""
+    fractions = {t: getattr(policy, f"weight_{t}") for t in ("gpu", "cpu", "disk")}
+    affinity = [2 * policy.layer_on_gpu("decode", j) + policy.layer_on_gpu("prefill", j) for j in range(num_layers)]
+    if len(set(affinity)) == 1:
+        return layer_tiers(num_layers, fractions)
+    counts = _tier_counts(num_layers, fractions)
+    by_affinity = sorted(range(num_layers), key=lambda j: (affinity[j], j), reverse=True)
+    on_gpu = set(by_affinity[: counts["gpu"]])
+    rest = [j for j in range(num_layers) if j not in on_gpu]
+    spread = iter(_spread(len(rest), {"cpu": counts["cpu"], "disk": counts["disk"]}))
+    return ["gpu" if j in on_gpu else next(spread) for j in range(num_layers)]
+
+
+def globals_tier(policy: Policy, num_layers: int) -> str:
+    """Where the embeddings, the final norm and the LM head live and compute, placed like a layer (as FlexGen
+    does): on the gpu tier when decode's last layer computes on the GPU (the head then runs where the hidden
+    states already are, every step), else in CPU memory. It depends on the compute devices only, never on solved
+    fractions, so the engine and the planner place them alike."""
+    return "gpu" if policy.layer_on_gpu("decode", num_layers - 1) else "cpu"
+
+
+def head_in_int8(policy: Policy, where: str) -> bool:
+    """Whether the LM head keeps its own row-wise int8 weight, computed with the int8 kernel (as CTranslate2's
+    int8 keeps its output projection): with int8 weights, where the head computes on the CPU. In decode the head
+    is a GEMM as large as several layers (vocabulary x hidden, per row), so a dense head there would outweigh the
+    int8 layers it follows. 4-bit weights and a head on the GPU keep the head in the compute dtype."""
+    return policy.compress_weight and policy.weight_format == "int8" and where == "cpu"
+
+
+class WeightStore:
+    """Holds every layer on its tier: `gpu`/`cpu` layers in memory, `disk` layers as one safetensors file per
+    layer in the offload folder (written once per model and format, then reused). The kernels decide how a
+    loaded layer becomes ready to compute, and may keep a CPU layer that only computes on the CPU in their own
+    packed form (accounted at its stored size)."""
+
+    def __init__(self, reader: CheckpointReader, policy: Policy, devices: Devices, dtype: torch.dtype,
+                 codec=None, offload_dir: Path | None = None, kernels: NativeKernels | None = None):
+        self.devices = devices
+        self.dtype = dtype
+        self.codec = codec  # compresses / decompresses a layer; None keeps weights as they are
+        self.kernels = kernels or NativeKernels()
+        self.placement = weight_placement(policy, reader.spec.num_layers)
+        self._cpu_only = [not (policy.layer_on_gpu("prefill", i) or policy.layer_on_gpu("decode", i))
+                          for i in range(reader.spec.num_layers)]
+        self.resident: dict[int, LayerWeights] = {}
+        self.meta: dict[int, dict[str, str] | None] = {}
+        self._in_use: tuple | None = None  # the staging set and codec buffers of the layer computing
+        self._staging_free: list[dict] = []
+        self._released = None  # compute-stream event recorded when the last layer was handed back
+        self.files: dict[int, Path] = {}
+        self.layer_bytes: list[int] = []
+        # one intra-op thread for the prefetcher: with two, its dequant/copies fight the compute thread's
+        # OpenMP team for the same cores and slow every op on the main thread
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-prefetch",
+                                        initializer=torch.set_num_threads, initargs=(1,))
+        self._pending: dict[tuple[int, str], Future] = {}
+        folder = self._offload_folder(reader, offload_dir) if "disk" in self.placement else None
+        room = memory_room_bytes()  # before the layers, as the planner measured it (planner.cost_model)
+        kept = stored_layers(folder, [i for i, tier in enumerate(self.placement) if tier == "disk"])
+        for i, tier in enumerate(self.placement):
+            self._place(reader, i, tier, folder, kept.get(i))
+            release_freed_memory()  # the layer's full-precision copy, before the next is read
+        disk = sum(n for n, t in zip(self.layer_bytes, self.placement) if t == "disk")
+        self.direct = DirectReader() if disk and reads_direct(disk, room) else None  # else page-cached reads
+        if disk:
+            log.info("disk tier: %d MiB read %s", disk >> 20, "with O_DIRECT" if self.direct else "buffered")
+
+    def _place(self, reader: CheckpointReader, i: int, tier: str, folder: Path | None, kept: dict | None) -> None:
+        if kept is not None:  # written by an earlier run and complete (engine/memory/offload.py)
+            path = self.files[i] = layer_path(folder, i)
+            self.meta[i] = kept or None
+            self.layer_bytes.append(path.stat().st_size)
+            self.devices.tiers["disk"].reserve(self.layer_bytes[-1], f"layer {i}")
+            return
+        lw = fuse_projections(reader.layer(i, self.dtype))
+        stored, self.meta[i] = self.codec.encode(lw) if self.codec else (lw, None)
+        nbytes = tensor_bytes(stored.values())
+        self.layer_bytes.append(nbytes)
+        self.devices.tiers[tier].reserve(nbytes, f"layer {i}")
+        if tier == "disk":
+            self.files[i] = write_layer(folder, i, stored, self.meta[i])
+        else:
+            dev = self.devices.torch_device(tier)
+            resident = {k: v.to(dev) for k, v in stored.items()}
+            if tier == "cpu" and self._cpu_only[i]:
+                resident = self.kernels.pack_resident(resident, self.meta[i], self.codec)
+                if layout := kernel_layout_bytes(resident.values()):  # beside the codes the dense path reads
+                    self.devices.tiers["cpu"].reserve(layout, f"layer {i} (int4 kernel layout)")
+            elif tier == "cpu":  # crosses PCIe whenever it computes on the GPU
+                resident = {k: self.devices.pinned(v) for k, v in resident.items()}
+            self.resident[i] = resident
+
+    def _offload_folder(self, reader: CheckpointReader, offload_dir: Path | None) -> Path:
+        """One folder per (checkpoint, dtype, format): the key hashes config.json and the weight files' sizes
+        and mtimes, so a changed checkpoint gets a new folder."""
+        h = hashlib.sha256()
+        h.update((reader.dir / "config.json").read_bytes())
+        for f in sorted(reader.dir.glob("*.safetensors")):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        h.update(f"{self.dtype}:{self.codec.metadata() if self.codec else 'plain'}:{LAYOUT}".encode())
+        folder = offload_root(offload_dir) / h.hexdigest()[:16]
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    def _load(self, i: int, device: str) -> tuple[LayerWeights, tuple]:
+        """Layer i ready to compute on `device` (read from disk if needed, moved, then decompressed there), and
+        the staging set and codec buffers it occupies until it is handed back."""
+        tier, disk_buf = self.placement[i], None
+        if tier == "disk" and self.direct is not None:
+            (stored, disk_buf), src = self.direct.read(self.files[i]), "cpu"
+            self.devices.links.add("disk", "cpu", self.layer_bytes[i])
+        elif tier == "disk":
+            stored, src = load_file(str(self.files[i])), "cpu"
+            self.devices.links.add("disk", "cpu", self.layer_bytes[i])
+        else:
+            stored, src = self.resident[i], tier
+        staging = None
+        if src != device and device == "gpu":
+            staging = self._staging_free.pop() if self._staging_free else {}
+            moved = {k: self.devices.copy_into(self._slot(staging, k, v), v, src, device) for k, v in stored.items()}
+        else:
+            moved = {k: self.devices.move(v, src, device) for k, v in stored.items()}
+        weights, buffers = self.kernels.ready(moved, self.meta[i], self.codec, device)
+        return weights, (staging, buffers, disk_buf)
+
+    def _slot(self, staging: dict, name: str, like: torch.Tensor) -> torch.Tensor:
+        """The staging buffer for tensor `name` on the GPU, made on first use (every layer has the same shapes)."""
+        buf = staging.get(name)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = staging[name] = torch.empty(like.shape, dtype=like.dtype, device=self.devices.torch_device("gpu"))
+        return buf
+
+    def prefetch(self, i: int, device: str) -> None:
+        if 0 <= i < len(self.placement) and (i, device) not in self._pending:
+            self._pending[(i, device)] = self._pool.submit(self._load_in_thread, i, device, self._released)
+
+    def _load_in_thread(self, i: int, device: str, released):
+        stream = self.devices.streams["weights"]
+        with torch.inference_mode(), stream:  # inference mode is per thread; the buffers were made under it
+            stream.wait(released)  # buffers handed back are refilled only once the compute stream is past them
+            weights, held = self._load(i, device)
+            return weights, held, stream.record()
+
+    def get(self, i: int, device: str) -> LayerWeights:
+        """Layer i on `device`. The schedule computes one layer at a time, so this also hands the previous
+        layer's staging and decompression buffers back for reuse."""
+        future = self._pending.pop((i, device), None)
+        if future is not None:
+            weights, held, ready = future.result()
+            self.devices.compute_stream.wait(ready)
+        else:
+            weights, held = self._load(i, device)
+        if self._in_use is not None:
+            staging, buffers, disk_buf = self._in_use
+            if disk_buf is not None:  # the layer's tensors were views of it
+                self.direct.release(disk_buf)
+            if staging is not None:
+                self._staging_free.append(staging)
+            if buffers is not None:
+                self.codec.release(buffers)
+            self._released = self.devices.compute_stream.record()
+        self._in_use = held
+        return weights
+
+    def staging_bytes(self) -> int:
+        """GPU bytes the staging of two layers takes (0 when no layer moves to the GPU to compute)."""
+        moves = any(t != "gpu" for j, t in enumerate(self.placement) if not self._cpu_only[j])
+        return 2 * max(self.layer_bytes) if moves and self.devices.gpu_available else 0
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pending.clear()

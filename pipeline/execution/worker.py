@@ -1,0 +1,231 @@
+"""One engine and the shards it completes. `ShardWorker` is a plain class: the driver runs it as a Ray actor (one
+per GPU, or per CPU node) or, with `--no-ray`, in its own process. Setup loads the model once and plans the
+policy for this node's hardware; each shard is read, completed and written as one atomic output part, which
+only counts once the driver records it in the manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+from engine.errors import FlexbatchError
+from engine.memory.room import oom_kills_here
+from engine.request import Completion, Request
+from pipeline.errors import InputError
+from pipeline.input.openai_batch import line_completions, read_batch_shard
+from pipeline.input.parquet import output_table, write_part_atomic
+from pipeline.input.requests import build_requests, row_ids
+from pipeline.input.shards import Shard, read_shard
+from pipeline.job import JobSetup, choose, load_engine, load_key
+from pipeline.output.openai_batch import choices_by_line, jsonl_bytes, output_lines
+from pipeline.plan.planning import (
+    BLOCKS_PER_CALL,
+    plan_budgets,
+    prediction_record,
+    refill_after,
+)
+from pipeline.storage import Folder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What a worker reports for a shard it wrote; the driver turns it into a manifest line."""
+
+    shard: int
+    part: str
+    bytes: int
+    sha256: str  # of the part's content: resume and `flexbatch verify` check it
+    rows: int
+    error_rows: int
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float  # spent generating
+    wall_seconds: float  # reading + generating + writing
+    worker: int
+
+
+class ShardWorker:
+    def __init__(self, job: JobSetup, worker_id: int, threads: int | None = None, planned_rows: int | None = None,
+                 node_engines: int = 1):
+        """Load the model once and plan the policy for this node and `planned_rows` rows (this worker's share),
+        within this worker's share of the node's memory (`node_engines` engines start on it)."""
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.worker_id, self._node_engines = worker_id, node_engines
+        self.engine, self._loaded, self._read = None, None, ({}, {})  # the engine, its load_key, its budgets
+        self.take_job(job, planned_rows)
+
+    def take_job(self, job: JobSetup, planned_rows: int | None = None) -> None:
+        """The next job of the same command (a HELM suite's next run), planned here again. The loaded engine is
+        kept where the new job's model, engine settings and policy keep the weights as they are (`load_key`);
+        else the model is loaded again."""
+        self.job, self._setup_error = job, None
+        try:
+            self._setup(planned_rows, self._node_engines)
+        except FlexbatchError as e:  # a user error (model, budget, job): reported by info(), not a dead actor
+            self._setup_error = e
+
+    def _setup(self, planned_rows: int | None, node_engines: int) -> None:
+        started = time.perf_counter()
+        budgets = self._budgets(node_engines)
+        self.policy, predicted = choose(self.job.config, self.job, planned_rows, budgets)
+        self.work = predicted.workload if predicted is not None else None  # planned: refill re-chosen as rows finish
+        self._measured = (0, 0)  # rows finished so far, and the tokens they generated
+        key = load_key(self.job.config, self.policy, budgets)
+        reused = key == self._loaded
+        if reused:
+            self.engine.policy = self.policy  # the block shape and refill are taken per call
+        else:
+            self._close_engine()
+            self.engine = load_engine(self.job.config, self.policy, budgets)
+            self._loaded, self._read = key, (self.job.config.budgets, budgets)
+            warm_up(self.engine)
+        self._info = {
+            "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
+            "policy": self.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
+            "setup_seconds": time.perf_counter() - started, "node": _node_id(), "node_engines": node_engines,
+            "cpu_budget": budgets.get("cpu"), "oom_kills": oom_kills_here(),  # the driver's baseline for its node
+            "engine_reused": reused,
+        }
+
+    def _budgets(self, node_engines: int) -> dict:
+        """The budgets to plan and load within: one reading of the memory room for plan and engine, and for a
+        loaded engine the reading it loaded with (so that a next job with the same budget options may keep it)."""
+        if self.engine is not None and self._read[0] == self.job.config.budgets:
+            return self._read[1]
+        return plan_budgets(self.job.config.budgets, engines=node_engines)
+
+    def _close_engine(self) -> None:
+        engine, self.engine, self._loaded = self.engine, None, None
+        if engine is not None:
+            engine.weights.close()
+
+    def info(self) -> dict:
+        if self._setup_error is not None:
+            raise self._setup_error
+        return self._info
+
+    def run_shard(self, shard: Shard) -> ShardResult:
+        if self._setup_error is not None:
+            raise self._setup_error
+        started = time.perf_counter()
+        log.info("worker %d (pid %d) starts shard %d: %s rows %d-%d", self.worker_id, os.getpid(), shard.index,
+                 os.path.basename(shard.path), shard.row_start, shard.row_stop)
+        run = self._batch_part if self.job.format == "openai" else self._parquet_part
+        (size, sha256), rows, seconds = run(shard)
+        return ShardResult(
+            shard=shard.index, part=shard.part_name, bytes=size, sha256=sha256, rows=len(rows),
+            error_rows=sum(any(c.finish_reason == "error" for c in row) for row in rows),
+            prompt_tokens=sum(row[0].prompt_tokens for row in rows),
+            completion_tokens=sum(c.completion_tokens for row in rows for c in row),
+            seconds=seconds, wall_seconds=time.perf_counter() - started, worker=self.worker_id,
+        )
+
+    def _parquet_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:
+        """Complete a Parquet shard and write its part: (bytes, SHA-256), each row's completion, seconds."""
+        config = self.job.config
+        table = read_shard(shard)
+        if table.num_rows != shard.num_rows:
+            raise InputError(f"{shard.path}: expected {shard.num_rows} rows at {shard.row_start}, read "
+                             f"{table.num_rows}; was the file modified during the job?")
+        ids = row_ids(table, shard.part_stem, offset=shard.row_start)
+        items = build_requests(table, ids, config.prompt_column, config.params, chat=self.job.chat)
+        if self.job.sample is not None:  # the rows the driver sampled are tokenized already
+            items = self.job.sample.with_ids(items, shard)
+        completions, seconds = self._complete(items, shard)
+        check_one_per_row(completions, ids)
+        out = output_table(table, completions, ids, config.params.logprobs)
+        return write_part_atomic(out, config.output, shard.part_name), [[c] for c in completions], seconds
+
+    def _batch_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:
+        """Complete a shard of an OpenAI Batch file and write its JSONL part: (bytes, SHA-256), each line's
+        choices, seconds."""
+        config = self.job.config
+        file = next(f for f in self.job.files if str(f.path) == shard.path)
+        lines = read_batch_shard(shard, file, config.params, self.job.chat)
+        if self.job.sample is not None:  # the lines the driver sampled are tokenized already
+            self.job.sample.with_line_ids(lines, shard)
+        items = line_completions(lines)
+        completions, seconds = self._complete(items, shard)
+        check_one_per_row(completions, [item.id for item in items])
+        rows = choices_by_line(lines, completions)
+        objects = output_lines(lines, rows, self.engine.tokenizer, config.model.name, self.job.record["config_hash"])
+        folder, data = Folder(config.output), jsonl_bytes(objects)
+        folder.write_bytes(shard.part_name, data)
+        log.info("wrote %s (%d lines)", folder.child(shard.part_name), len(objects))
+        return (len(data), hashlib.sha256(data).hexdigest()), rows, seconds
+
+    def _complete(self, items: list[Request | Completion], shard: Shard) -> tuple[list[Completion], float]:
+        """Run the requests among `items` through the engine; one completion per item, in order, and the
+        seconds spent generating. Until a block's worth of rows has been measured, calls are one block long."""
+        slots = [i for i, item in enumerate(items) if isinstance(item, Request)]
+        done = list(items)
+        seconds, start = 0.0, 0
+        while start < len(slots):
+            block = self.engine.policy.block_size
+            chunk = slots[start : start + block * (BLOCKS_PER_CALL if self._measured[0] >= block else 1)]
+            began = time.perf_counter()
+            out = self.engine.generate([items[i] for i in chunk], truncate=self.job.config.truncate)
+            seconds += time.perf_counter() - began
+            if len(out) != len(chunk):
+                raise RuntimeError(f"engine returned {len(out)} completions for {len(chunk)} requests")
+            for i, completion in zip(chunk, out):
+                done[i] = completion
+            start += len(chunk)
+            self._measure(out)
+            if len(slots) > len(chunk):
+                log.info("shard %d: %d/%d requests done", shard.index, start, len(slots))
+        return done, seconds
+
+    def _measure(self, completions: list[Completion]) -> None:
+        """Count what finished rows really generated and, when planned without a refill pin, let the planner
+        choose refill again for the rows to come with that measured length."""
+        ok = [c for c in completions if c.finish_reason != "error"]
+        self._measured = (self._measured[0] + len(ok), self._measured[1] + sum(c.completion_tokens for c in ok))
+        if self.work is not None and ok:
+            self.engine.policy = refill_after(self.job.config, self.work, self.job.spec, self.engine.policy,
+                                              *self._measured)
+
+
+def warm_up(engine) -> None:
+    """One tiny generation, so that one-time kernel setup is part of the setup, not of the first shard."""
+    from engine.request import SamplingParams
+
+    engine.generate([Request(id="warm-up", prompt="Hello", params=SamplingParams(max_new_tokens=2))],
+                    truncate="left")
+
+
+def check_one_per_row(completions: list, ids: list[str]) -> None:
+    """Exactly one completion per input row, each carrying that row's id: checked before a part is written."""
+    if len(completions) != len(ids):
+        raise RuntimeError(f"{len(completions)} completions for {len(ids)} input rows")
+    for row, (c, row_id) in enumerate(zip(completions, ids)):
+        if not isinstance(c, Completion) or c.id != row_id:
+            raise RuntimeError(f"row {row}: expected the completion of id {row_id!r}, got {c!r}")
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _node_id() -> str | None:
+    if "ray" not in sys.modules:  # not inside Ray (--no-ray): importing it would only cost start-up time
+        return None
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:  # not inside Ray, or Ray without a runtime context
+        return None

@@ -1,0 +1,144 @@
+"""The output folder and its `_job.json`: which job owns the folder, and when a run may write into it.
+
+A folder is usable when it does not exist, is empty, or holds only what a job with the same config wrote
+(its `_job.json`, its parts, temporaries of an interrupted run). Anything else is refused unless `overwrite`,
+which removes only what the old job's records name (its job files, the parts of its `_job.json` shards and of
+its manifest lines, temporaries of those) and leaves every other file alone, listing it in the log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import OutputFolderError
+from pipeline.output.lock import LEASE_FILE, LOCK_FILE
+from pipeline.output.manifest import MANIFEST_FILE, SUCCESS_FILE, manifest_parts
+from pipeline.storage import Folder, temp_target, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+JOB_FILE = "_job.json"
+JOB_FILES = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, LOCK_FILE, LEASE_FILE)
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def job_record(config: dict) -> dict:
+    """The content of `_job.json`: the job config and its hash; the driver adds the shard list (`shards`, each
+    with its `part_name`) once the shards are cut."""
+    config = json.loads(json.dumps(config))  # tuples become lists, as they will read back from the file
+    return {"config": config, "config_hash": config_hash(config), "shards": []}
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """What opening the folder will do: `create` it, `reuse` it (same job), or `replace` another job's output."""
+
+    folder: Path | str
+    action: str
+    old_record: dict | None
+    kept: tuple[str, ...] = ()
+
+
+def check_output(folder: Path | str, record: dict, overwrite: bool) -> OutputCheck:
+    """Decide, without changing anything, whether this job may write to `folder` (a path or a URI)."""
+    where = Folder(folder)
+    kind = where.kind()
+    if kind == "missing":
+        return OutputCheck(folder, "create", None)
+    if kind == "file":
+        raise OutputFolderError(f"--output {folder} is a file; expected a folder (it is created if missing)")
+    old = read_job_file(folder)
+    entries = {n: f for n, f in where.entries() if n not in (LOCK_FILE, LEASE_FILE)}  # the run's own lock
+    names = sorted(entries)
+    if not names:
+        return OutputCheck(folder, "create", None)
+    same_job = old is not None and old.get("config_hash") == record["config_hash"]
+    owned = owned_names(folder, old)
+    foreign = [n for n in names if not _written_by_job(n, owned, old)]
+    if same_job and not foreign:
+        return OutputCheck(folder, "reuse", old, tuple(n for n in _kept(old) if n in names))
+    if not overwrite:
+        raise OutputFolderError(_refusal(folder, record, old, foreign))
+    kept = tuple(n for n in names if not (entries[n] and _owned(n, owned)))
+    return OutputCheck(folder, "replace", old, kept)
+
+
+def _refusal(folder: Path, record: dict, old: dict | None, foreign: list[str]) -> str:
+    fix = "pass --overwrite to replace it, or choose another --output"
+    if old is not None and old.get("config_hash") != record["config_hash"]:
+        old_config = old.get("config") if isinstance(old.get("config"), dict) else {}
+        new_config = record["config"]
+        changed = sorted(k for k in set(old_config) | set(new_config) if old_config.get(k) != new_config.get(k))
+        return f"output folder {folder} holds another job's output (its {JOB_FILE} differs in {changed}); {fix}"
+    shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+    return f"output folder {folder} holds files that flexbatch did not write ({shown}); {fix}"
+
+
+def owned_names(folder: Path | str, old: dict | None) -> set[str]:
+    """The names flexbatch wrote in `folder` by its records: the job files, the parts of the old `_job.json`'s
+    shards and the parts its manifest lines name (of any job). A file is never taken as flexbatch's by its
+    name's pattern alone."""
+    return set(JOB_FILES) | (_part_names(old) if old else set()) | manifest_parts(folder)
+
+
+def _owned(name: str, owned: set[str]) -> bool:
+    return name in owned or temp_target(name) in owned
+
+
+def _written_by_job(name: str, owned: set[str], old: dict | None) -> bool:
+    return _owned(name, owned) or (old is not None and name in _kept(old))
+
+
+def _part_names(record: dict) -> set[str]:
+    shards = record.get("shards")
+    if not isinstance(shards, list):
+        return set()
+    return {s["part_name"] for s in shards if isinstance(s, dict) and isinstance(s.get("part_name"), str)}
+
+
+def _kept(record: dict) -> list[str]:
+    kept = record.get("kept")
+    return kept if isinstance(kept, list) else []
+
+
+def read_job_file(folder: Path | str) -> dict | None:
+    """The folder's `_job.json`, or None if absent or unreadable (then the folder counts as foreign)."""
+    try:
+        record = json.loads(Folder(folder).read_text(JOB_FILE) or "")
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def open_output(check: OutputCheck, record: dict) -> None:
+    """Create or clean the folder as `check` decided, then write this job's `_job.json` atomically. Reusing
+    the folder removes the temporaries and the `_SUCCESS` of an interrupted or earlier run."""
+    folder = Folder(check.folder)
+    folder.make()
+    entries = folder.entries()
+    owned = owned_names(check.folder, check.old_record)
+    clash = sorted(set(check.kept) & _part_names(record))
+    if clash:
+        raise OutputFolderError(f"output folder {check.folder} holds {', '.join(clash)}, which flexbatch did not "
+                                f"write and this job would write a part of that name; choose another --output")
+    if check.action == "replace":
+        removable = [n for n, is_file in entries if is_file and _owned(n, owned) and n not in (LOCK_FILE, LEASE_FILE)]
+    else:
+        owned |= _part_names(record)
+        removable = [n for n, is_file in entries if is_file and (temp_target(n) in owned or n == SUCCESS_FILE)]
+    for name in removable:
+        log.info("removing %s", folder.child(name))
+        folder.delete(name)
+    if check.action == "replace" and check.kept:
+        log.warning("--overwrite left files it did not write in %s: %s", folder, ", ".join(check.kept))
+    write_job_file(check.folder, {**record, "kept": list(check.kept)})
+
+
+def write_job_file(folder: Path | str, record: dict) -> None:
+    write_json_atomic(folder, JOB_FILE, record)
