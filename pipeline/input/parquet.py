@@ -81,16 +81,22 @@ def _visible(name: str) -> bool:
 
 
 def part_names(paths: Sequence[Path], suffix: str = ".parquet") -> list[str]:
-    """`<stem><suffix>` per input, with `-1`, `-2`, ... appended when stems collide (e.g. a/x and b/x)."""
-    names: list[str] = []
-    taken: set[str] = set()
-    for path in paths:
-        base, n = stem(path), 0
-        while (name := f"{base}{suffix}" if n == 0 else f"{base}-{n}{suffix}") in taken:
-            n += 1
-        taken.add(name)
-        names.append(name)
-    return names
+    """The output part name of each input, unique and sorting (as strings) in input order, so that a folder's
+    parts read in name order give the rows in input order. `<stem><suffix>` where the stems already do so (a
+    file cut into shards adds `.rows-<start>-<stop>` after its stem, which must sort in place too); else every
+    name is numbered in input order, `<i>-<stem><suffix>`, `i` zero-padded to one width."""
+    stems = [stem(p) for p in paths]
+    if all(_sorts_before(a, b) for a, b in zip(stems, stems[1:])):
+        return [f"{s}{suffix}" for s in stems]
+    width = len(str(len(stems) - 1))
+    return [f"{i:0{width}d}-{s}{suffix}" for i, s in enumerate(stems)]
+
+
+def _sorts_before(a: str, b: str) -> bool:
+    """Whether every part name of stem `a` (`a.` + anything) sorts before every one of stem `b`: true when
+    `a.` < `b.` and neither is a prefix of the other (then the first differing character decides)."""
+    a, b = a + ".", b + "."
+    return a < b and not b.startswith(a)
 
 
 def inspect_inputs(paths: Sequence[Path], prompt_column: str) -> list[InputFile]:

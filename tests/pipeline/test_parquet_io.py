@@ -75,14 +75,14 @@ def test_inspect_reads_row_counts_and_part_names(tmp_path):
     a = write_parquet(tmp_path / "d1" / "x.parquet", prompt=["a", "b"])
     b = write_parquet(tmp_path / "d2" / "x.parquet", prompt=["c"])
     files = inspect_inputs([a, b], "prompt")
-    assert [(f.part_name, f.num_rows) for f in files] == [("x.parquet", 2), ("x-1.parquet", 1)]
-    assert files[1].part_stem == "x-1"
+    assert [(f.part_name, f.num_rows) for f in files] == [("0-x.parquet", 2), ("1-x.parquet", 1)]
+    assert files[1].part_stem == "1-x"
 
 
 def test_part_names_disambiguate_repeated_stems(tmp_path):
     paths = [tmp_path / d / n for d, n in [("a", "x.parquet"), ("b", "x.parquet"), ("c", "x-1.parquet"), ("d", "x.parquet")]]
     names = part_names(paths)
-    assert len(set(names)) == 4 and names[:2] == ["x.parquet", "x-1.parquet"]
+    assert len(set(names)) == 4 and names == sorted(names) and names[:2] == ["0-x.parquet", "1-x.parquet"]
 
 
 def _completions(n, logprobs=None):

@@ -57,12 +57,12 @@ def test_job_over_several_files_keeps_every_row(tmp_path, tiny_llama_dir):
     summary = run_job(config)
 
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir()) == ["_SUCCESS", "_job.json", "_manifest.jsonl", "empty.parquet",
-                                                     "x-1.parquet", "x.parquet"]
-    first, second, empty = read_rows(out / "x.parquet"), read_rows(out / "x-1.parquet"), read_rows(out / "empty.parquet")
+    assert sorted(p.name for p in out.iterdir()) == ["0-x.parquet", "1-empty.parquet", "2-x.parquet", "_SUCCESS",
+                                                     "_job.json", "_manifest.jsonl"]  # parts in input order
+    first, second, empty = read_rows(out / "0-x.parquet"), read_rows(out / "2-x.parquet"), read_rows(out / "1-empty.parquet")
     assert (len(first), len(second), len(empty)) == (5, 3, 0)
-    assert [r["id"] for r in first] == [f"x:{i}" for i in range(5)]
-    assert [r["id"] for r in second] == ["100", "101", "x-1:2"]
+    assert [r["id"] for r in first] == [f"0-x:{i}" for i in range(5)]
+    assert [r["id"] for r in second] == ["100", "101", "2-x:2"]
     assert [r["finish_reason"] for r in first][1:] == ["error", "error", "length", "error"]
     assert "is null" in first[1]["error"] and "is empty" in first[2]["error"]
     assert "context of 256" in first[4]["error"] and first[4]["prompt_tokens"] > 256
