@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save, save_file
 
+from engine.cache_root import CACHE_ROOT
 from engine.compression.int4 import dequantize, quantize
 from engine.dtypes import cpu_info, resolve_dtype
 from engine.kernels.attention import attend, prefill_mask
@@ -35,7 +36,7 @@ from planner.microbench import attention_report, best_seconds, dequant_timings, 
 from planner.overhead_probe import call_seconds, elementwise_bytes_per_s
 
 log = logging.getLogger(__name__)
-DEFAULT_CACHE = Path.home() / ".cache" / "flexbatch" / "hardware.json"
+DEFAULT_CACHE = CACHE_ROOT / "hardware.json"
 MATMUL_ROWS = KERNEL_ROWS  # one row grid for the GEMM and compressed-kernel tables
 KERNEL_FORMATS = ("int4", "int8")
 MATMUL_WIDTHS = (128, 512, 2048)

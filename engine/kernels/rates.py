@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine.cache_root import CACHE_ROOT
 from engine.compression.int4 import DEFAULT_CONFIG, PACKED_DTYPE, dequantize, int4_linear, pack_int4, quantize
 from engine.compression.int8 import dequantize_int8, int8_linear, quantize_int8
 from engine.dtypes import cpu_info
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 ROWS = (1, 4, 16, 64, 256, 1024)
 VERSION = 3  # of the kernels measured and the entries' form: entries of another version are measured again
 MAX_AGE_S = 30 * 86400
-DEFAULT_PATH = Path.home() / ".cache" / "flexbatch" / "kernel_rates.json"
+DEFAULT_PATH = CACHE_ROOT / "kernel_rates.json"
 _lock = threading.Lock()
 _memo: dict[tuple[Path, str], int] = {}
 

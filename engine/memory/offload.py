@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 
+from engine.cache_root import CACHE_ROOT
+
 log = logging.getLogger(__name__)
-DEFAULT_OFFLOAD_DIR = Path.home() / ".cache" / "flexbatch" / "offload"
+DEFAULT_OFFLOAD_DIR = CACHE_ROOT / "offload"
 
 
 def offload_root(offload_dir: str | Path | None) -> Path:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import torch
 
+from engine.cache_root import CACHE_ROOT
 from engine.dtypes import cpu_info
 from engine.spec import ModelSpec
 
 log = logging.getLogger(__name__)
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "flexbatch" / "bench"
+DEFAULT_CACHE_DIR = CACHE_ROOT / "bench"
 UNK = "<unk>"
 
 FLOPS_FORMULA = (
