@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from engine.batching import blocks
 from engine.chat import chat_prompt_ids, messages_problem
 from engine.checkpoint import CheckpointReader, LayerWeights
 from engine.compression.codecs import KVCodec, WeightCodec
@@ -31,9 +32,6 @@ from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
-# Without refill, blocks come from groups of this many blocks' rows of similar max_new_tokens (0: one group, blocks
-# by prompt length alone); measured by the W4 line of `flexbatch bench engine`.
-MAX_NEW_GROUP = 4
 
 
 class Engine:
@@ -99,16 +97,16 @@ class Engine:
         return cls(spec, load_tokenizer(model_dir) if tokenizer else None, gw, weights, torch_dtype, _eos_ids(model_dir, spec), policy,
                    devices, kvcodec, kernels, where)
 
-    def generate(self, requests: list[Request], batch_size: int | None = None,
+    def generate(self, requests: list[Request], policy: Policy | None = None, batch_size: int | None = None,
                  truncate: str = "error") -> list[Completion]:
         """Complete every request; results come back in the order of `requests`. A bad row gets
-        `finish_reason="error"`; it never fails the others. Rows run in blocks of `gbs * num_gb` prompts of
-        similar length; `batch_size` is a shorthand for one GPU batch of that many rows per block."""
+        `finish_reason="error"`; it never fails the others. Rows run in blocks of `gbs * num_gb` prompts
+        (engine/batching.py). What may change between calls is an argument: `policy` (the loaded one by default)
+        may differ from the loaded policy in all but what the load fixed (`Policy.fixed_at_load`), and
+        `batch_size` is a shorthand for one GPU batch of that many rows per block."""
         if truncate not in TRUNCATE_CHOICES:
             raise InvalidParamsError(f"truncate={truncate!r} is invalid: use one of {', '.join(TRUNCATE_CHOICES)}")
-        policy = self.policy
-        if batch_size is not None:
-            policy = dataclasses.replace(policy, gbs=batch_size, num_gb=1)
+        policy = self.call_policy(policy, batch_size)
         results: list[Completion | None] = [None] * len(requests)
         ready: list[tuple[int, RowState]] = []
         for n, req in enumerate(requests):
@@ -118,9 +116,9 @@ class Engine:
             else:
                 ready.append((n, row))
         executor = self.executor(policy)
-        blocks = self._blocks(ready, policy)
-        self._check_budgets(executor, blocks)
-        for block, waiting in blocks:
+        grouped = blocks(ready, policy.block_size, policy.refill)
+        self._check_budgets(executor, grouped)
+        for block, waiting in grouped:
             rows, left = [row for _, row in block], [row for _, row in waiting]
             while rows:
                 with torch.inference_mode():
@@ -133,21 +131,19 @@ class Engine:
         self.schedule_counts = dict(executor.counts)
         return results
 
-    @staticmethod
-    def _blocks(ready: list, policy: Policy) -> list[tuple[list, list]]:
-        """(block, waiting rows) pairs. Without refill, no waiting rows, and blocks of rows of similar
-        max_new_tokens (a block runs until its last row ends), taken MAX_NEW_GROUP blocks at a time and sorted by
-        prompt length within (less padding). With refill, one block of the longest prompts, every other row
-        waiting (longest first, so that each fits before the shared cursor of the slot it takes)."""
-        if not policy.refill:
-            n = policy.block_size
-            ready = sorted(ready, key=lambda item: (item[1].req.params.max_new_tokens, len(item[1].prompt_ids)))
-            group = n * MAX_NEW_GROUP if MAX_NEW_GROUP else len(ready)
-            ready = [item for g in range(0, len(ready), group)
-                     for item in sorted(ready[g : g + group], key=lambda item: len(item[1].prompt_ids))]
-            return [(ready[i : i + n], []) for i in range(0, len(ready), n)]
-        ready = sorted(ready, key=lambda item: -len(item[1].prompt_ids))
-        return [(ready[: policy.block_size], ready[policy.block_size :])] if ready else []
+    def call_policy(self, policy: Policy | None = None, batch_size: int | None = None) -> Policy:
+        """The policy of one call: `policy` (by default the loaded one), which must keep what the load fixed."""
+        if policy is None:
+            policy = self.policy
+        else:
+            loaded, asked = (p.fixed_at_load(self.spec.num_layers) for p in (self.policy, policy))
+            differ = sorted(k for k, v in asked.items() if loaded[k] != v)
+            if differ:
+                raise InvalidParamsError(f"this engine was loaded with other {', '.join(differ)}: a call may change "
+                                         "the block shape, refill and the cache's placement, not what the load "
+                                         "fixed; load an engine with the new policy")
+            _check_gpu(policy, self.devices)
+        return dataclasses.replace(policy, gbs=batch_size, num_gb=1) if batch_size is not None else policy
 
     def executor(self, policy: Policy | None = None) -> BlockExecutor:
         """The block executor of this engine's weights under `policy` (the engine's own by default): it runs a

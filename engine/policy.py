@@ -14,7 +14,7 @@ PHASE_DEVICES = ("cpu", "gpu", "split")
 WEIGHT_FORMATS = ("int4", "int8")  # compressed weights: FlexGen's group-wise 4-bit, or row-wise 8-bit
 DEFAULT_GBS = 8
 DEFAULT_NUM_GB = 2
-_FRACTION_NAMES = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu", "act_cpu")
+FRACTION_NAMES = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu", "act_cpu")  # --percent's order
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Policy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidParamsError(f"{name}={value!r} is invalid: use a positive integer")
-        for name in _FRACTION_NAMES:
+        for name in FRACTION_NAMES:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise InvalidParamsError(f"{name}={value!r} is invalid: a fraction must lie in [0, 1]")
@@ -88,6 +88,17 @@ class Policy:
         device = getattr(self, f"{phase}_device")
         return device == "gpu" or (device == "split" and layer >= getattr(self, f"{phase}_split_layer"))
 
+    def fixed_at_load(self, num_layers: int) -> dict:
+        """What an engine fixes when it loads under this policy: the weights' tiers and format, the KV cache's
+        compression, and which of its `num_layers` layers ever compute on the GPU (their weights are packed or
+        staged for it). Every other field (block shape, refill, KV cache and activation placement, CPU
+        attention) may change from one call of a loaded engine to the next."""
+        return {"weight_gpu": self.weight_gpu, "weight_cpu": self.weight_cpu,
+                "compress_weight": self.compress_weight, "weight_format": self.weight_format,
+                "compress_cache": self.compress_cache,
+                "gpu_layers": tuple(i for i in range(num_layers)
+                                    if self.layer_on_gpu("prefill", i) or self.layer_on_gpu("decode", i))}
+
     def to_dict(self) -> dict:
         d = asdict(self)
         for kind in ("weight", "cache", "act"):
@@ -114,8 +125,7 @@ class Policy:
         if len(percent) != 6 or any(not 0 <= p <= 100 for p in percent):
             raise InvalidParamsError(f"--percent {percent!r} is invalid: give six numbers in [0, 100]: "
                                      "weights gpu cpu, cache gpu cpu, activations gpu cpu")
-        names = _FRACTION_NAMES
-        return cls(**{n: p / 100 for n, p in zip(names, percent)}, **kw)
+        return cls(**{n: p / 100 for n, p in zip(FRACTION_NAMES, percent)}, **kw)
 
 
 _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9, "T": 1e12, "TB": 1e12,

@@ -13,6 +13,7 @@ so sampled (not greedy) outputs then depend on the batching."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from engine.errors import InvalidParamsError
 from engine.request import DEFAULT_BACKEND, Completion, Request, SamplingParams
@@ -38,13 +39,21 @@ class Processor:
         if not isinstance(engines_per_node, int) or engines_per_node < 1:
             raise ConfigError(f"engines_per_node={engines_per_node!r} is invalid: give how many of these actors "
                               "share one node's memory (1 or more)")
-        self.engines_per_node = engines_per_node
-        self.model, self.dtype, self.chat, self.truncate, self.backend = model, dtype, chat, truncate, backend
-        self.policy, self.hardware, self.budgets = policy, hardware, dict(budgets or {})
+        from pipeline.plan.host import EngineHost
+        from pipeline.plan.settings import EngineSettings
+
+        self.model, self.chat, self.truncate = model, chat, truncate
+        self.spec = check_model(model)
+        # a given policy runs as it is; without one, the engine plans for batches shaped like the first one
+        self.settings = EngineSettings(dtype=dtype, backend=backend, budgets=dict(budgets or {}), hardware=hardware,
+                                       plan=policy is None, **({"policy": policy} if policy is not None else {}))
         self.defaults = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                        top_k=top_k, stop=tuple(stop), seed=seed)
-        self.engine = None
-        self.work, self.measured = None, (0, 0)  # planned: the workload, and the rows finished and their tokens
+        self.host = EngineHost(engines_per_node)
+
+    @property
+    def engine(self):
+        return self.host.engine
 
     def __call__(self, batch) -> dict:
         columns = _columns(batch)
@@ -54,33 +63,20 @@ class Processor:
         if source not in columns:
             raise ConfigError(f"the batch has no {source!r} column (its columns: {sorted(columns)}); "
                               f"{'give messages or pass chat=off' if chat else 'give a prompt or messages column'}")
+        taken = sorted(set(OUTPUT_COLUMNS) & set(columns))
+        if taken:
+            raise ConfigError(f"the batch already has the columns {taken}, which this stage writes; rename or drop "
+                              "them before the stage (e.g. ds.rename_columns or ds.drop_columns)")
         ids = [str(v) for v in columns[ID_COLUMN]] if ID_COLUMN in columns else [f"row:{i}" for i in range(n)]
         items = [self._item(row_id, columns[source][i], (columns.get("sampling_params") or [None] * n)[i], chat)
                  for i, row_id in enumerate(ids)]
         runnable = [item for item in items if isinstance(item, Request)]
         if self.engine is None:
-            self.engine, runnable = self._load(runnable)
-        out = self.engine.generate(runnable, truncate=self.truncate) if runnable else []
-        self._measure(out)
+            runnable = self._load(runnable)
+        out = self.host.generate(runnable, truncate=self.truncate) if runnable else []
         done = iter(out)
         results = [next(done) if isinstance(item, Request) else item for item in items]
         return {**columns, **_output_columns(results)}
-
-    def _measure(self, completions: list[Completion]) -> None:
-        """As a job's worker does: count what finished rows generated, and choose refill again for the batches to
-        come (planned engines only)."""
-        from pipeline.plan.planning import refill_after
-
-        ok = [c for c in completions if c.finish_reason != "error"]
-        self.measured = (self.measured[0] + len(ok), self.measured[1] + sum(c.completion_tokens for c in ok))
-        if self.work is not None and ok:
-            self.engine.policy = refill_after(self._settings(), self.work, self.engine.spec, self.engine.policy,
-                                              *self.measured)
-
-    def _settings(self):
-        from pipeline.plan.settings import EngineSettings
-
-        return EngineSettings(dtype=self.dtype, budgets=self.budgets, hardware=self.hardware)
 
     def _item(self, row_id: str, prompt, sampling: dict | None, chat: bool) -> Request | Completion:
         from engine.chat import messages_problem
@@ -96,29 +92,33 @@ class Processor:
             return Request(id=row_id, prompt="", params=params, messages=tuple(prompt))
         return Request(id=row_id, prompt=prompt, params=params)
 
-    def _load(self, first: list[Request]) -> tuple:
-        """The engine, under the given policy or the one planned for batches shaped like the first one, within
-        this actor's share of its node's memory (`plan_budgets`, planned or not); and the first batch's requests,
-        each carrying the token ids planning measured (the engine does not tokenize a prompt twice)."""
-        from engine.engine import Engine
-        from engine.spec import load_model_spec
-        from engine.tokenizer import load_tokenizer
-        from pipeline.input.sample import InputSample, prompt_ids
-        from pipeline.plan.planning import choose_policy, plan_budgets, workload_dtype, workload_from_sample
+    def _load(self, first: list[Request]) -> list[Request]:
+        """Load the engine (`EngineHost.take`): under the given policy, or the one planned for batches shaped like
+        the first one, within this actor's share of its node's memory. Returns the first batch's requests, each
+        carrying the token ids planning measured (the engine does not tokenize a prompt twice)."""
+        work = None
+        if self.settings.plan:
+            from engine.tokenizer import load_tokenizer
+            from pipeline.input.sample import InputSample, prompt_ids
+            from pipeline.plan.planning import workload_dtype, workload_from_sample
 
-        policy, budgets = self.policy, plan_budgets(self.budgets, engines=self.engines_per_node)
-        if policy is None:
-            spec, tokenizer = load_model_spec(self.model), load_tokenizer(self.model)
+            tokenizer = load_tokenizer(self.model)
             ids = [prompt_ids(tokenizer, list(r.messages) if r.messages is not None else r.prompt) for r in first]
             first = [dataclasses.replace(r, prompt_ids=tuple(t)) if t else r for r, t in zip(first, ids)]
             rows = [(r.params.max_new_tokens, bool(r.params.stop)) for r in first]  # none: the defaults
             sample = InputSample(tuple(len(t or ()) for t in ids),
                                  tuple(rows or [(self.defaults.max_new_tokens, bool(self.defaults.stop))]))
-            work = workload_from_sample(sample, spec, workload_dtype(self.dtype), max(1, len(first)))
-            plan = choose_policy(self._settings(), work, spec, budgets=budgets)
-            policy, self.work = plan.policy, plan.prediction.workload
-        engine = Engine.load(self.model, dtype=self.dtype, policy=policy, budgets=budgets, backend=self.backend)
-        return engine, first
+            work = workload_from_sample(sample, self.spec, workload_dtype(self.settings.dtype), max(1, len(first)))
+        self.host.take(Path(self.model), self.spec, self.settings, work)
+        return first
+
+
+def check_model(model):
+    """The model folder's spec, read at once (config.json, safetensors present) so that a bad folder is refused
+    when the stage is built, not at its first batch."""
+    from engine.spec import load_model_spec
+
+    return load_model_spec(model)
 
 
 def build_processor(model, **options):
@@ -129,6 +129,7 @@ def build_processor(model, **options):
     may place them all on one node)."""
     from ray.data import ActorPoolStrategy
 
+    check_model(model)
     stage = {k: options.pop(k) for k in ("batch_size", "num_cpus", "num_gpus") if k in options}
     if "concurrency" in options:  # Ray Data >= 2.51 takes the actor count as an ActorPoolStrategy
         options.setdefault("engines_per_node", options["concurrency"])

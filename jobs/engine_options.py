@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from engine.policy import PHASE_DEVICES, WEIGHT_FORMATS, Policy, parse_bytes
+from engine.policy import FRACTION_NAMES, PHASE_DEVICES, WEIGHT_FORMATS, Policy, parse_bytes
 from engine.request import BACKEND_CHOICES, DTYPE_CHOICES
 from pipeline.plan.settings import REFILL_CHOICES, EngineSettings
 
@@ -20,7 +20,6 @@ _E = {f.name: f.default for f in fields(EngineSettings)}
 _GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 _PINNABLE = ("gbs", "num_gb", "compress_weight", "compress_cache", "cpu_attention", "prefill_device",
              "decode_device", "prefill_split_layer", "decode_split_layer")
-_PERCENT_FIELDS = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu", "act_cpu")
 _JOB_ONLY = ("plan", "use_ray", "address", "workers")
 
 
@@ -127,7 +126,7 @@ def _pins(ctx: click.Context, options: dict) -> dict:
     if "batch_size" in given and options["batch_size"] is not None:
         pins.update(gbs=options["batch_size"], num_gb=1)
     if "percent" in given and options["percent"]:
-        pins.update({n: p / 100 for n, p in zip(_PERCENT_FIELDS, options["percent"])})
+        pins.update({n: p / 100 for n, p in zip(FRACTION_NAMES, options["percent"])})
     return pins
 
 

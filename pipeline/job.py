@@ -1,16 +1,14 @@
-"""A job's configuration and the checks that need no model weights (inputs, model config, output folder), the
-policy choice and the engine load that each worker does. The driver (pipeline/execution/driver.py) runs the job."""
+"""A job's configuration and the checks that need no model weights (inputs, model config, output folder), and the
+input sample it plans from. Each worker plans and loads its engine through pipeline/plan/host.py; the driver
+(pipeline/execution/driver.py) runs the job."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from engine.policy import Policy
 from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
@@ -28,13 +26,8 @@ from pipeline.input.parquet import (
 )
 from pipeline.input.sample import InputSample, take_sample
 from pipeline.output.folder import OutputCheck, check_output, job_record
-from pipeline.plan.planning import choose_policy, workload_dtype, workload_from_sample
 from pipeline.plan.settings import EngineSettings
 from pipeline.storage import file_identity, is_uri
-
-if TYPE_CHECKING:
-    from engine.engine import Engine
-    from planner.predict import Prediction
 
 log = logging.getLogger(__name__)
 
@@ -215,39 +208,3 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
         **({"chat": True} if chat else {}),  # likewise: plain-prompt jobs keep their hashes
         **({"format": files[0].format} if files and files[0].format != "parquet" else {}),
     }
-
-
-def choose(config: RunConfig, job: JobSetup, num_prompts: int | None = None,
-           budgets: dict | None = None) -> tuple[Policy, Prediction | None]:
-    """The planner's policy for this job, or `num_prompts` of its rows (keeping the user's pins and compression
-    choice), on this machine or the `--hardware` spec, within `budgets` (`plan_budgets`, by default of the
-    config's); or the given policy without planning. The workload comes from the job's sample: the input is not
-    read, nor a prompt tokenized, here."""
-    if not config.plan:
-        return config.policy, None
-    if job.sample is None:
-        raise ValueError("a planned job needs its input sample; prepare it with prepare_job")
-    work = workload_from_sample(job.sample, job.spec, workload_dtype(config.dtype),
-                                num_prompts or sum(f.num_rows for f in job.files))
-    chosen = choose_policy(config, work, job.spec, budgets=budgets)
-    # the planner prices the format's kernel (a pin) but counts 4-bit bytes; the user's format is what runs
-    return dataclasses.replace(chosen.policy, weight_format=config.policy.weight_format), chosen.prediction
-
-
-def load_key(config: RunConfig, policy: Policy, budgets: dict) -> tuple:
-    """What a loaded engine fixes: the model, dtype, kernels, budgets and offload folder, and the policy but for its
-    block shape and refill (each engine call takes those as they are). Jobs with equal keys can share an engine."""
-    fixed = {k: v for k, v in policy.to_dict().items() if k not in ("gbs", "num_gb", "refill")}
-    return (str(config.model), config.dtype, config.backend, sorted(budgets.items()), str(config.offload_dir),
-            sorted(fixed.items()))
-
-
-def load_engine(config: RunConfig, policy: Policy, budgets: dict) -> Engine:
-    """The engine of `policy`, within `budgets` (`plan_budgets`: the same with or without planning)."""
-    from engine.engine import Engine  # torch is imported only when a job runs, not for --help
-
-    started = time.perf_counter()
-    engine = Engine.load(config.model, dtype=config.dtype, policy=policy, budgets=budgets,
-                         offload_dir=config.offload_dir, backend=config.backend)
-    log.info("loaded %s as %s in %.1f s", config.model, engine.dtype, time.perf_counter() - started)
-    return engine

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from engine.errors import InvalidParamsError
-from engine.policy import Policy
+from engine.policy import FRACTION_NAMES, Policy
 from engine.spec import ModelSpec
 from planner.cost_model import Block, memory_room
 from planner.errors import PlanInfeasible
@@ -32,7 +32,6 @@ from planner.workload import KINDS, TIERS, Workload
 
 log = logging.getLogger(__name__)
 POLICY_FIELDS = tuple(f.name for f in fields(Policy) if f.init)
-FRACTION_FIELDS = tuple(f"{kind}_{tier}" for kind in KINDS for tier in ("gpu", "cpu"))
 NUM_GB_CHOICES = (1, 2, 4, 8, 16)
 MAX_GBS = 512
 SPLIT_POINTS = (0.25, 0.5, 0.75)
@@ -64,7 +63,7 @@ def check_pins(pins: dict) -> dict:
     unknown = sorted(set(pins) - set(POLICY_FIELDS))
     if unknown:
         raise InvalidParamsError(f"cannot pin {unknown}: pins name Policy fields ({', '.join(POLICY_FIELDS)})")
-    probe = {k: v for k, v in pins.items() if k not in FRACTION_FIELDS}
+    probe = {k: v for k, v in pins.items() if k not in FRACTION_NAMES}
     for phase in ("prefill", "decode"):  # a pinned split without its layer: the search picks the layer
         if probe.get(f"{phase}_device") == "split":
             probe.setdefault(f"{phase}_split_layer", 1)
@@ -285,7 +284,7 @@ def leanest_shortfall(model, hw, work, pins, capacity, allow_compression) -> Pla
     largest), and by how much."""
     lean = {"gbs": 1, "num_gb": 1, **({"compress_weight": True, "compress_cache": True} if allow_compression
                                       else {}), **pins}
-    template = Policy(**{k: v for k, v in lean.items() if k not in FRACTION_FIELDS and k in POLICY_FIELDS})
+    template = Policy(**{k: v for k, v in lean.items() if k not in FRACTION_NAMES and k in POLICY_FIELDS})
     best = None
     for spread in _spreads(pins, hw):
         policy = Policy(**{**template.to_dict(), **spread})

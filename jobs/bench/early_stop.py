@@ -28,7 +28,7 @@ import random
 
 import torch
 
-import engine.engine as generate
+import engine.batching as batching
 import engine.loop.schedule as schedule
 from engine.engine import Engine
 from engine.policy import Policy
@@ -73,20 +73,19 @@ def w4_requests(cfg: EarlyStopConfig, vocab_size: int, seed: int = 0) -> list[Re
 def block_schedule_before():
     """The block schedule before rows were grouped by max_new_tokens and finished rows dropped: blocks by prompt
     length alone, every row computed until its block ends."""
-    saved = generate.MAX_NEW_GROUP, schedule.DROP_SHARE
-    generate.MAX_NEW_GROUP, schedule.DROP_SHARE = 0, 2.0  # one group; a share above 1 never drops
+    saved = batching.MAX_NEW_GROUP, schedule.DROP_SHARE
+    batching.MAX_NEW_GROUP, schedule.DROP_SHARE = 0, 2.0  # one group; a share above 1 never drops
     try:
         yield
     finally:
-        generate.MAX_NEW_GROUP, schedule.DROP_SHARE = saved
+        batching.MAX_NEW_GROUP, schedule.DROP_SHARE = saved
 
 
 def engine_w4_runner(eng: Engine, reqs: list[Request], policy: Policy, record: dict, name: str,
                      schedule_of=contextlib.nullcontext):
     def run(_gen_len: int) -> int:
-        eng.policy = policy
         with schedule_of():
-            comps = eng.generate(reqs)
+            comps = eng.generate(reqs, policy)
         bad = [c for c in comps if c.error]
         assert not bad, f"{len(bad)} rows failed: {bad[0].error}"
         record[name] = comps

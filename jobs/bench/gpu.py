@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from engine.errors import FlexbatchError
-from engine.policy import parse_bytes
+from engine.policy import Policy, parse_bytes
 from jobs.bench import models as bm
 from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, default_gpu_budget, weight_bytes
 from jobs.bench.gpu_policies import (
@@ -92,10 +92,9 @@ def load_engine(model_dir: Path, cfg: GpuBenchConfig, policy, gpu_bytes: float, 
                        simulate_gpu=cfg.simulate_gpu, offload_dir=offload)
 
 
-def free_gpu_bytes(eng, gpu_bytes: float, spec, cfg: GpuBenchConfig) -> float:
-    """What the budget leaves for a block's KV cache and activations: less what the engine holds on the GPU and,
-    when it streams layers there, two staged layers."""
-    p = eng.policy
+def free_gpu_bytes(eng, p: Policy, gpu_bytes: float, spec, cfg: GpuBenchConfig) -> float:
+    """What the budget leaves for a block's KV cache and activations under `p`: less what the engine holds on the
+    GPU and, when it streams layers there, two staged layers."""
     streams = p.uses_gpu() and p.weight_gpu < 1
     staged = STAGED_LAYERS * spec.layer_bytes(DTYPE_BYTES[cfg.dtype]) if streams else 0
     return gpu_bytes - eng.devices.tiers["gpu"].used - staged
@@ -110,10 +109,9 @@ def policy_runner(eng, policy, spec, cfg: GpuBenchConfig, batch: int, eos, recor
     def run(gen_len: int) -> int:
         if record.get("error"):
             return 0
-        eng.policy = policy
         reqs = requests_for(spec, Workload(cfg.prompt_len, gen_len, batch, dtype=cfg.dtype), eos)
         try:
-            out = eng.generate(reqs)
+            out = eng.generate(reqs, policy)
         except (FlexbatchError, RuntimeError) as e:  # torch's out-of-memory is a RuntimeError
             record["error"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
             log.warning("%s at batch %d failed: %s", record["name"], batch, record["error"])
@@ -204,9 +202,8 @@ class GpuBench:
             rows.append(row)
             if eng is None:
                 continue
-            eng.policy = bp.base
             policy = bp.base if bp.kind == "planner" else place_batch(
-                bp.base, self.spec, free_gpu_bytes(eng, self.gpu_bytes, self.spec, cfg), batch, cfg.prompt_len,
+                bp.base, self.spec, free_gpu_bytes(eng, bp.base, self.gpu_bytes, self.spec, cfg), batch, cfg.prompt_len,
                 cfg.gen_len, DTYPE_BYTES[cfg.dtype])
             row.update(policy=policy.to_dict(), predicted_s=predicted(self.spec, self.hw, cfg, batch, policy))
             if bp.kind == "planner":

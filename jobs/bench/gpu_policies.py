@@ -16,6 +16,7 @@ GPU phase uses them, else on the CPU, where decode attention then runs (FlexGen'
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 from engine.policy import Policy
@@ -123,9 +124,5 @@ def place(base: Policy, spec: ModelSpec, free_gpu_bytes: float, batch: int, prom
 
 
 def load_key(policy: Policy, num_layers: int) -> str:
-    """What an engine fixes at load: the weights' tiers and format, and which layers only ever compute on the
-    CPU. Two policies with the same key can share one loaded engine."""
-    cpu_only = [i for i in range(num_layers)
-                if not (policy.layer_on_gpu("prefill", i) or policy.layer_on_gpu("decode", i))]
-    return (f"wg={policy.weight_gpu:.6f} wc={policy.weight_cpu:.6f} cw={policy.compress_weight} "
-            f"cc={policy.compress_cache} cpu_only={cpu_only}")
+    """What an engine fixes at load (`Policy.fixed_at_load`): two policies with the same key share one engine."""
+    return json.dumps(policy.fixed_at_load(num_layers), sort_keys=True)

@@ -71,20 +71,22 @@ def write_batch_file(folder: Path, data: Path) -> Path:
 
 def plan_once(model_dir: Path, data: Path, cfg: PipelineBenchConfig) -> Policy:
     """The policy the planner picks for one engine on this machine; every run below uses it."""
-    from pipeline.job import RunConfig, choose, prepare_job
+    from pipeline.job import RunConfig, prepare_job
+    from pipeline.plan.planning import choose_policy, job_workload
 
     config = RunConfig(input=str(data), output=data.parent / "plan-only", model=model_dir, dtype=cfg.dtype,
                        params=SamplingParams(max_new_tokens=cfg.gen_len))
-    policy, predicted = choose(config, prepare_job(config))
-    log.info("policy for the benchmark: %s (predicted %.1f s)", policy.to_json(), predicted.total_s)
-    return policy
+    job = prepare_job(config)
+    plan = choose_policy(config, job_workload(job), job.spec)
+    log.info("policy for the benchmark: %s (predicted %.1f s)", plan.policy.to_json(), plan.prediction.total_s)
+    return plan.policy
 
 
 def bare_engine(model_dir: Path, data: Path, policy: Policy, cfg: PipelineBenchConfig) -> tuple[dict, dict[str, str]]:
     """Model load and `generate` over every row, timed apart; completions by id."""
     from engine.engine import Engine
-    from pipeline.execution.worker import warm_up
     from pipeline.input.requests import build_requests, row_ids
+    from pipeline.plan.host import warm_up
 
     table = pq.read_table(data)
     items = build_requests(table, row_ids(table, "rows"), "prompt", SamplingParams(max_new_tokens=cfg.gen_len))

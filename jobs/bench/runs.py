@@ -63,10 +63,9 @@ def engine_runner(eng: Engine, prompts: list[list[int]], gbs: int, num_gb: int):
     rows = prompts[: gbs * num_gb]
 
     def run(gen_len: int) -> int:
-        eng.policy = dataclasses.replace(eng.policy, gbs=gbs, num_gb=num_gb)
         reqs = [Request(f"r{i}", bm.prompt_text(ids), SamplingParams(max_new_tokens=gen_len))
                 for i, ids in enumerate(rows)]
-        comps = eng.generate(reqs)
+        comps = eng.generate(reqs, dataclasses.replace(eng.policy, gbs=gbs, num_gb=num_gb))
         bad = [c for c in comps if c.error or c.prompt_tokens != len(rows[0])]
         assert not bad, f"{len(bad)} rows failed or were tokenized to another length: {bad[0]}"
         return sum(c.completion_tokens for c in comps)

@@ -39,6 +39,7 @@ def mark(name, **kw):
     print("FLEXBATCH_STARTUP " + json.dumps(record), file=sys.stderr, flush=True)
 mark("interpreter")
 import pipeline.execution.worker as w
+import pipeline.plan.host as h
 def timed(fn, name):
     def call(*args, **kwargs):
         t0 = time.time()
@@ -46,7 +47,7 @@ def timed(fn, name):
         mark(name, seconds=time.time() - t0)
         return out
     return call
-w.choose, w.load_engine, w.warm_up = timed(w.choose, "planned"), timed(w.load_engine, "loaded"), timed(w.warm_up, "warmed")
+h.choose_policy, h.load_engine, h.warm_up = timed(h.choose_policy, "planned"), timed(h.load_engine, "loaded"), timed(h.warm_up, "warmed")
 run_shard = w.ShardWorker.run_shard
 def first_shard(self, shard, _seen=[]):
     if not _seen:

@@ -14,6 +14,7 @@ import time
 from collections import Counter, deque
 from pathlib import Path
 
+from engine.batching import shard_rows
 from engine.errors import FlexbatchError
 from pipeline.execution.progress import Progress
 from pipeline.input.shards import Shard, make_shards
@@ -25,14 +26,13 @@ from pipeline.storage import Folder, temp_target
 
 log = logging.getLogger(__name__)
 
-BLOCKS_PER_SHARD = 8  # a derived shard holds up to this many planned blocks
 _WAIT_SECONDS = 1.0
 
 
 class WorkerPool:
     """Engines kept from one job to the next, for a command that runs many small jobs (a HELM suite's runs):
     a job whose engines run where the last job's did (`--no-ray`, or the same Ray address and --workers) hands
-    its set-up to the same workers, which plan it and keep their loaded engine where `runner.load_key` allows.
+    its set-up to the same workers, which plan it and keep their loaded engine where `pipeline.plan.host.load_key` allows.
     Closed at the end of the command (a `with` block)."""
 
     def __init__(self):
@@ -125,12 +125,9 @@ def _recorded_shards(job: JobSetup) -> list[Shard] | None:
 
 
 def derived_shard_rows(total_rows: int, infos: list[dict]) -> int:
-    """Up to BLOCKS_PER_SHARD planned blocks per shard, and no more than a worker's share of the rows. Rows
-    are grouped by length within a shard only, so a bigger shard pads less (one shard per worker measured
-    +2.4 % over the bare engine, two per worker +10 %); a smaller one loses less work to a crash."""
+    """The shard size of `engine.batching.shard_rows` for the workers' largest planned block."""
     block = max(p["policy"]["gbs"] * p["policy"]["num_gb"] for p in infos)
-    per_worker = math.ceil(total_rows / max(1, len(infos)))
-    return max(1, min(block * BLOCKS_PER_SHARD, per_worker))
+    return shard_rows(total_rows, block, len(infos))
 
 
 def _start_workers(config: RunConfig, job: JobSetup, total: int):

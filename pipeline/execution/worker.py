@@ -21,14 +21,10 @@ from pipeline.input.openai_batch import line_completions, read_batch_shard
 from pipeline.input.parquet import output_table, write_part_atomic
 from pipeline.input.requests import build_requests, row_ids
 from pipeline.input.shards import Shard, read_shard
-from pipeline.job import JobSetup, choose, load_engine, load_key
+from pipeline.job import JobSetup
 from pipeline.output.openai_batch import choices_by_line, jsonl_bytes, output_lines
-from pipeline.plan.planning import (
-    BLOCKS_PER_CALL,
-    plan_budgets,
-    prediction_record,
-    refill_after,
-)
+from pipeline.plan.host import EngineHost
+from pipeline.plan.planning import job_workload, prediction_record
 from pipeline.storage import Folder
 
 log = logging.getLogger(__name__)
@@ -61,54 +57,36 @@ class ShardWorker:
             import torch
 
             torch.set_num_threads(threads)
-        self.worker_id, self._node_engines = worker_id, node_engines
-        self.engine, self._loaded, self._read = None, None, ({}, {})  # the engine, its load_key, its budgets
+        self.worker_id, self.host = worker_id, EngineHost(node_engines)
         self.take_job(job, planned_rows)
+
+    @property
+    def engine(self):
+        return self.host.engine
 
     def take_job(self, job: JobSetup, planned_rows: int | None = None) -> None:
         """The next job of the same command (a HELM suite's next run), planned here again. The loaded engine is
-        kept where the new job's model, engine settings and policy keep the weights as they are (`load_key`);
-        else the model is loaded again."""
+        kept where the new job's model, engine settings and policy keep the weights as they are
+        (`pipeline.plan.host.load_key`); else the model is loaded again."""
         self.job, self._setup_error = job, None
         try:
-            self._setup(planned_rows, self._node_engines)
+            self._setup(planned_rows)
         except FlexbatchError as e:  # a user error (model, budget, job): reported by info(), not a dead actor
             self._setup_error = e
 
-    def _setup(self, planned_rows: int | None, node_engines: int) -> None:
+    def _setup(self, planned_rows: int | None) -> None:
         started = time.perf_counter()
-        budgets = self._budgets(node_engines)
-        self.policy, predicted = choose(self.job.config, self.job, planned_rows, budgets)
-        self.work = predicted.workload if predicted is not None else None  # planned: refill re-chosen as rows finish
-        self._measured = (0, 0)  # rows finished so far, and the tokens they generated
-        key = load_key(self.job.config, self.policy, budgets)
-        reused = key == self._loaded
-        if reused:
-            self.engine.policy = self.policy  # the block shape and refill are taken per call
-        else:
-            self._close_engine()
-            self.engine = load_engine(self.job.config, self.policy, budgets)
-            self._loaded, self._read = key, (self.job.config.budgets, budgets)
-            warm_up(self.engine)
+        config = self.job.config
+        reused = self.host.take(config.model, self.job.spec, config, job_workload(self.job, planned_rows))
+        predicted = self.host.prediction
         self._info = {
             "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
-            "policy": self.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
-            "setup_seconds": time.perf_counter() - started, "node": _node_id(), "node_engines": node_engines,
-            "cpu_budget": budgets.get("cpu"), "oom_kills": oom_kills_here(),  # the driver's baseline for its node
+            "policy": self.host.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
+            "setup_seconds": time.perf_counter() - started, "node": _node_id(),
+            "node_engines": self.host.node_engines, "cpu_budget": self.host.budgets.get("cpu"),
+            "oom_kills": oom_kills_here(),  # the driver's baseline for its node
             "engine_reused": reused,
         }
-
-    def _budgets(self, node_engines: int) -> dict:
-        """The budgets to plan and load within: one reading of the memory room for plan and engine, and for a
-        loaded engine the reading it loaded with (so that a next job with the same budget options may keep it)."""
-        if self.engine is not None and self._read[0] == self.job.config.budgets:
-            return self._read[1]
-        return plan_budgets(self.job.config.budgets, engines=node_engines)
-
-    def _close_engine(self) -> None:
-        engine, self.engine, self._loaded = self.engine, None, None
-        if engine is not None:
-            engine.weights.close()
 
     def info(self) -> dict:
         if self._setup_error is not None:
@@ -167,42 +145,21 @@ class ShardWorker:
 
     def _complete(self, items: list[Request | Completion], shard: Shard) -> tuple[list[Completion], float]:
         """Run the requests among `items` through the engine; one completion per item, in order, and the
-        seconds spent generating. Until a block's worth of rows has been measured, calls are one block long."""
+        seconds spent generating. Calls are as long as the host says (`engine.batching.call_rows`)."""
         slots = [i for i, item in enumerate(items) if isinstance(item, Request)]
         done = list(items)
         seconds, start = 0.0, 0
         while start < len(slots):
-            block = self.engine.policy.block_size
-            chunk = slots[start : start + block * (BLOCKS_PER_CALL if self._measured[0] >= block else 1)]
+            chunk = slots[start : start + self.host.next_call_rows()]
             began = time.perf_counter()
-            out = self.engine.generate([items[i] for i in chunk], truncate=self.job.config.truncate)
+            out = self.host.generate([items[i] for i in chunk], truncate=self.job.config.truncate)
             seconds += time.perf_counter() - began
-            if len(out) != len(chunk):
-                raise RuntimeError(f"engine returned {len(out)} completions for {len(chunk)} requests")
             for i, completion in zip(chunk, out):
                 done[i] = completion
             start += len(chunk)
-            self._measure(out)
             if len(slots) > len(chunk):
                 log.info("shard %d: %d/%d requests done", shard.index, start, len(slots))
         return done, seconds
-
-    def _measure(self, completions: list[Completion]) -> None:
-        """Count what finished rows really generated and, when planned without a refill pin, let the planner
-        choose refill again for the rows to come with that measured length."""
-        ok = [c for c in completions if c.finish_reason != "error"]
-        self._measured = (self._measured[0] + len(ok), self._measured[1] + sum(c.completion_tokens for c in ok))
-        if self.work is not None and ok:
-            self.engine.policy = refill_after(self.job.config, self.work, self.job.spec, self.engine.policy,
-                                              *self._measured)
-
-
-def warm_up(engine) -> None:
-    """One tiny generation, so that one-time kernel setup is part of the setup, not of the first shard."""
-    from engine.request import SamplingParams
-
-    engine.generate([Request(id="warm-up", prompt="Hello", params=SamplingParams(max_new_tokens=2))],
-                    truncate="left")
 
 
 def check_one_per_row(completions: list, ids: list[str]) -> None:

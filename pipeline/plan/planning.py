@@ -9,11 +9,13 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.batching import block_gen_length
 from engine.spec import ModelSpec
 from pipeline.input.sample import InputSample, take_sample
 
 if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, not for --help
     from engine.policy import Policy
+    from pipeline.job import JobSetup
     from pipeline.plan.settings import EngineSettings
     from planner.hardware import HardwareSpec
     from planner.predict import Prediction
@@ -24,9 +26,6 @@ log = logging.getLogger(__name__)
 CPU_BUDGET_SHARE = 0.8  # of the memory this process may still take (the rest: its working set grows)
 TYPICAL_QUANTILE = 0.75  # blocks are length-bucketed; a block pads to about this quantile of its lengths
 STOP_PRIOR = 0.5  # share of its max_new_tokens a row with a stop string is expected to generate, until measured
-# Blocks' worth of requests a worker hands the engine per call once a block has been measured: large enough for it
-# to group prompts by length, small enough that a shard's progress is logged often.
-BLOCKS_PER_CALL = 16
 
 
 def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len: int, dtype: str,
@@ -34,6 +33,17 @@ def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len:
     """The workload of `files` (every row unless `num_prompts` is given), sampled as a job samples it."""
     sample = take_sample(files, column, tokenizer, gen_len, stop)
     return workload_from_sample(sample, spec, dtype, num_prompts or sum(f.num_rows for f in files))
+
+
+def job_workload(job: JobSetup, num_prompts: int | None = None) -> Workload | None:
+    """The workload a job's engine plans for: `num_prompts` of its rows (a worker's share; all by default), their
+    lengths from the sample the driver took (no input read, no prompt tokenized here); None with --no-plan."""
+    if not job.config.plan:
+        return None
+    if job.sample is None:
+        raise ValueError("a planned job needs its input sample; prepare it with prepare_job")
+    return workload_from_sample(job.sample, job.spec, workload_dtype(job.config.dtype),
+                                num_prompts or sum(f.num_rows for f in job.files))
 
 
 def workload_from_sample(sample: InputSample, spec: ModelSpec, dtype: str, num_prompts: int) -> Workload:
@@ -44,21 +54,8 @@ def workload_from_sample(sample: InputSample, spec: ModelSpec, dtype: str, num_p
     longest, expected = generation_lengths(rows, spec)
     work = workload_from_lengths(sample.prompt_lengths, spec, longest, dtype, num_prompts)
     expected = min(expected, work.gen_len)
-    block = block_length([min(m, work.gen_len) for m, _ in rows])
+    block = block_gen_length([min(m, work.gen_len) for m, _ in rows])
     return dataclasses.replace(work, expected_gen_len=expected, block_gen_len=max(expected, block))
-
-
-def block_length(max_new_tokens: list[int]) -> float:
-    """The tokens a block runs for without refill: it runs until its last row ends, and the engine forms blocks
-    from groups of MAX_NEW_GROUP blocks' rows of similar max_new_tokens (`engine.engine`), so a block runs
-    about as long as the largest max_new_tokens of its group. A call of BLOCKS_PER_CALL blocks holds
-    BLOCKS_PER_CALL / MAX_NEW_GROUP such groups: the mean, over that many equal slices of the sampled rows
-    sorted by max_new_tokens, of each slice's largest."""
-    from engine.engine import MAX_NEW_GROUP
-
-    ordered = sorted(max_new_tokens)
-    groups = max(1, min(len(ordered), BLOCKS_PER_CALL // MAX_NEW_GROUP if MAX_NEW_GROUP else 1))
-    return sum(ordered[(g + 1) * len(ordered) // groups - 1] for g in range(groups)) / groups
 
 
 def generation_lengths(rows: list[tuple[int, bool]], spec: ModelSpec) -> tuple[int, float]:

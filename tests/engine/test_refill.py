@@ -117,17 +117,3 @@ def test_finished_rows_leave_the_batch_and_the_tokens_stay(checkpoint, one_threa
     assert [(c.text, c.finish_reason) for c in got] == [(c.text, c.finish_reason) for c in want]
     assert dropped < (kept if refill else 0.9 * kept)  # with refill only the drain at the end drops rows
     engine.weights.close()
-
-
-def test_blocks_without_refill_group_rows_by_max_new_tokens_then_prompt_length():
-    """MAX_NEW_GROUP blocks' worth of rows of the smallest max_new_tokens first, each group by prompt length."""
-    from engine.engine import MAX_NEW_GROUP
-
-    rows = [_row(length=1 + (7 * i) % 16, max_new=1 + i % 4) for i in range(16)]
-    blocks = Engine._blocks(list(enumerate(rows)), Policy(gbs=2, num_gb=1))
-    assert MAX_NEW_GROUP == 4 and [len(b) for b, waiting in blocks] == [2] * 8
-    order = [row for block, _ in blocks for _, row in block]
-    first, second = order[:8], order[8:]
-    assert {r.req.params.max_new_tokens for r in first} == {1, 2} and {r.req.params.max_new_tokens for r in second} == {3, 4}
-    for group in (first, second):
-        assert [len(r.prompt_ids) for r in group] == sorted(len(r.prompt_ids) for r in group)

@@ -68,12 +68,12 @@ def test_a_planned_processor_plans_from_each_rows_own_lengths_and_measures_them(
     out = stage({"prompt": ["Q: What is 2 plus 3? A:", "copy: abc ->", "The capital of France is"],
                  "sampling_params": [{"max_tokens": 16, "stop": ["\n"]}, None, {"max_tokens": 4}]})
     assert out["error"] == [None] * 3
-    work = stage.work
+    work = stage.host.prediction.workload
     assert (work.gen_len, work.expected_gen_len) == (16, pytest.approx((16 * 0.5 + 8 + 4) / 3))
-    assert stage.measured == (3, sum(out["num_generated_tokens"]))
-    measured = replace(work, expected_gen_len=min(work.block_gen_len, max(1.0, stage.measured[1] / 3)))
-    want = with_refill_choice(stage.engine.spec, server_cpu(), measured, stage.engine.policy, {}).policy.refill
-    assert stage.engine.policy.refill == want
+    assert stage.host.measured == (3, sum(out["num_generated_tokens"]))
+    measured = replace(work, expected_gen_len=min(work.block_gen_len, max(1.0, stage.host.measured[1] / 3)))
+    want = with_refill_choice(stage.engine.spec, server_cpu(), measured, stage.host.policy, {}).policy.refill
+    assert stage.host.policy.refill == want
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from pipeline import RunConfig, prepare_job, run_job
-from pipeline.job import choose
+from pipeline.plan.planning import choose_policy, job_workload
 from planner.hardware import save_hardware
 from tests.pipeline.parquet_files import read_rows
 from tests.planner.specs import server_cpu
@@ -64,7 +64,7 @@ def test_workers_plan_from_the_drivers_sample_without_reading_or_tokenizing(tmp_
     assert calls == {p: 1 for p in PROMPTS if p}
     assert len(job.sample.prompt_ids) == 6 and (str(job.files[0].path), 1) not in job.sample.prompt_ids
     calls.clear(), reads.clear()
-    policies = {choose(config, job, rows)[0] for rows in (3, 4)}  # two workers' set-up, each its share
+    policies = {choose_policy(config, job_workload(job, rows), job.spec).policy for rows in (3, 4)}  # each its share
     assert not calls and not reads and all(p.gbs == 2 for p in policies)
 
 

@@ -48,19 +48,6 @@ def test_row_lengths_come_from_the_rows_own_columns(tmp_path, tiny_llama_dir):
     assert work.block_gen_len == pytest.approx((10 + 20 + 30 + 20) / 4)  # blocks group rows by max_new_tokens
 
 
-def test_a_block_runs_about_the_largest_max_new_tokens_of_its_group():
-    """Without refill a block runs until its last row ends, and blocks come from groups of MAX_NEW_GROUP blocks'
-    rows of similar max_new_tokens: a call of BLOCKS_PER_CALL blocks has four such groups, so a block runs about
-    its group's largest max_new_tokens, not the rows' mean."""
-    from engine.engine import MAX_NEW_GROUP
-    from pipeline.plan.planning import BLOCKS_PER_CALL, block_length
-
-    assert BLOCKS_PER_CALL // MAX_NEW_GROUP == 4
-    assert block_length([80, 10, 70, 20, 60, 30, 50, 40]) == (20 + 40 + 60 + 80) / 4
-    assert block_length([256] * 9) == 256
-    assert block_length([5, 9]) == 7  # fewer rows than groups: each row its own
-
-
 def test_the_measured_length_decides_refill(hardware_file):
     settings = EngineSettings(hardware=hardware_file)
     work = Workload(64, 256, 512)  # rows that run to their max_new_tokens: nothing to refill
