@@ -18,7 +18,8 @@ from engine.compression.qlinear import stored_bytes
 from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
 from engine.kernels.backend import load_kernels
-from engine.kernels.native import NativeKernels, int8_head
+from engine.kernels.native import int8_head
+from engine.loop.loaded import LoadedModel
 from engine.loop.row_state import RowState
 from engine.loop.schedule import BlockExecutor
 from engine.memory.heap import choose_heap
@@ -35,23 +36,24 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, spec: ModelSpec, tokenizer, global_weights: LayerWeights, weights: WeightStore,
-                 dtype: torch.dtype, eos_ids: tuple[int, ...], policy: Policy, devices: Devices, kv_codec=None,
-                 kernels: NativeKernels | None = None, globals_on: str = "cpu"):
-        self.spec = spec
-        self.tokenizer = tokenizer
-        self.gw = global_weights
-        self.weights = weights
-        self.dtype = dtype
+    def __init__(self, loaded: LoadedModel, eos_ids: tuple[int, ...], policy: Policy):
+        self.loaded = loaded  # what the load fixed: model, weights and their placement, dtype, codecs, tokenizer
         self.eos_ids = eos_ids
         self.policy = policy
-        self.devices = devices
-        self.kv_codec = kv_codec
-        self.kernels = kernels or NativeKernels()
-        self.globals_on = globals_on  # the device the embeddings and the LM head live and compute on
-        self.model = family_for(spec, dtype, self.kernels)
         self.phase_seconds: dict[str, float] = {}  # the last `generate`'s prefill and decode seconds
         self.schedule_counts: dict[str, int] = {}  # the last `generate`'s layer passes, refilled rows, shifts
+
+    # what the load fixed, read through `loaded`
+    spec = property(lambda self: self.loaded.spec)
+    model = property(lambda self: self.loaded.model)
+    gw = property(lambda self: self.loaded.global_weights)
+    weights = property(lambda self: self.loaded.weights)
+    devices = property(lambda self: self.loaded.devices)
+    dtype = property(lambda self: self.loaded.dtype)
+    kernels = property(lambda self: self.loaded.kernels)
+    kv_codec = property(lambda self: self.loaded.kv_codec)
+    tokenizer = property(lambda self: self.loaded.tokenizer)
+    globals_on = property(lambda self: self.loaded.globals_on)  # where the embeddings and the LM head compute
 
     @property
     def backend(self) -> str:
@@ -94,8 +96,11 @@ class Engine:
                               kernels=kernels)
         log.info("loaded %s (%d layers, %s, layers on %s, %s kernels) in %.2fs", model_dir, spec.num_layers,
                  torch_dtype, "/".join(weights.placement), kernels.name, time.perf_counter() - t0)
-        return cls(spec, load_tokenizer(model_dir) if tokenizer else None, gw, weights, torch_dtype, _eos_ids(model_dir, spec), policy,
-                   devices, kvcodec, kernels, where)
+        eos_ids = _eos_ids(model_dir, spec)
+        loaded = LoadedModel(spec, family_for(spec, torch_dtype, kernels), gw, weights, devices, torch_dtype, kernels,
+                             kvcodec, load_tokenizer(model_dir) if tokenizer else None,
+                             pad=eos_ids[0] if eos_ids else 0, globals_on=where)
+        return cls(loaded, eos_ids, policy)
 
     def generate(self, requests: list[Request], policy: Policy | None = None, batch_size: int | None = None,
                  truncate: str = "error") -> list[Completion]:
@@ -148,10 +153,7 @@ class Engine:
     def executor(self, policy: Policy | None = None) -> BlockExecutor:
         """The block executor of this engine's weights under `policy` (the engine's own by default): it runs a
         block of `RowState`s through every layer, the zig-zag schedule."""
-        policy = policy or self.policy
-        pad = self.eos_ids[0] if self.eos_ids else 0
-        return BlockExecutor(self.spec, self.model, self.gw, self.weights, self.devices, policy, self.dtype,
-                             self.tokenizer, pad, kv_codec=self.kv_codec, kernels=self.kernels, globals_on=self.globals_on)
+        return BlockExecutor(self.loaded, policy or self.policy)
 
     def _check_budgets(self, executor: BlockExecutor, blocks) -> None:
         """Refuse, before any work, a workload whose largest block does not fit a tier's budget."""

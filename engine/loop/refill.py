@@ -9,7 +9,7 @@ left past the slots no live row can see any more."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,19 +27,35 @@ class RefillKV:
     def __init__(self, kv, rows: list[int], attention=None):
         self.kv, self.rows, self.attention = kv, rows, attention or attend
 
-    def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None):
-        self.kv.store_rows(layer, k_new, v_new, start, self.rows)
+    def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None, *, device: str,
+               phase: str):
+        assert phase == "prefill", phase  # a refill's pass is its rows' prefill, whatever the batch's phase
+        self.kv.store_rows(layer, k_new, v_new, start, self.rows, device)
         return self.attention(q, k_new, v_new, mask, scale)
 
 
 @dataclass
 class Refill:
     """Rows entering GPU batch slots `slots` at one step; their prompts, left-padded to a common length, end
-    at cache slot `end`."""
+    at cache slot `end`. During that step their prefill's hidden states [R, L, H] are `hidden`, on compute device
+    `where`, and `contexts` holds their prefill context on each compute device the step uses (both set when
+    the step begins, by `begin`)."""
 
     slots: list[int]
     rows: list[RowState]
     end: int
+    hidden: torch.Tensor | None = None
+    where: str = "cpu"
+    contexts: dict[str, StepContext] = field(default_factory=dict)
+
+    def begin(self, hidden: torch.Tensor, where: str, contexts: dict[str, StepContext]) -> None:
+        """The step starts: the rows' embeddings [R, L, H] on `where`, their context on each compute device."""
+        self.hidden, self.where, self.contexts = hidden, where, contexts
+
+    def layer(self, model, w, i: int, dev: str, devices) -> None:
+        """Layer `i` (weights `w`) of the rows' prefill on compute device `dev`."""
+        h = devices.move(self.hidden, self.where, dev)
+        self.hidden, self.where = model.layer(w, h, self.contexts[dev], i), dev
 
     @property
     def lengths(self) -> list[int]:
@@ -55,7 +71,8 @@ class Refill:
             ids[i, L - n :] = torch.tensor(r.prompt_ids)
             valid[i, L - n :] = True
         positions = (valid.cumsum(-1) - 1).clamp(min=0)
-        ctx = StepContext(positions, prefill_mask(valid, window), self.end - L + 1, RefillKV(kv, self.slots, attention))
+        ctx = StepContext(positions, prefill_mask(valid, window), self.end - L + 1, RefillKV(kv, self.slots, attention),
+                          phase="prefill")
         return ids, ctx
 
 

@@ -6,10 +6,12 @@ store, the activation and KV placement, and the per-phase compute device, what e
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
 from engine.kernels.attention import decode_mask, prefill_mask
+from engine.loop.loaded import LoadedModel
 from engine.loop.refill import Refill, choose_refill
 from engine.loop.row_state import RowState
 from engine.loop.sampling import chosen_logprobs, next_tokens
@@ -27,11 +29,14 @@ DROP_SHARE = 0.125  # finished rows leave a GPU batch once they are this share o
 
 
 class GpuBatch:
-    """One GPU batch of a block: its rows (left-padded to the block's prompt length S), KV cache and
-    activations, the last cache slot written (-1 before prefill) and each row's next position."""
+    """One GPU batch of a block: its rows (left-padded to the block's prompt length S), its KV cache (T slots)
+    and activations (made for it by the executor, by the policy's placement), the last cache slot written (-1
+    before prefill), each row's next position, the tokens chosen at the previous step and the rows that enter
+    at the next step (refill)."""
 
-    def __init__(self, rows: list[RowState], S: int, T: int, pad: int):
+    def __init__(self, rows: list[RowState], S: int, T: int, pad: int, kv: PlacedKV, acts: PlacedActivations):
         self.rows, self.S, self.T = rows, S, T
+        self.kv, self.acts = kv, acts
         B = len(rows)
         self.ids = torch.full((B, S), pad, dtype=torch.long)
         self.valid = torch.zeros((B, T), dtype=torch.bool)
@@ -46,18 +51,24 @@ class GpuBatch:
         self.shifts = 0
 
     @property
+    def phase(self) -> str:
+        """The phase of the batch's next step: "prefill" while no cache slot is written, then "decode"."""
+        return "prefill" if self.slot < 0 else "decode"
+
+    @property
     def done(self) -> bool:
         return all(r.done for r in self.rows)
 
-    def context(self, window: int | None, cache) -> tuple[torch.Tensor, StepContext]:
-        """Input ids and context of the next step (prefill while no slot is written)."""
+    def context(self, window: int | None) -> tuple[torch.Tensor, StepContext]:
+        """Input ids and the (CPU) context of the next step over the batch's cache."""
         if self.slot < 0:
             positions = (self.valid[:, : self.S].cumsum(-1) - 1).clamp(min=0)
-            return self.ids, StepContext(positions, prefill_mask(self.valid[:, : self.S], window), 0, cache)
+            mask = prefill_mask(self.valid[:, : self.S], window)
+            return self.ids, StepContext(positions, mask, 0, self.kv, phase="prefill")
         slot = self.slot + 1
         self.valid[:, slot] = True
         mask = decode_mask(self.valid, slot + 1, window)
-        return self.last.view(-1, 1), StepContext(self.next_pos, mask, slot, cache)
+        return self.last.view(-1, 1), StepContext(self.next_pos, mask, slot, self.kv, phase="decode")
 
     def take_refill(self, waiting: list[RowState]) -> None:
         """Give finished rows' slots to waiting rows that fit (shifting the cache when that makes room). Also
@@ -133,19 +144,14 @@ class GpuBatch:
 
 
 class BlockExecutor:
-    """Runs blocks of rows (up to gbs * num_gb) through the zig-zag loop under one `Policy`."""
+    """Runs blocks of rows (up to gbs * num_gb) through the zig-zag loop: the loaded model under one `Policy`."""
 
-    def __init__(self, spec, model, global_weights, weights, devices, policy: Policy, dtype, tokenizer, pad: int,
-                 kv_codec=None, kernels=None, globals_on: str = "cpu"):
-        self.spec, self.model, self.gw, self.weights = spec, model, global_weights, weights
-        self.devices, self.policy, self.dtype, self.tokenizer, self.pad = devices, policy, dtype, tokenizer, pad
-        self.globals_on = globals_on  # where the embeddings and the LM head live and compute
-        self.kv_codec = kv_codec  # makes compressed caches; None keeps K/V in the compute dtype
-        self.prefill_attention = kernels.prefill_attention if kernels is not None else None
+    def __init__(self, loaded: LoadedModel, policy: Policy):
+        self.loaded, self.policy = loaded, policy
         self.seconds = {"prefill": 0.0, "decode": 0.0}  # wall time of each phase's steps, over every block run
         # layer passes, rows computed over them, and refill work, likewise
         self.counts = {"steps": 0, "row_steps": 0, "refilled_rows": 0, "shifts": 0}
-        self._held: list[tuple[str, int]] = []
+        self._held: list[tuple[str, int]] = []  # (tier, bytes) reserved for the running block's buffers
 
     def device(self, phase: str, layer: int) -> str:
         return "gpu" if self.policy.layer_on_gpu(phase, layer) else "cpu"
@@ -156,13 +162,8 @@ class BlockExecutor:
         p, refill = self.policy, waiting is not None
         S = max(len(r.prompt_ids) for r in rows)
         T = self.total_slots(rows + (waiting or []))
-        batches = [GpuBatch(rows[i : i + p.gbs], S, T, self.pad) for i in range(0, len(rows), p.gbs)]
         try:
-            for b in batches:
-                b.kv = self._make_kv(len(b.rows), T)
-                acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
-                b.acts = PlacedActivations.create(self.devices, acts, (len(b.rows), S, self.spec.hidden_size),
-                                                  ACT_DTYPE)
+            batches = [self._batch(rows[i : i + p.gbs], S, T) for i in range(0, len(rows), p.gbs)]
             while True:
                 for b in batches if refill else ():
                     self._refill(b, waiting)
@@ -171,7 +172,8 @@ class BlockExecutor:
                 live = [b for b in batches if not b.done]
                 if not live:
                     break
-                phase = "prefill" if live[0].slot < 0 else "decode"
+                phase = live[0].phase
+                assert all(b.phase == phase for b in live), "a block's GPU batches step in one phase"
                 t0 = time.perf_counter()
                 self._step(live, phase)
                 self.counts["steps"] += 1
@@ -179,8 +181,18 @@ class BlockExecutor:
                 self.seconds[phase] += time.perf_counter() - t0
         finally:
             for tier, nbytes in self._held:
-                self.devices.tiers[tier].release(nbytes)
+                self.loaded.devices.tiers[tier].release(nbytes)
             self._held.clear()
+
+    def _batch(self, rows: list[RowState], S: int, T: int) -> GpuBatch:
+        """A GPU batch of `rows` with its KV cache (T slots) and activation buffers (S positions), placed by the
+        policy; their tier reservations are held until the block ends."""
+        p, B, devices = self.policy, len(rows), self.loaded.devices
+        kv = self._make_kv(B, T)
+        fractions = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
+        acts = PlacedActivations.create(devices, fractions, (B, S, self.loaded.spec.hidden_size), ACT_DTYPE)
+        self._held += [(tier, buf.numel() * buf.element_size()) for (tier, _), buf in zip(acts.segments, acts.buffers)]
+        return GpuBatch(rows, S, T, self.loaded.pad, kv, acts)
 
     def _refill(self, b: GpuBatch, waiting: list[RowState]) -> None:
         shifts = b.shifts
@@ -195,104 +207,105 @@ class BlockExecutor:
 
     def _alloc(self, tier: str):
         def make(shape, dtype):
-            t = alloc(self.devices, tier, shape, dtype, "KV cache")
+            t = alloc(self.loaded.devices, tier, shape, dtype, "KV cache")
             self._held.append((tier, t.numel() * t.element_size()))
             return t
 
         return make
 
     def _make_kv(self, B: int, T: int) -> PlacedKV:
-        spec, p = self.spec, self.policy
+        m, p = self.loaded, self.policy
         fractions = {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}
         segments = []
         for tier, rows in row_segments(B, fractions):
             n = rows.stop - rows.start
-            shape = (spec.num_layers, n, spec.num_kv_heads, T, spec.head_dim, self.dtype)
-            if tier == "disk" and not self.kv_codec:  # read and written with direct I/O (engine/memory/disk_kv.py)
-                cache = DirectKVCache(*shape, offload_dir=self.devices.offload_dir)
-                self.devices.tiers["disk"].reserve(cache.nbytes(), "KV cache")
+            shape = (m.spec.num_layers, n, m.spec.num_kv_heads, T, m.spec.head_dim, m.dtype)
+            if tier == "disk" and not m.kv_codec:  # read and written with direct I/O (engine/memory/disk_kv.py)
+                cache = DirectKVCache(*shape, offload_dir=m.devices.offload_dir)
+                m.devices.tiers["disk"].reserve(cache.nbytes(), "KV cache")
                 self._held.append(("disk", cache.nbytes()))
             else:
-                make = self.kv_codec.cache if self.kv_codec else KVCache
+                make = m.kv_codec.cache if m.kv_codec else KVCache
                 cache = make(*shape, alloc=self._alloc(tier))
             segments.append((tier, rows, cache))
-        return PlacedKV(self.devices, segments, p.cpu_attention, self.prefill_attention)
+        return PlacedKV(m.devices, segments, p.cpu_attention, m.kernels.prefill_attention)
 
     def _step(self, live: list[GpuBatch], phase: str) -> None:
-        """One generation step of every live GPU batch, layer by layer; rows refilled in a batch prefill in the
-        same layer pass, after the batch's decode (with the weights loaded once for both). The embeddings and
-        the LM head run where they live (`globals_on`)."""
-        window, ctxs, refills, g = self.spec.sliding_window, [], {}, self.globals_on
-        for b in live:
-            ids, ctx = b.context(window, b.kv)
-            self.model.begin_step(ctx)
-            b.acts.carry = len(live) == 1  # one GPU batch: its hidden states go straight to the next layer
-            b.acts.store(self._embed(ids, ctx), g)
-            ctxs.append(ctx)
-            if b.refill is not None:
-                ids, rctx = b.refill.inputs(self.pad, window, b.kv, self.prefill_attention)
-                self.model.begin_step(rctx)
-                refills[id(b)] = [rctx, self._embed(ids, rctx), g]
-        L = self.spec.num_layers
-        for j in range(L):
-            dev = self.device(phase, j)
-            w = self.weights.get(j, dev)
-            if j + 1 < L:
-                self.weights.prefetch(j + 1, self.device(phase, j + 1))
-            else:
-                self.weights.prefetch(0, self.device("decode", 0))
-            for b, ctx in zip(live, ctxs):
-                b.kv.compute, b.kv.decode = dev, phase == "decode"
-                b.acts.store(self.model.layer(w, b.acts.load(dev), self._on(ctx, dev), j), dev)
-                if id(b) in refills:
-                    rctx, h, where = refills[id(b)]
-                    h = self.model.layer(w, self.devices.move(h, where, dev), self._on(rctx, dev), j)
-                    refills[id(b)] = [rctx, h, dev]
+        """One generation step of every live GPU batch, layer by layer: each layer's weights are fetched once
+        for all of them. Rows refilled in a batch prefill in the same layer pass, after the batch's decode. The
+        embeddings and the LM head run where they live (`globals_on`)."""
+        m, L = self.loaded, self.loaded.spec.num_layers
+        on = [self.device(phase, j) for j in range(L)]  # each layer's compute device in this phase
+        carry = len(live) == 1  # one GPU batch: its hidden states go straight to the next layer
+        contexts = [self._begin(b, set(on), carry) for b in live]
+        for j, dev in enumerate(on):
+            w = m.weights.get(j, dev)
+            m.weights.prefetch(*((j + 1, on[j + 1]) if j + 1 < L else (0, self.device("decode", 0))))
+            for b, ctx in zip(live, contexts):
+                b.acts.store(m.model.layer(w, b.acts.load(dev, carry=carry), ctx[dev], j), dev, carry=carry)
+                if b.refill is not None:
+                    b.refill.layer(m.model, w, j, dev, m.devices)
             del w
         for b in live:
-            logits = self._head(b.acts.load(g, last=True))
-            if id(b) in refills:
-                _, h, where = refills[id(b)]
-                logits[b.refill.slots] = self._head(self.devices.move(h[:, -1], where, g))
-            b.choose(logits, self.tokenizer)
+            logits = self._head(b.acts.load(m.globals_on, last=True, carry=carry))
+            if b.refill is not None:
+                r = b.refill
+                logits[r.slots] = self._head(m.devices.move(r.hidden[:, -1], r.where, m.globals_on))
+            b.choose(logits, m.tokenizer)
+
+    def _begin(self, b: GpuBatch, devices: set[str], carry: bool) -> dict[str, StepContext]:
+        """Start a step of batch `b` (and of its refill rows' prefill): embed the inputs and store them; the
+        step's context on each compute device in `devices` (and the globals')."""
+        m, g, window = self.loaded, self.loaded.globals_on, self.loaded.spec.sliding_window
+        ids, ctx = b.context(window)
+        contexts = self._contexts(m.model.begin_step(ctx), devices | {g})
+        b.acts.store(self._embed(ids, contexts[g]), g, carry=carry)
+        if b.refill is not None:
+            ids, rctx = b.refill.inputs(m.pad, window, b.kv, m.kernels.prefill_attention)
+            rcontexts = self._contexts(m.model.begin_step(rctx), devices | {g})
+            b.refill.begin(self._embed(ids, rcontexts[g]), g, rcontexts)
+        return contexts
 
     def _embed(self, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """Token ids [B, S] (on the CPU) -> hidden states [B, S, H] on the embeddings' device."""
-        g = self.globals_on
-        return self.model.embed(self.gw, self.devices.move(ids, "cpu", g), self._on(ctx, g))
+        """Token ids [B, S] (on the CPU) -> hidden states [B, S, H] on the embeddings' device (`ctx.device`)."""
+        m = self.loaded
+        return m.model.embed(m.global_weights, m.devices.move(ids, "cpu", ctx.device), ctx)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """Last positions [B, H] on the head's device -> float32 logits [B, V] on the CPU, where tokens are
         chosen."""
-        return self.devices.move(self.model.head(self.gw, h), self.globals_on, "cpu")
+        m = self.loaded
+        return m.devices.move(m.model.head(m.global_weights, h), m.globals_on, "cpu")
 
-    def _on(self, ctx: StepContext, dev: str) -> StepContext:
-        """The step context with its tensors on compute device `dev` (a no-op unless that is CUDA)."""
-        target = self.devices.torch_device(dev)
-        if ctx.positions.device == target:
-            return ctx
-        moved = getattr(ctx, "_moved", None)
-        if moved is None:
+    def _contexts(self, ctx: StepContext, devices: set[str]) -> dict[str, StepContext]:
+        """The step context (made on the CPU) as seen on each compute device: its tensors moved there once per
+        step (no copy unless that device is CUDA)."""
+        out = {}
+        for dev in sorted(devices):
+            target = self.loaded.devices.torch_device(dev)
+            if ctx.positions.device == target:
+                out[dev] = replace(ctx, device=dev)
+                continue
             rope = tuple(t.to(target) for t in ctx.rope) if ctx.rope is not None else None
-            moved = StepContext(ctx.positions.to(target), ctx.mask.to(target), ctx.start, ctx.cache, rope)
-            ctx._moved = moved
-        return moved
+            out[dev] = replace(ctx, positions=ctx.positions.to(target), mask=ctx.mask.to(target), rope=rope,
+                               device=dev)
+        return out
 
     def block_bytes(self, rows: int, S: int, T: int) -> dict[str, int]:
         """Bytes a block of `rows` rows (prompt length S, total length T) needs per tier for its KV cache and
         activations, plus the CPU staging of two layers read from disk (the one computing, the one prefetched)."""
-        spec, p = self.spec, self.policy
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        spec, p, codec = self.loaded.spec, self.policy, self.loaded.kv_codec
+        elem = torch.empty((), dtype=self.loaded.dtype).element_size()
         need = dict.fromkeys(("gpu", "cpu", "disk"), 0)
         for start in range(0, rows, p.gbs):
             B = min(p.gbs, rows - start)
             kv = {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}
             for tier, r in row_segments(B, kv):
-                per_slot = self.kv_codec.bytes_per_head_slot(spec.head_dim) if self.kv_codec else spec.head_dim * elem
+                per_slot = codec.bytes_per_head_slot(spec.head_dim) if codec else spec.head_dim * elem
                 need[tier] += int(2 * spec.num_layers * spec.num_kv_heads * T * per_slot) * (r.stop - r.start)
             acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
             for tier, r in row_segments(B, acts):
                 need[tier] += (r.stop - r.start) * S * spec.hidden_size * ACT_DTYPE.itemsize
-        if "disk" in self.weights.placement:
-            need["cpu"] += 2 * max(self.weights.layer_bytes)
+        if "disk" in self.loaded.weights.placement:
+            need["cpu"] += 2 * max(self.loaded.weights.layer_bytes)
         return need

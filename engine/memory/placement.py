@@ -57,15 +57,16 @@ class PlacedActivations:
     host parts move on the `act` side stream: a store waits for the compute stream's event, a load is waited
     for by the compute stream, and the host reads a part only after the store that filled it has finished.
 
-    With `carry` (set per step when a block has one GPU batch left) the hidden states go straight from each
-    layer to the next one, crossing only where the compute device changes: no other GPU batch needs the room
-    between two layers, so a store and load round trip would only add crossings."""
+    With `carry` (a step's argument, on when a block has one GPU batch left) the hidden states go straight from
+    each layer to the next one, crossing only where the compute device changes: no other GPU batch needs the
+    room between two layers, so a store and load round trip would only add crossings."""
 
     devices: Devices
     segments: list[tuple[str, slice]]
     buffers: list[torch.Tensor]
-    carry: bool = False
     _stored: object = None  # the event of the last copy on the act stream, until the host waited for it
+    h: torch.Tensor | None = None  # the hidden states as stored when they are not copied into buffers
+    where: str = "cpu"  # the device `h` is on
 
     @classmethod
     def create(cls, devices: Devices, fractions: dict[str, float], shape: tuple[int, int, int], dtype):
@@ -77,11 +78,11 @@ class PlacedActivations:
         bufs = [alloc(devices, t, ((s.stop - s.start) * per_row,), dtype, "activations") for t, s in segs]
         return cls(devices, segs, bufs)
 
-    def store(self, h: torch.Tensor, src: str) -> None:
+    def store(self, h: torch.Tensor, src: str, carry: bool = False) -> None:
         """Write hidden states [B, S, H] computed on `src` (into the reused buffers when they cross)."""
-        if self.carry or not self.buffers:  # no staging buffer: kept as computed, or moved to one memory tier
-            self.h, self.where = (h, src) if self.carry else (self.devices.move(h, src, self.segments[0][0]),
-                                                                self.segments[0][0])
+        if carry or not self.buffers:  # no staging buffer: kept as computed, or moved to one memory tier
+            self.h, self.where = (h, src) if carry else (self.devices.move(h, src, self.segments[0][0]),
+                                                           self.segments[0][0])
             return
         d, S = self.devices, h.shape[1]
         side = d.async_moves and src == "gpu"
@@ -103,10 +104,10 @@ class PlacedActivations:
         self._stored = act.record() if side else None
         self.length, self.width = S, h.shape[2]
 
-    def load(self, dst: str, last: bool = False) -> torch.Tensor:
+    def load(self, dst: str, last: bool = False, carry: bool = False) -> torch.Tensor:
         """The hidden states [B, S, H] on compute device `dst`; with `last`, only the last position's [B, H]
-        (what the LM head reads), taken before it crosses."""
-        if self.carry or not self.buffers:
+        (what the LM head reads), taken before it crosses. `carry` as given to the store that wrote them."""
+        if carry or not self.buffers:
             return self.devices.move(self.h[:, -1] if last else self.h, self.where, dst)
         d, cols, parts, queued = self.devices, self.length - 1 if last else slice(0, self.length), [], False
         for (tier, rows), buf in zip(self.segments, self.buffers):
@@ -162,7 +163,8 @@ def kept_segments(segments, rows: list[int]) -> list[tuple[str, slice, list[int]
 class PlacedKV:
     """The KV cache of one GPU batch, split by rows over tiers (one cache per segment). It does the attention:
     prefill attends over the new K/V on the compute device; decode attends, per segment, where the segment
-    lives when `cpu_attention` is on (only q, the new K/V and the output cross), else on the compute device."""
+    lives when `cpu_attention` is on (only q, the new K/V and the output cross), else on the compute device.
+    The compute device (where q and the new K/V are) and the phase are arguments of each call."""
 
     def __init__(self, devices: Devices, segments: list[tuple[str, slice, object]], cpu_attention: bool,
                  prefill_attention=None):
@@ -170,25 +172,27 @@ class PlacedKV:
         self.segments = segments
         self.cpu_attention = cpu_attention
         self.prefill_attention = prefill_attention  # a backend's kernel; None: the caches' own (SDPA)
-        self.compute = "cpu"
-        self.decode = False
         self._queued: list = []  # prefill stores in flight: (event, [(cache slice, pinned staging)])
 
-    def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None):
-        if self.decode and self._queued:  # prefill's queued stores land before the host reads the cache
+    def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None, *, device: str,
+               phase: str):
+        """Store the new K/V [B, KVH, S, D] computed on `device` at slot `start` and attend q [B, NH, S, D]."""
+        decode = phase == "decode"
+        if decode and self._queued:  # prefill's queued stores land before the host reads the cache
             self._land(keep=0)
-        if not self.decode and self.prefill_attention is not None:
-            return self._prefill(layer, q, k_new, v_new, start, mask, scale)
-        if len(self.segments) == 1 and self.segments[0][0] == self.compute:
+        if not decode and self.prefill_attention is not None:
+            return self._prefill(layer, q, k_new, v_new, start, mask, scale, device)
+        if len(self.segments) == 1 and self.segments[0][0] == device:
             return self.segments[0][2].attend(layer, q, k_new, v_new, start, mask, scale)
-        outs = [self._attend_segment(seg, layer, q, k_new, v_new, start, mask, scale) for seg in self.segments]
+        outs = [self._attend_segment(seg, layer, q, k_new, v_new, start, mask, scale, device, decode)
+                for seg in self.segments]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def _attend_segment(self, seg, layer, q, k_new, v_new, start, mask, scale):
+    def _attend_segment(self, seg, layer, q, k_new, v_new, start, mask, scale, dev: str, decode: bool):
         tier, rows, cache = seg
-        home, dev, mv = ("cpu" if tier == "disk" else tier), self.compute, self.devices.move
-        if not self.decode:  # prefill: every key is new, so attend on the compute device and only store
-            self._store(seg, layer, k_new, v_new, start)
+        home, mv = ("cpu" if tier == "disk" else tier), self.devices.move
+        if not decode:  # prefill: every key is new, so attend on the compute device and only store
+            self._store(seg, layer, k_new, v_new, start, dev)
             return attend(q[rows], k_new[rows], v_new[rows], mask[rows], scale)
         k_home, v_home = mv(k_new[rows], dev, home), mv(v_new[rows], dev, home)
         where = home if self.cpu_attention else dev
@@ -196,21 +200,21 @@ class PlacedKV:
             o = cache.attend(layer, mv(q[rows], dev, home), k_home, v_home, start, mv(mask[rows], dev, home), scale)
             return mv(o, home, dev)
         k_all, v_all = cache.update(layer, k_home, v_home, start)
-        return attention(q[rows], *self._fetch([k_all, v_all], home), mask[rows], scale)
+        return attention(q[rows], *self._fetch([k_all, v_all], home, dev), mask[rows], scale)
 
-    def _prefill(self, layer, q, k_new, v_new, start, mask, scale):
+    def _prefill(self, layer, q, k_new, v_new, start, mask, scale, dev: str):
         """Store each segment's new K/V rows on its tier, then attend over the new K/V on the compute device
         (a prefill's keys are all new)."""
         for seg in self.segments:
-            self._store(seg, layer, k_new, v_new, start)
+            self._store(seg, layer, k_new, v_new, start, dev)
         return self.prefill_attention(q, k_new, v_new, mask, scale)
 
-    def _store(self, seg, layer: int, k_new, v_new, start: int) -> None:
+    def _store(self, seg, layer: int, k_new, v_new, start: int, dev: str) -> None:
         """Store prefill's new K/V rows of one segment on its tier; a 4-bit cache quantizes them on the compute
         device, so only compressed bytes cross. From a CUDA GPU into a pinned host cache the copies (and the
         quantization) queue on the kv stream."""
         tier, rows, cache = seg
-        home, dev, d = ("cpu" if tier == "disk" else tier), self.compute, self.devices
+        home, d = ("cpu" if tier == "disk" else tier), self.devices
         if dev == home:
             cache.store(layer, k_new[rows], v_new[rows], start)
             return
@@ -227,11 +231,11 @@ class PlacedKV:
         self._queued.append((kv.record(), pairs))
         self._land(keep=STORES_IN_FLIGHT)
 
-    def store_rows(self, layer: int, k_new, v_new, start: int, rows: list[int]) -> None:
-        """Store the new K/V [R, KVH, S, D] of a refill prefill (computed on `compute`) at slots [start, start+S)
+    def store_rows(self, layer: int, k_new, v_new, start: int, rows: list[int], dev: str) -> None:
+        """Store the new K/V [R, KVH, S, D] of a refill prefill (computed on `dev`) at slots [start, start+S)
         of batch rows `rows` (row i of k_new goes to batch row rows[i]), synchronously."""
         self._land(keep=0)
-        d, dev = self.devices, self.compute
+        d = self.devices
         for i, b in enumerate(rows):
             tier, seg_rows, cache = next(s for s in self.segments if s[1].start <= b < s[1].stop)
             home, r = ("cpu" if tier == "disk" else tier), b - seg_rows.start
@@ -274,14 +278,14 @@ class PlacedKV:
             for dst, buf in pairs:
                 dst.copy_(buf)
 
-    def _fetch(self, tensors: list, home: str) -> list:
-        """Cache tensors moved to the compute device; a 4-bit one travels compressed."""
+    def _fetch(self, tensors: list, home: str, dev: str) -> list:
+        """Cache tensors moved to compute device `dev`; a 4-bit one travels compressed."""
         parts = [p for x in tensors for p in _parts(x)]
         d = self.devices
-        if d.async_moves and home == "cpu" and self.compute == "gpu":
-            moved = self._fetch_staged(parts)
+        if d.async_moves and home == "cpu" and dev == "gpu":
+            moved = self._fetch_staged(parts, dev)
         else:
-            moved = [d.move(p, home, self.compute) for p in parts]
+            moved = [d.move(p, home, dev) for p in parts]
         out = []
         for x in tensors:
             n = len(_parts(x))
@@ -289,7 +293,7 @@ class PlacedKV:
             moved = moved[n:]
         return out
 
-    def _fetch_staged(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _fetch_staged(self, parts: list[torch.Tensor], dev: str) -> list[torch.Tensor]:
         """Host tensors copied to the GPU through one set of reused pinned staging buffers, gathered by the host
         (a cache slice up to the current slot is strided: copied as it is, it would go through a pageable
         temporary, synchronously), then copied on the kv stream under one event that the compute stream waits
@@ -299,10 +303,10 @@ class PlacedKV:
         for buf, p in zip(staged, parts):
             buf.copy_(p)
         kv.wait(d.compute_stream.record())  # the outputs' memory is free on the GPU
-        outs = [torch.empty(p.shape, dtype=p.dtype, device=d.torch_device(self.compute)) for p in parts]
+        outs = [torch.empty(p.shape, dtype=p.dtype, device=d.torch_device(dev)) for p in parts]
         with kv:
             for out, buf in zip(outs, staged):
-                d.copy_into(out, buf, "cpu", self.compute, side=True)
+                d.copy_into(out, buf, "cpu", dev, side=True)
         ready = kv.record()
         d.staging.read_by(slot, ready)
         d.compute_stream.wait(ready)

@@ -1,9 +1,9 @@
 """Per-family transformer functions. Each family object exposes the same four steps, which the generation
 loop (and later the block schedule) calls layer by layer:
 
-    begin_step(ctx)            per step, shared by all layers (e.g. rotary cos/sin)
+    begin_step(ctx) -> ctx     per step, shared by all layers: the context with the step's tables (rotary cos/sin)
     embed(gw, ids, ctx) -> h   token ids [B, S] -> hidden [B, S, H]
-    layer(lw, h, ctx, i) -> h  one transformer layer with its KV cache
+    layer(lw, h, ctx, i) -> h  one transformer layer with its KV cache, on the compute device `ctx.device`
     head(gw, h) -> logits      hidden [B, H] -> float32 logits [B, V]
 
 Linear layers and rotary positions go through the backend's kernels (engine/kernels/native.py).
@@ -17,22 +17,35 @@ import torch
 
 from engine.compression.qlinear import QWeight
 from engine.kernels.native import NativeKernels
-from engine.memory.kv_cache import KVCache
 from engine.spec import ModelSpec
 
+PHASES = ("prefill", "decode")
 
-@dataclass
+
+@dataclass(frozen=True)
 class StepContext:
-    """What one forward step over a batch needs besides weights: positions [B, S], attention mask
-    [B, 1, S, T], the first cache slot this step writes, and the cache. The cache does the attention
-    (`cache.attend(layer, q, k_new, v_new, start, mask, scale)`), because where and how attention runs depends
-    on where the cache lives and whether it is compressed."""
+    """What one forward step over a batch needs besides weights, as seen on one compute device: positions
+    [B, S], attention mask [B, 1, S, T], the first cache slot this step writes, the batch's cache, the step's
+    rotary tables (families with rotary positions), the compute device ("cpu" or "gpu": where these tensors
+    are and the layer computes) and the phase ("prefill" or "decode"). The cache does the attention
+    (`ctx.attend`), because where and how attention runs depends on where the cache lives, whether it is
+    compressed, the compute device and the phase: all of them reach it as arguments."""
 
     positions: torch.Tensor
     mask: torch.Tensor
     start: int
-    cache: KVCache
+    cache: object  # engine.memory.placement.PlacedKV or engine.loop.refill.RefillKV
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    device: str = "cpu"
+    phase: str = "prefill"
+
+    def __post_init__(self) -> None:
+        assert self.phase in PHASES, self.phase
+
+    def attend(self, layer: int, q, k_new, v_new, scale: float | None = None) -> torch.Tensor:
+        """Store this step's K/V [B, KVH, S, D] of `layer` in the cache and attend q [B, NH, S, D] -> [B, NH, S, D]."""
+        return self.cache.attend(layer, q, k_new, v_new, self.start, self.mask, scale, device=self.device,
+                                 phase=self.phase)
 
 
 CHUNK_BYTES = 16 << 20  # the widest row-local temporary a chunk of rows may take (see by_rows)

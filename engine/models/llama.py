@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
@@ -29,8 +31,8 @@ class LlamaModel:
         self.inv_freq = inv_frequencies(spec.rope, spec.head_dim)
         self.act = _ACT[spec.activation]
 
-    def begin_step(self, ctx: StepContext) -> None:
-        ctx.rope = self.kernels.rope_tables(self.inv_freq, ctx.positions, self.dtype)
+    def begin_step(self, ctx: StepContext) -> StepContext:
+        return replace(ctx, rope=self.kernels.rope_tables(self.inv_freq, ctx.positions, self.dtype))
 
     def embed(self, gw: LayerWeights, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         # the residual stream stays float32 whatever the compute dtype: adding small updates to a large
@@ -53,7 +55,7 @@ class LlamaModel:
         q = q.view(B, S, NH, D).transpose(1, 2)
         k, v = (t.view(B, S, KVH, D).transpose(1, 2) for t in (k, v))
         q, k = self.kernels.rope(q, k, ctx.rope)
-        o = ctx.cache.attend(i, q, k, v, ctx.start, ctx.mask)  # [B, NH, S, D]
+        o = ctx.attend(i, q, k, v)  # [B, NH, S, D]
         o = o.transpose(1, 2).reshape(B, S, NH * D)
         return linear(o, lw[p + "o_proj.weight"], lw.get(p + "o_proj.bias"))
 

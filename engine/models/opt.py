@@ -23,8 +23,8 @@ class OPTModel:
         self.act = _ACT[spec.activation]
         self.scaling = spec.head_dim**-0.5
 
-    def begin_step(self, ctx: StepContext) -> None:
-        pass
+    def begin_step(self, ctx: StepContext) -> StepContext:
+        return ctx  # learned positions: no per-step tables
 
     def _ln(self, x: torch.Tensor, w: LayerWeights, name: str) -> torch.Tensor:
         """LayerNorm in float32; the result is cast to the compute dtype."""
@@ -61,7 +61,7 @@ class OPTModel:
         q, k, v = linear(x, lw[p + "qkv_proj.weight"], lw[p + "qkv_proj.bias"]).split(NH * D, dim=-1)
         q = (q * self.scaling).view(B, S, NH, D).transpose(1, 2)
         k, v = (t.view(B, S, NH, D).transpose(1, 2) for t in (k, v))
-        o = ctx.cache.attend(i, q, k, v, ctx.start, ctx.mask, scale=1.0)  # [B, NH, S, D]
+        o = ctx.attend(i, q, k, v, scale=1.0)  # [B, NH, S, D]
         o = o.transpose(1, 2).reshape(B, S, NH * D)
         return linear(o, lw[p + "out_proj.weight"], lw[p + "out_proj.bias"])
 
