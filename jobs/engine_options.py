@@ -13,6 +13,7 @@ from click.core import ParameterSource
 
 from engine.policy import FRACTION_NAMES, PHASE_DEVICES, WEIGHT_FORMATS, Policy, parse_bytes
 from engine.request import BACKEND_CHOICES, DTYPE_CHOICES
+from pipeline.plan.planning import CPU_BUDGET_SHARE
 from pipeline.plan.settings import REFILL_CHOICES, EngineSettings
 
 _P = {f.name: f.default for f in fields(Policy) if f.init}
@@ -107,7 +108,8 @@ def _policy_options() -> list:
         click.option("--decode-split-layer", type=click.IntRange(min=0), default=0, show_default=True,
                      help="First layer computed on the GPU in decode when --decode-device split."),
         click.option("--gpu-mem", default=None, metavar="SIZE", help="GPU tier budget, e.g. 16GiB.  [default: no limit]"),
-        click.option("--cpu-mem", default=None, metavar="SIZE", help="CPU tier budget, e.g. 8GiB.  [default: no limit]"),
+        click.option("--cpu-mem", default=None, metavar="SIZE", help=f"CPU tier budget, e.g. 8GiB.  [default: {CPU_BUDGET_SHARE:.0%} of the memory this process may still take "
+                          "(MemAvailable or its memory cgroup's room), shared by the engines starting on the node]"),
         click.option("--disk-mem", default=None, metavar="SIZE", help="Disk tier budget.  [default: no limit]"),
         click.option("--offload-dir", default=None, type=click.Path(), metavar="DIR",
                      help="Folder for disk-tier weights (written once per model and format, then reused) and "

@@ -235,8 +235,8 @@ def dequantize(qt: QTensor, out=None, scratch=None, dtype=None) -> torch.Tensor:
 
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what aten's CPU int4 kernel accepts
-# aten's CPU int4 kernel is fast with bfloat16 activations and scales only (float32 takes a path measured 50-100x
-# slower here), so float32 runs pack in bfloat16 and cast the activations to it and the result back
+# aten's CPU int4 kernel is fast with bfloat16 activations and scales only (its float32 path is much slower), so
+# float32 runs pack in bfloat16 and cast the activations to it and the result back
 PACKED_DTYPE = torch.bfloat16
 
 

@@ -35,7 +35,7 @@ def decode_mask(key_valid: torch.Tensor, end: int, sliding_window: int | None = 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
     """q [B, NH, S, D], k/v [B, KVH, T, D] (KVH divides NH), mask [B, 1, S, T] -> [B, NH, S, D]. A prefill
     whose mask is plain causal (no row padded, no window) runs as SDPA's causal case, which skips the blocks
-    above the diagonal instead of computing and masking them (8 x 12 heads x 512: 0.094 -> 0.077 s, bit-equal)."""
+    above the diagonal instead of computing and masking them (the output is bit-equal)."""
     gqa = q.shape[1] != k.shape[1]
     if q.shape[2] == k.shape[2] > 1 and is_causal(mask):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)

@@ -48,8 +48,8 @@ def ipex_kernels() -> IpexKernels:
 def int4_gemm_available() -> bool:
     """Whether IPEX runs its optimized int4 GEMM here. IPEX builds those kernels only for its AVX512-FP16 ISA
     level (Sapphire Rapids and later: the AMX generation); on other CPUs (e.g. AVX512-BF16 without AMX) its
-    weight-only-quantized linear falls back to dequantizing the whole weight with ATen ops at every call, which
-    measured 2x (prefill) to 6x (decode) slower than dequantizing a layer once per step and running bf16 GEMMs."""
+    weight-only-quantized linear falls back to dequantizing the whole weight with ATen ops at every call, which is
+    slower than dequantizing a layer once per step and running bf16 GEMMs (docs/BENCHMARKS.md, the ipex backend)."""
     import intel_extension_for_pytorch as ipex
 
     return ipex._C._get_current_isa_level() == "AVX512_FP16"

@@ -1,27 +1,21 @@
 """Keeping the C heap from holding memory the engine has freed.
 
 While a model loads, quantizing a layer frees its full-precision copy and temporaries, but glibc keeps freed heap
-memory, and the compressed layers allocated in between pin it (measured on the 110M Llama: RSS added by an int4
-load +498 MiB untrimmed, +198 MiB trimmed after each layer, float32 +424 MiB): `release_freed_memory`.
+memory, and the compressed layers allocated in between pin it: `release_freed_memory` trims after each layer.
 
 While a block runs, its large temporaries (a prefill's attention, norm and MLP intermediates, megabytes each)
 land in the heap too: glibc serves a block of 128 KiB or more with mmap only until one such block is freed, and
 then raises that threshold to the freed size (up to 32 MiB). In the heap they fragment it: holes that the next
 temporaries do not fit, and free memory above a live block, which the heap cannot give back. Under a binding
-memory limit that slack is what kills: the same plan (the demo model, a 512-row block) peaked between 400 and
-510 MiB from run to run, the heap holding 80-190 MiB free at the peak, and a 500 MiB group killed it about one
-run in six to ten. There `choose_heap` has every block of LARGE_BLOCK_BYTES or more mmapped (given back when
-freed: that job then peaks at 341-364 MiB), at the cost of faulting fresh pages in: 0.75x the tokens/s of the
-heap policy below on a 512-row block of the tiny preset, 0.91x on a 32 x 128-token block of the 110M one
-(`flexbatch bench engine`, line "heap"; 1 thread, load average ~5 on 2 cores). A higher threshold does not bound
-that peak: 402-411 MiB at 8 MiB, 365-456 MiB at 17 MiB.
+memory limit that slack is what kills: the same plan's peak varies from run to run by the heap's free holes.
+There `choose_heap` has every block of LARGE_BLOCK_BYTES or more mmapped (given back when freed, so the peak is
+what the tensors take), at the cost of faulting fresh pages in (`flexbatch bench engine`, line "heap", measures
+the cost; docs/BENCHMARKS.md has the figures). A higher threshold does not bound that peak.
 
 Elsewhere the opposite pays: above 32 MiB glibc always mmaps, so a long prefill's layer-sized temporaries
-(hundreds of MiB per layer) were mapped, faulted in page by page (zeroed by the kernel) and unmapped again at
-every layer: 1.8 million page faults and a quarter of the CPU time of a 32 x 512-token prefill of the 110M
-Llama. There `choose_heap` has glibc serve every block from the heap and keep what is freed there, reused
-without faulting it in again (that prefill: 1,225 faults, CPU time -26 % with int8 weights and -14 % in float32;
-peak RSS +2-4 %)."""
+(hundreds of MiB per layer) would be mapped, faulted in page by page (zeroed by the kernel) and unmapped again at
+every layer. There `choose_heap` has glibc serve every block from the heap and keep what is freed there, reused
+without faulting it in again, for a few percent more peak RSS."""
 
 from __future__ import annotations
 
