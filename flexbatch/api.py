@@ -23,11 +23,23 @@ def run_config(model, input, output, **options) -> RunConfig:
         raise ConfigError(f"unknown options {unknown}: use the job options {', '.join(JOB_OPTIONS)} or the "
                           f"decoding options {', '.join(SAMPLING_OPTIONS)}")
     decoding = {name: options.pop(name) for name in SAMPLING_OPTIONS if name in options}
+    _check_decoding_types(decoding)
     if decoding:
         if "params" in options:
             raise ConfigError(f"options {sorted(decoding)} and params= both set decoding options; give one of them")
         options["params"] = SamplingParams(**decoding)  # a bad value raises InvalidParamsError
     return RunConfig(model=model, input=input, output=output, **options)
+
+
+def _check_decoding_types(decoding: dict) -> None:
+    """What SamplingParams would take without a word: a string of "yes" as logprobs (it is true), and a string as
+    stop (it would become one stop string per character)."""
+    if "logprobs" in decoding and not isinstance(decoding["logprobs"], bool):
+        raise ConfigError(f"logprobs={decoding['logprobs']!r} is invalid: expected True or False")
+    stop = decoding.get("stop", ())
+    if isinstance(stop, str) or not isinstance(stop, (list, tuple)):
+        raise ConfigError(f"stop={stop!r} is invalid: expected a list of stop strings, e.g. stop=[{stop!r}]"
+                          if isinstance(stop, str) else f"stop={stop!r} is invalid: expected a list of stop strings")
 
 
 def run(model, input, output, **options) -> JobSummary:

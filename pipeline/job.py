@@ -25,6 +25,7 @@ from pipeline.input.parquet import (
     uses_chat,
 )
 from pipeline.input.sample import InputSample, take_sample
+from pipeline.option_checks import check_bool, check_path, number_at_least, whole_number
 from pipeline.output.folder import OutputCheck, check_output, job_record
 from pipeline.plan.settings import EngineSettings
 from pipeline.storage import file_identity, is_uri
@@ -50,12 +51,13 @@ class RunConfig(EngineSettings):
     progress_seconds: float = 10.0  # log-line interval when stdout is not a terminal
 
     def __post_init__(self) -> None:
+        check_path("input", self.input, "a Parquet file, a folder, a glob or a batch .jsonl file")
+        check_path("output", self.output, "the output folder")
+        check_path("model", self.model, "a checkpoint folder")
         object.__setattr__(self, "input", str(self.input))
         if not is_uri(self.output):
             object.__setattr__(self, "output", Path(self.output).expanduser().resolve())
         object.__setattr__(self, "model", Path(self.model).expanduser().resolve())
-        if not self.input:
-            raise ConfigError("--input is empty: expected a Parquet file, a folder or a glob")
         if not isinstance(self.prompt_column, str) or not self.prompt_column:
             raise ConfigError(f"--prompt-column {self.prompt_column!r} is invalid: expected a column name")
         if self.format not in FORMAT_CHOICES:
@@ -65,10 +67,16 @@ class RunConfig(EngineSettings):
         super().__post_init__()
         if self.truncate not in TRUNCATE_CHOICES:
             raise ConfigError(f"--truncate {self.truncate!r} is invalid: expected one of {', '.join(TRUNCATE_CHOICES)}")
-        if self.shard_rows is not None and self.shard_rows < 1:
-            raise ConfigError(f"--shard-rows {self.shard_rows} is invalid: expected a positive number of rows")
-        if self.max_shard_retries < 0:
-            raise ConfigError(f"--max-shard-retries {self.max_shard_retries} is invalid: expected 0 or more")
+        if not isinstance(self.params, SamplingParams):
+            raise ConfigError(f"params={self.params!r} is invalid: expected an engine.request.SamplingParams, or "
+                              f"the decoding options as keywords (max_new_tokens=..., temperature=...)")
+        check_bool("overwrite", self.overwrite)
+        object.__setattr__(self, "shard_rows", whole_number("shard_rows", self.shard_rows, 1, "rows per shard "
+                                                            "(--shard-rows)", optional=True))
+        object.__setattr__(self, "max_shard_retries", whole_number("max_shard_retries", self.max_shard_retries, 0,
+                                                                   "tries after a shard's first (--max-shard-retries)"))
+        object.__setattr__(self, "progress_seconds", number_at_least("progress_seconds", self.progress_seconds, 0,
+                                                                     "seconds between progress lines"))
 
     @classmethod
     def for_job(cls, engine: EngineSettings, **job) -> RunConfig:

@@ -9,6 +9,7 @@ from pathlib import Path
 from engine.policy import Policy
 from engine.request import BACKEND_CHOICES, DEFAULT_BACKEND, DTYPE_CHOICES
 from pipeline.errors import ConfigError
+from pipeline.option_checks import check_bool, check_optional_text, check_path, tier_budgets, whole_number
 
 REFILL_CHOICES = ("auto", "on", "off")  # --refill; auto (the default): the planner decides, on and off pin it
 
@@ -34,10 +35,21 @@ class EngineSettings:
             raise ConfigError(f"--dtype {self.dtype!r} is invalid: expected one of {', '.join(DTYPE_CHOICES)}")
         if self.backend not in BACKEND_CHOICES:
             raise ConfigError(f"--backend {self.backend!r} is invalid: expected one of {', '.join(BACKEND_CHOICES)}")
-        if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"--workers {self.workers} is invalid: expected a positive number of engines")
+        object.__setattr__(self, "workers", whole_number("workers", self.workers, 1,
+                                                         "the number of engines on CPU-only nodes (--workers)",
+                                                         optional=True))
         if not isinstance(self.policy, Policy):
             raise ConfigError(f"policy {self.policy!r} is invalid: expected an engine.policy.Policy")
+        object.__setattr__(self, "budgets", tier_budgets(self.budgets))  # sizes such as '8GiB' become bytes
+        for name in ("plan", "use_ray"):
+            check_bool(name, getattr(self, name))
+        check_path("offload_dir", self.offload_dir, "a folder for offloaded tensors", optional=True)
+        check_path("hardware", self.hardware, "a hardware spec file", optional=True)
+        check_optional_text("address", self.address, "a Ray address such as 'ray://head:10001'")
+        known = [f.name for f in fields(Policy)]
+        if not isinstance(self.pins, dict) or not all(k in known for k in self.pins):
+            raise ConfigError(f"pins={self.pins!r} is invalid: expected a dict of the Policy fields to keep "
+                              f"({', '.join(known)}) -> values")
 
     def settings(self) -> dict:
         """The engine settings by field name (a job's `RunConfig` carries them too)."""
