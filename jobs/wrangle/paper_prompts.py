@@ -66,9 +66,13 @@ def load_manual_prompts(path: Path) -> dict[str, str | dict[str, str]]:
                                 f"fm_data_tasks/utils/constants.py or a JSON file") from None
     if path.suffix == ".json":
         try:
-            return json.loads(text)
+            prompts = json.loads(text)
         except ValueError as e:
             raise WrangleInputError(f"--manual-prompts {path} is not valid JSON ({e}); fix the file") from None
+        if not isinstance(prompts, dict):
+            raise WrangleInputError(f"--manual-prompts {path} holds a JSON {type(prompts).__name__}; expected an "
+                                    f"object {{dataset: prompt or {{key: prompt}}}}")
+        return prompts
     return _prefixes_from_python(text, path)
 
 
@@ -81,9 +85,22 @@ def _prefixes_from_python(text: str, path: Path) -> dict[str, str | dict[str, st
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PREFIXES" for t in node.targets):
             if not isinstance(node.value, ast.Dict):
                 break
-            return {_dataset_key(k, path): ast.literal_eval(v) for k, v in zip(node.value.keys, node.value.values)}
+            return {_dataset_key(k, path): _literal(v, path) for k, v in zip(node.value.keys, node.value.values)}
     raise WrangleInputError(f"--manual-prompts {path} has no PREFIXES = {{...}} literal; pass fm_data_tasks' "
                             f"fm_data_tasks/utils/constants.py")
+
+
+def _literal(node: ast.expr, path: Path):
+    """A PREFIXES value as written: a string or a dict of strings. One that is computed (`"..." * 2`, a name, a
+    call) is refused, since the file is read, never run."""
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        shown = " ".join(ast.unparse(node).split())
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise WrangleInputError(f"--manual-prompts {path} line {node.lineno}: the PREFIXES value {shown} is computed, "
+                                f"not a literal (the file is read, never run); write it as a string or a dict of "
+                                f"strings, or pass a JSON file {{dataset: prompt or {{key: prompt}}}}") from None
 
 
 def _dataset_key(node: ast.expr, path: Path) -> str:
