@@ -18,7 +18,25 @@ from jobs.verify_cmd import verify_command
 from jobs.wrangle.command import wrangle_command
 
 
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's, as pip recorded it)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("flexbatch")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed: pip install -e . in the repository)"
+
+
+def _print_version(ctx: click.Context, param, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"flexbatch {installed_version()}")
+        ctx.exit()
+
+
 @click.group()
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print flexbatch's version and exit.")
 def main() -> None:
     """flexbatch: batch LLM inference, Parquet prompts in, Parquet completions out."""
 
