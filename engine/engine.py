@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from engine.batching import blocks
-from engine.chat import chat_prompt_ids, messages_problem
 from engine.checkpoint import CheckpointReader, LayerWeights
 from engine.compression.codecs import KVCodec, WeightCodec
 from engine.compression.qlinear import stored_bytes
@@ -28,6 +27,7 @@ from engine.memory.tiers import BudgetError, Devices, human
 from engine.memory.weight_store import WeightStore, globals_tier, head_in_int8
 from engine.models import family_for
 from engine.policy import Policy
+from engine.prompt_ids import PromptError, request_prompt_ids
 from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, Completion, Request
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
@@ -175,22 +175,12 @@ class Engine:
                         f"--gbs/--num-gb, raise --{tier}-mem, or move cache or weights to another tier")
 
     def _prompt_ids(self, req: Request) -> list[int] | str:
-        """The request's prompt token ids (given, rendered from its messages, or tokenized from its prompt),
-        or why it has none."""
-        if req.prompt_ids is not None:
-            return list(req.prompt_ids) or "prompt_ids is empty; give at least one token"
-        if req.messages is not None:
-            problem = messages_problem(req.messages)
-            if problem:
-                return problem
-            try:
-                return chat_prompt_ids(self.tokenizer, req.messages)
-            except ValueError as e:
-                return str(e)
-        if not isinstance(req.prompt, str) or not req.prompt:
-            what = "empty" if req.prompt == "" else f"not a string ({type(req.prompt).__name__})"
-            return f"prompt is {what}; give a non-empty string"
-        return list(self.tokenizer(req.prompt)["input_ids"])
+        """The request's prompt token ids (given, rendered from its messages, or tokenized from its prompt) by the
+        one rule of engine/prompt_ids.py, or why it has none (that row's error)."""
+        try:
+            return request_prompt_ids(self.tokenizer, self.spec.vocab_size, req)
+        except PromptError as e:
+            return str(e)
 
     def _prepare(self, req: Request, truncate: str) -> RowState | Completion:
         ids = self._prompt_ids(req)
