@@ -1,9 +1,12 @@
 """OpenAI Batch input files (the JSONL of OpenAI's Batch API and of vLLM's `run_batch`): one request per line,
 `{custom_id, method: "POST", url: "/v1/chat/completions" | "/v1/completions", body: {...}}`.
 
-A line becomes `n` engine requests (one per choice, each with its own seed) or a line error; a bad line (not JSON,
-an unknown url or body field, a `custom_id` an earlier line already used) never stops the job. Body fields that
-are absent take the job's options (`--max-new-tokens`, `--temperature`, ...), not OpenAI's defaults."""
+A line becomes `n` engine requests (one per choice, each with its own seed) or a line error; a bad line (not
+UTF-8, not JSON, an unknown url or body field) never stops the job. Lines are read as bytes and decoded one by
+one, so that bytes that are not UTF-8 fail their line alone (never replaced silently); a UTF-8 byte order mark
+before the first line is skipped. A file in which two lines share a `custom_id` is refused before any model loads,
+as OpenAI's Batch API refuses it: the output lines could not be told apart. Body fields that are absent take the
+job's options (`--max-new-tokens`, `--temperature`, ...), not OpenAI's defaults."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from engine.request import Completion, Request, SamplingParams
 from pipeline.errors import InputError
 from pipeline.input.parquet import SUFFIXES, InputFile, part_names
 from pipeline.input.requests import derive_seed
+from pipeline.input.utf8 import BOM, NotUtf8, decode
 from pipeline.storage import filesystem, is_uri
 
 CHAT_URL = "/v1/chat/completions"
@@ -32,6 +36,8 @@ NEUTRAL_FIELDS = {"stream": False, "frequency_penalty": 0, "presence_penalty": 0
                   "best_of": 1, "suffix": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None,
                   "response_format": None}
 MAX_CHOICES = 128
+PARQUET_MAGIC = b"PAR1"
+_SHOWN = 3  # repeated custom_ids named in the refusal
 
 
 @dataclass
@@ -51,67 +57,77 @@ class BatchLine:
         return self
 
 
-def batch_lines(location: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, str]]:
-    """(row, text) of the non-blank lines `start <= row < stop` of a local file or a URI."""
+def batch_lines(location: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, str | NotUtf8]]:
+    """(row, text) of the non-blank lines `start <= row < stop` of a local file or a URI; a line that is not
+    UTF-8 comes as `NotUtf8`. Lines end at \\n, \\r or \\r\\n, as in text mode."""
     row = 0
-    with _open_text(location) as lines:
-        for text in lines:
-            if not text.strip():
-                continue
-            if stop is not None and row >= stop:
-                return
-            if row >= start:
-                yield row, text
-            row += 1
+    with _open_bytes(location) as f:
+        for n, chunk in enumerate(f):
+            for raw in (chunk.removeprefix(BOM) if n == 0 else chunk).splitlines():
+                text = decode(raw)
+                if isinstance(text, str) and not text.strip():
+                    continue
+                if stop is not None and row >= stop:
+                    return
+                if row >= start:
+                    yield row, text
+                row += 1
 
 
-def _open_text(location: str):
+def _open_bytes(location: str):
     if is_uri(location):
         fs, path = filesystem(location)
         with fs.open_input_stream(path) as f:
-            return io.StringIO(f.read().decode("utf-8", errors="replace"))
+            return io.BytesIO(f.read())
     try:
-        return open(location, encoding="utf-8", errors="replace")
+        return open(location, "rb")
     except OSError as e:
         raise InputError(f"{location}: cannot read the batch file ({e.strerror})") from e
 
 
-def scan_batch_file(location: str) -> tuple[int, tuple[int, ...], int]:
-    """The file's number of requests (non-blank lines), the rows whose custom_id an earlier row already used,
-    and how many lines are chat requests; read once by the driver, before any model loads."""
-    seen: set[str] = set()
-    duplicates, rows, chat = [], 0, 0
+def scan_batch_file(location: str) -> tuple[int, dict[str, list[int]], int]:
+    """The file's number of requests (non-blank lines), the custom_ids used by more than one line (with those
+    lines' rows), and how many lines are chat requests; read once by the driver, before any model loads."""
+    rows_of: dict[str, list[int]] = {}
+    rows, chat = 0, 0
     for row, text in batch_lines(location):
+        if row == 0 and (text.raw if isinstance(text, NotUtf8) else text.encode()).startswith(PARQUET_MAGIC):
+            raise InputError(f"{location} is a Parquet file, not an OpenAI Batch file; pass --format parquet (or "
+                             "--format auto with a .parquet name)")
         rows += 1
         try:
-            line = json.loads(text)
+            line = json.loads(text) if isinstance(text, str) else None
         except ValueError:
             continue
         if not isinstance(line, dict):
             continue
         cid = line.get("custom_id")
-        if isinstance(cid, str):
-            if cid in seen:
-                duplicates.append(row)
-            seen.add(cid)
+        if isinstance(cid, str) and cid:
+            rows_of.setdefault(cid, []).append(row)
         chat += line.get("url") == CHAT_URL
-    return rows, tuple(duplicates), chat
+    return rows, {cid: at for cid, at in rows_of.items() if len(at) > 1}, chat
 
 
 def inspect_batch_files(paths) -> list[InputFile]:
-    """Each batch file scanned (requests, duplicate custom_ids, chat lines) with the output part it becomes."""
+    """Each batch file scanned (requests, chat lines) with the output part it becomes; a file whose lines share
+    a custom_id is refused, naming them."""
     files = []
     for path, name in zip(paths, part_names(paths, SUFFIXES["openai"])):
-        rows, duplicates, chat = scan_batch_file(str(path))
+        rows, repeated, chat = scan_batch_file(str(path))
+        if repeated:
+            shown = "; ".join(f"{cid!r} (lines {', '.join(str(r + 1) for r in at[:_SHOWN])}"
+                              f"{' and more' if len(at) > _SHOWN else ''})" for cid, at in list(repeated.items())[:_SHOWN])
+            more = f"; and {len(repeated) - _SHOWN} more" if len(repeated) > _SHOWN else ""
+            raise InputError(f"{path}: {len(repeated)} custom_ids appear on more than one line: {shown}{more}; "
+                             "give each line its own custom_id (OpenAI's Batch API refuses such a file too)")
         files.append(InputFile(path=path, part_name=name, num_rows=rows, columns=(), format="openai",
-                               duplicate_rows=duplicates, chat_rows=chat))
+                               chat_rows=chat))
     return files
 
 
 def read_batch_shard(shard, file: InputFile, defaults: SamplingParams, chat: bool) -> list[BatchLine]:
     """The shard's lines parsed; a file that no longer has the scanned lines is an InputError."""
-    duplicates = set(file.duplicate_rows)
-    lines = [parse_line(text, row, shard.part_stem, defaults, row in duplicates, chat)
+    lines = [parse_line(text, row, shard.part_stem, defaults, chat)
              for row, text in batch_lines(str(shard.path), shard.row_start, shard.row_stop)]
     if len(lines) != shard.num_rows:
         raise InputError(f"{shard.path}: expected {shard.num_rows} requests from line {shard.row_start + 1}, read "
@@ -125,7 +141,7 @@ def sample_batch_prompts(location, limit: int) -> list[tuple[int, object]]:
     out: list = []
     for row, text in batch_lines(str(location), 0, limit):
         try:
-            body = json.loads(text).get("body") or {}
+            body = (json.loads(text) if isinstance(text, str) else {}).get("body") or {}
             value = body.get("messages", body.get("prompt"))
         except (ValueError, AttributeError):
             continue
@@ -134,10 +150,13 @@ def sample_batch_prompts(location, limit: int) -> list[tuple[int, object]]:
     return out
 
 
-def parse_line(text: str, row: int, stem: str, defaults: SamplingParams, duplicate: bool, chat: bool) -> BatchLine:
+def parse_line(text: str | NotUtf8, row: int, stem: str, defaults: SamplingParams, chat: bool) -> BatchLine:
     """One line as requests, or as a line error naming what is wrong and the fix. `chat=False` refuses chat
     lines (the job runs with --chat off)."""
     out = BatchLine(row=row, key=f"{stem}:{row}")
+    if isinstance(text, NotUtf8):
+        return out.fail("invalid_json", f"line {row + 1} is not UTF-8 ({text.reason}); save the batch file as "
+                        "UTF-8 (JSON text is UTF-8)")
     try:
         line = json.loads(text)
     except ValueError as e:
@@ -146,7 +165,7 @@ def parse_line(text: str, row: int, stem: str, defaults: SamplingParams, duplica
         return out.fail("invalid_request", f"line {row + 1} is a JSON {type(line).__name__}; expected an object")
     cid = line.get("custom_id")
     out.custom_id = cid if isinstance(cid, str) else None
-    problem = _line_problem(line, duplicate)
+    problem = _line_problem(line)
     if problem:
         return out.fail(*problem)
     out.url, body = line["url"], line["body"]
@@ -166,12 +185,10 @@ def parse_line(text: str, row: int, stem: str, defaults: SamplingParams, duplica
     return out
 
 
-def _line_problem(line: dict, duplicate: bool) -> tuple[str, str] | None:
+def _line_problem(line: dict) -> tuple[str, str] | None:
     unknown = sorted(set(line) - set(LINE_FIELDS))
     if not isinstance(line.get("custom_id"), str) or not line["custom_id"]:
         return "invalid_request", f"custom_id is {line.get('custom_id')!r}; give each line a unique string custom_id"
-    if duplicate:
-        return "duplicate_custom_id", f"custom_id {line['custom_id']!r} is used by an earlier line; make it unique"
     if unknown:
         return "unknown_field", f"unknown line fields {unknown}; a line holds {', '.join(LINE_FIELDS)}"
     if line.get("method") != "POST":

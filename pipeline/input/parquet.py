@@ -14,11 +14,11 @@ import pyarrow as pa
 
 from engine.request import Completion
 from pipeline.errors import InputError
+from pipeline.input.ids import ID_COLUMN, check_unique_ids
 from pipeline.storage import Folder, is_uri, list_parquet, open_parquet, stem
 
 log = logging.getLogger(__name__)
 
-ID_COLUMN = "id"
 MESSAGES_COLUMN = "messages"  # a chat row's conversation: a list of {role, content} (Ray Data LLM's name)
 CHAT_CHOICES = ("auto", "on", "off")
 FORMAT_CHOICES = ("auto", "parquet", "openai")  # openai: OpenAI Batch JSONL (pipeline/input/openai_batch.py)
@@ -38,7 +38,6 @@ class InputFile:
     num_rows: int
     columns: tuple[str, ...]
     format: str = "parquet"  # or "openai": an OpenAI Batch JSONL file, one request per non-blank line
-    duplicate_rows: tuple[int, ...] = ()  # openai: lines whose custom_id an earlier line already used
     chat_rows: int = 0  # openai: lines that are chat requests
 
     @property
@@ -100,12 +99,16 @@ def _sorts_before(a: str, b: str) -> bool:
 
 
 def inspect_inputs(paths: Sequence[Path], prompt_column: str) -> list[InputFile]:
-    """Read each file's footer (not its data) and check it has the prompt column (`messages` for chat rows) and
-    no output column."""
+    """Read each file's footer and check it has the prompt column (`messages` for chat rows), no output column and
+    no column name twice; then read the `id` columns (no other data) and check that no two rows share an id."""
     files = []
     for path, name in zip(paths, part_names(paths)):
         schema, num_rows = read_footer(path)
         columns = tuple(schema.names)
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        if twice:
+            raise InputError(f"{path}: column names {twice} appear more than once; rename or drop the copies (a "
+                             "column is read by its name)")
         if prompt_column not in columns:
             fix = ("give it a messages column of {role, content} lists, or pass --chat off"
                    if prompt_column == MESSAGES_COLUMN else "pass --prompt-column with one of them")
@@ -118,6 +121,7 @@ def inspect_inputs(paths: Sequence[Path], prompt_column: str) -> list[InputFile]
         if clash:
             raise InputError(f"{path}: input columns {clash} would be overwritten by the output; rename or drop them")
         files.append(InputFile(path=path, part_name=name, num_rows=num_rows, columns=columns))
+    check_unique_ids(files)
     return files
 
 

@@ -1,7 +1,9 @@
 """From input rows to engine requests: row ids, per-row parameter overrides, per-row seeds, and bad rows.
 
-A bad row (null, empty or non-string prompt; an invalid per-row parameter) becomes a failed `Completion` here
-and never reaches the engine; the other rows go on."""
+A bad row (null, empty or non-string prompt; text that is not UTF-8; an invalid per-row parameter) becomes a
+failed `Completion` here and never reaches the engine; the other rows go on. What a prompt that passes here
+still needs (a chat template that renders it, token ids inside the vocabulary) is the engine's prompt-ids rule
+(engine/prompt_ids.py), which fails its row alone in the same way."""
 
 from __future__ import annotations
 
@@ -15,31 +17,16 @@ import pyarrow as pa
 from engine.chat import messages_problem
 from engine.errors import InvalidParamsError
 from engine.request import Completion, Request, SamplingParams
-from pipeline.input.parquet import ID_COLUMN, MESSAGES_COLUMN
+from pipeline.input.ids import bad_id_rows, row_ids
+from pipeline.input.parquet import MESSAGES_COLUMN
+from pipeline.input.utf8 import NotUtf8, column_values
+
+__all__ = ["ROW_PARAM_COLUMNS", "build_requests", "derive_seed", "prompt_problem", "row_ids", "row_params"]
 
 # Optional input columns that override the job's options row by row; a null means "use the option".
 ROW_PARAM_COLUMNS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "seed")
 _INT_PARAMS = ("max_new_tokens", "top_k", "seed")
 _SEED_BITS = 63
-
-
-def row_ids(table: pa.Table, stem: str, offset: int = 0) -> list[str]:
-    """One id per row: the `id` column cast to string where present and not null, else `<stem>:<row index>`,
-    the index counted from the file's first row (`table` starts at row `offset` of its file). A binary id
-    becomes text one to one (see `_id_text`), so distinct ids stay distinct."""
-    made = [f"{stem}:{offset + i}" for i in range(table.num_rows)]
-    if ID_COLUMN not in table.column_names:
-        return made
-    given = table.column(ID_COLUMN).to_pylist()
-    return [made[i] if v is None else _id_text(v) for i, v in enumerate(given)]
-
-
-def _id_text(value) -> str:
-    """Binary ids: valid UTF-8 reads as itself; each byte that is not is written `\\xNN`, and a backslash is
-    doubled, so that two distinct byte strings never give the same text (a lossy decode would merge them)."""
-    if isinstance(value, bytes):
-        return value.replace(b"\\", b"\\\\").decode("utf-8", errors="backslashreplace")
-    return str(value)
 
 
 def derive_seed(base_seed: int, row_id: str) -> int:
@@ -53,11 +40,17 @@ def build_requests(
 ) -> list[Request | Completion]:
     """One item per row, in row order: a `Request` to run, or a failed `Completion` for a bad row. Chat rows
     take their conversation from the `messages` column instead of the prompt column."""
-    prompts = table.column(MESSAGES_COLUMN if chat else prompt_column).to_pylist()
-    overrides = {c: table.column(c).to_pylist() for c in ROW_PARAM_COLUMNS if c in table.column_names}
+    column = MESSAGES_COLUMN if chat else prompt_column
+    prompts = column_values(table, column)
+    overrides = {c: column_values(table, c) for c in ROW_PARAM_COLUMNS if c in table.column_names}
+    bad_ids = bad_id_rows(table)
     items: list[Request | Completion] = []
     for i, (row_id, prompt) in enumerate(zip(ids, prompts)):
-        problem = messages_problem(prompt) if chat else prompt_problem(prompt, prompt_column)
+        if isinstance(prompt, NotUtf8):
+            problem = prompt.problem(f"column {column!r}")
+        else:
+            problem = messages_problem(prompt) if chat else prompt_problem(prompt, prompt_column)
+        problem = bad_ids.get(i) or problem
         if problem:
             items.append(Completion.failed(row_id, problem))
             continue
@@ -87,6 +80,9 @@ def prompt_problem(prompt, prompt_column: str) -> str | None:
 def row_params(defaults: SamplingParams, overrides: dict, row_id: str) -> SamplingParams:
     """`defaults` with this row's non-null overrides applied. Without a row seed, the seed is derived from the
     job seed and the row id. Raises `InvalidParamsError` for a bad value (SamplingParams checks it)."""
+    bad = next((name for name, value in overrides.items() if isinstance(value, NotUtf8)), None)
+    if bad:
+        raise InvalidParamsError(overrides[bad].problem(f"column {bad!r}"))
     changes = {name: _coerce(name, value) for name, value in overrides.items() if not _missing(value)}
     if "seed" not in changes:
         changes["seed"] = derive_seed(defaults.seed, row_id)

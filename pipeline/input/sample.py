@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from engine.chat import chat_prompt_ids, messages_problem
+from engine.prompt_ids import PromptError
+from engine.prompt_ids import prompt_ids as rule_prompt_ids
 from engine.request import Request
 from pipeline.input.parquet import InputFile
+from pipeline.input.utf8 import NotUtf8, column_values
 from pipeline.storage import open_parquet
 
 SAMPLE_ROWS = 256
@@ -51,10 +53,11 @@ class InputSample:
 
 
 def take_sample(files: tuple[InputFile, ...], column: str, tokenizer, gen_len: int, stop: tuple[str, ...],
-                limit: int = SAMPLE_ROWS) -> InputSample:
+                limit: int = SAMPLE_ROWS, vocab_size: int | None = None) -> InputSample:
     """The first `limit` usable prompts of `column` (strings, or conversations from a messages column) and the
     first `limit` rows' generation lengths, each row's own max_new_tokens and stop where present and valid, else
-    the job's `gen_len` and `stop`. A batch file gives its prompts only (its rows are measured as they finish)."""
+    the job's `gen_len` and `stop`. A batch file gives its prompts only (its rows are measured as they finish).
+    A prompt that fails the prompt-ids rule counts 0 tokens and carries no ids (its row fails in its shard)."""
     prompts: list[tuple[tuple[str, int], object]] = []
     rows: list[tuple[int, bool]] = []
     for f in files:
@@ -66,7 +69,7 @@ def take_sample(files: tuple[InputFile, ...], column: str, tokenizer, gen_len: i
             _sample_parquet(f, column, gen_len, stop, limit, prompts, rows)
         if len(prompts) >= limit:
             break
-    ids = [(key, prompt_ids(tokenizer, p)) for key, p in prompts[:limit]]
+    ids = [(key, prompt_ids(tokenizer, p, vocab_size)) for key, p in prompts[:limit]]
     return InputSample(prompt_lengths=tuple(len(t or ()) for _, t in ids),
                        row_lengths=tuple(rows[:limit]) or ((gen_len, bool(stop)),),
                        prompt_ids={key: tuple(t) for key, t in ids if t})
@@ -80,30 +83,28 @@ def _sample_parquet(f: InputFile, column: str, gen_len: int, stop: tuple[str, ..
         params = [c for c in PARAM_COLUMNS if c in pf.schema_arrow.names]
         first = 0
         for g in range(pf.num_row_groups):
-            cols = pf.read_row_group(g, columns=[column, *params]).to_pydict()
+            table = pf.read_row_group(g, columns=[column, *params])
+            cols = {name: column_values(table, name) for name in table.column_names}  # NotUtf8 where not UTF-8
             values = cols[column]
             prompts += [((str(f.path), first + i), v) for i, v in enumerate(values)
                         if (isinstance(v, str) and v) or isinstance(v, list)]
             for m, s in zip(cols.get("max_new_tokens", [None] * len(values)), cols.get("stop", [None] * len(values))):
                 ok = isinstance(m, (int, float)) and m >= 1 and float(m).is_integer()
-                rows.append((int(m) if ok else gen_len, bool(s) if s is not None else bool(stop)))
+                rows.append((int(m) if ok else gen_len, bool(stop) if s is None or isinstance(s, NotUtf8) else bool(s)))
             first += len(values)
             if len(prompts) >= limit:
                 return
 
 
-def prompt_ids(tokenizer, prompt) -> list[int] | None:
-    """A prompt's token ids as the engine makes them (a string tokenized, a conversation rendered by the chat
-    template; a list of token ids is its own), or None where a conversation cannot be rendered. Only a row the
-    engine would run carries them (`InputSample.with_ids` gives them to requests only)."""
+def prompt_ids(tokenizer, prompt, vocab_size: int | None = None) -> list[int] | None:
+    """A prompt's token ids by the engine's rule (engine/prompt_ids.py: a string tokenized, a conversation
+    rendered by the chat template, a list of token ids its own), or None where that rule fails the row. Only a
+    row the engine would run carries them (`InputSample.with_ids` gives them to requests only)."""
     if isinstance(prompt, str):
-        return list(tokenizer(prompt)["input_ids"])
-    if all(isinstance(t, int) for t in prompt):
-        return list(prompt)
-    if messages_problem(prompt):
-        return None
+        kind = "text"
+    else:
+        kind = "token_ids" if prompt and all(isinstance(t, int) for t in prompt) else "messages"
     try:
-        return chat_prompt_ids(tokenizer, prompt)
-    except ValueError:
+        return rule_prompt_ids(tokenizer, vocab_size, **{kind: prompt})
+    except PromptError:
         return None
-

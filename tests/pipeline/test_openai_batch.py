@@ -30,7 +30,7 @@ LINES = [
     "{not json",
     _line("ids-1", COMPLETIONS, {"prompt": [5, 6, 7, 8], "max_tokens": 3}),
     _line("bad-url", "/v1/embeddings", {"input": "x"}),
-    _line("chat-1", CHAT, {"messages": ASK}),  # a duplicate custom_id
+    _line("ids-2", COMPLETIONS, {"prompt": [5, 6, 10**8]}),  # a token id outside the vocabulary
     "",
     _line("n-2", CHAT, {"messages": ASK, "n": 2, "temperature": 1.0, "seed": 7, "max_completion_tokens": 6}),
     _line("unknown", CHAT, {"messages": ASK, "tools": [{"type": "function"}]}),
@@ -38,7 +38,7 @@ LINES = [
     _line("get", COMPLETIONS, {"prompt": "x"}, method="GET"),
     _line("chat-lp", CHAT, {"messages": ASK, "logprobs": True, "stop": ["\n"], "frequency_penalty": 0}),
 ]
-ERRORS = {2: "invalid_json", 4: "invalid_url", 5: "duplicate_custom_id", 7: "unsupported_field",
+ERRORS = {2: "invalid_json", 4: "invalid_url", 5: "invalid_request", 7: "unsupported_field",
           8: "invalid_value", 9: "invalid_request"}  # by request index (the blank line is not one)
 
 
@@ -74,6 +74,7 @@ def test_mixed_batch_file_round_trips_every_line_once_in_order(tmp_path, batch):
             assert o["error"] is None and o["response"]["status_code"] == 200, (n, o["error"])
     assert summary.error_rows == len(ERRORS)
     assert "tools" in out[7]["error"]["message"] and "top_logprobs=3" in out[8]["error"]["message"]
+    assert "prompt_ids[2] is 100000000, outside the model's vocabulary" in out[5]["error"]["message"]
 
 
 def test_batch_completions_equal_the_engine(tmp_path, batch):
@@ -143,7 +144,7 @@ def test_chat_lines_need_a_chat_template_before_any_load(tmp_path, tiny_llama_di
 def test_bad_completion_bodies_name_the_field(body, problem):
     from pipeline.input.openai_batch import parse_line
 
-    line = parse_line(_line("c", COMPLETIONS, body), 0, "f", SamplingParams(), duplicate=False, chat=True)
+    line = parse_line(_line("c", COMPLETIONS, body), 0, "f", SamplingParams(), chat=True)
     assert line.error is not None and problem in line.error["message"] and not line.requests
 
 
@@ -152,11 +153,11 @@ def test_neutral_fields_are_accepted_and_choices_get_their_own_seeds():
 
     body = {"messages": ASK, "n": 3, "seed": 11, "logit_bias": {}, "stream": False, "presence_penalty": 0,
             "max_completion_tokens": 5, "max_tokens": 5, "logprobs": False, "top_logprobs": 0, "user": "u"}
-    line = parse_line(_line("c", CHAT, body), 4, "f", SamplingParams(), duplicate=False, chat=True)
+    line = parse_line(_line("c", CHAT, body), 4, "f", SamplingParams(), chat=True)
     assert line.error is None and [r.id for r in line.requests] == ["f:4"] * 3
     seeds = [r.params.seed for r in line.requests]
     assert seeds[0] == 11 and len(set(seeds)) == 3 and all(r.params.max_new_tokens == 5 for r in line.requests)
-    off = parse_line(_line("c", CHAT, {"messages": ASK}), 0, "f", SamplingParams(), duplicate=False, chat=False)
+    off = parse_line(_line("c", CHAT, {"messages": ASK}), 0, "f", SamplingParams(), chat=False)
     assert "--chat off" in off.error["message"]
 
 
