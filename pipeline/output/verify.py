@@ -163,8 +163,8 @@ def layout_problems(shards: list[Shard], inputs: dict[str, int | None]) -> tuple
     notes = []
     names = [s.part_name for s in shards]
     if names != sorted(names):
-        notes.append(f"the part names do not sort in input order (an output written before names were made to); "
-                     f"read the parts in the order of the shards in {JOB_FILE}")
+        notes.append(f"the part names do not sort in input order (as older versions named the parts of "
+                     f"inputs from several folders); read the parts in the order of the shards in {JOB_FILE}")
     return problems, notes
 
 
