@@ -37,9 +37,9 @@ def _check_decoding_types(decoding: dict) -> None:
     if "logprobs" in decoding and not isinstance(decoding["logprobs"], bool):
         raise ConfigError(f"logprobs={decoding['logprobs']!r} is invalid: expected True or False")
     stop = decoding.get("stop", ())
-    if isinstance(stop, str) or not isinstance(stop, (list, tuple)):
-        raise ConfigError(f"stop={stop!r} is invalid: expected a list of stop strings, e.g. stop=[{stop!r}]"
-                          if isinstance(stop, str) else f"stop={stop!r} is invalid: expected a list of stop strings")
+    if not isinstance(stop, (list, tuple)):
+        example = f", e.g. stop=[{stop!r}]" if isinstance(stop, str) else ""
+        raise ConfigError(f"stop={stop!r} is invalid: expected a list of stop strings{example}")
 
 
 def run(model, input, output, **options) -> JobSummary:
