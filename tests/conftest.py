@@ -1,3 +1,5 @@
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,41 @@ def demo_prompts():
     import pyarrow.parquet as pq
 
     return pq.read_table(DEMO_PROMPTS, columns=["prompt"]).column("prompt").to_pylist()
+
+
+def pytest_configure(config):
+    """The suite keeps its own cache root (engine/cache_root.py), set before any test module imports the engine:
+    tests neither read nor write the user's hardware profile, kernel rates or offloaded weights. Subprocesses and
+    Ray workers the tests start inherit it."""
+    os.environ["FLEXBATCH_CACHE"] = tempfile.mkdtemp(prefix="flexbatch-tests-")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fixed_hardware_profile():
+    """Jobs that plan without --hardware read this machine's cached profile and measure it on first use (minutes
+    on 2 cores). The suite plans on a fixed profile instead (tests/planner/specs.py `server_cpu`), stored as this
+    machine's for every thread count a test or worker may run with; tests of the profiler fake or measure their
+    own."""
+    import dataclasses
+    import time
+
+    import torch
+
+    from planner import profiler
+    from planner.hardware import save_hardware
+    from tests.planner.specs import server_cpu
+
+    threads = torch.get_num_threads()
+    try:
+        for n in range(1, (os.cpu_count() or 1) + 1):
+            torch.set_num_threads(n)
+            key = profiler.machine_key()
+            sources = {"machine": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "load_average": 0.0, "cpus": os.cpu_count() or 1}
+            save_hardware(dataclasses.replace(server_cpu(), sources=sources),
+                          profiler.keyed_copy(profiler.DEFAULT_CACHE, key))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):
