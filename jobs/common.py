@@ -10,9 +10,12 @@ import click
 
 from engine.errors import ModelNotFoundError
 
-USER_ERROR_EXIT = 2
-FAILED_SHARDS_EXIT = 1
+# Exit codes of a job command. 0: every row completed. The others, most serious first:
+FAILED_SHARDS_EXIT = 1  # shards failed every try: their rows have no output
+USER_ERROR_EXIT = 2  # bad input, model, options or output folder: nothing ran
 OUT_OF_MEMORY_EXIT = 3  # shards failed because their worker was killed for memory
+ROW_ERRORS_EXIT = 4  # every shard written, but some rows failed (their error column, or error objects, say why)
+ALL_ROWS_FAILED_EXIT = 5  # every shard written, and every row in it failed: no completion at all
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,3 +45,12 @@ def default_model() -> Path:
             f"examples/); pass --model DIR with a local checkpoint folder"
         )
     return path
+
+
+def job_exit_code(summary) -> int:
+    """The exit code of a finished job (a `JobSummary`): failed shards first, then rows that failed."""
+    if not summary.ok:
+        return OUT_OF_MEMORY_EXIT if summary.out_of_memory else FAILED_SHARDS_EXIT
+    if summary.rows and summary.error_rows == summary.rows:
+        return ALL_ROWS_FAILED_EXIT
+    return ROW_ERRORS_EXIT if summary.error_rows else 0

@@ -1,8 +1,10 @@
 """`flexbatch run` / `python -m jobs.run`: complete the prompts of Parquet files (or the requests of an OpenAI Batch
 file), write Parquet parts (or Batch API output lines). The command parses and reports; `flexbatch.run` runs.
 
-User errors (bad input, model or output folder) print one line `flexbatch: error: ...` and exit with code 2;
-a job whose shards failed every try exits with code 1 after the summary."""
+User errors (bad input, model or output folder) print one line `flexbatch: error: ...` and exit with code 2.
+After the summary, a job whose shards failed every try exits with code 1 (3 when a worker was killed for
+memory); one whose shards were all written exits 0 when every row completed, 4 when some rows failed and 5 when
+every row failed (jobs/common.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ import click
 import flexbatch
 from engine.errors import FlexbatchError
 from engine.request import TRUNCATE_CHOICES, SamplingParams
-from jobs.common import FAILED_SHARDS_EXIT, OUT_OF_MEMORY_EXIT, default_model, fail, setup_logging
+from jobs.common import default_model, fail, job_exit_code, setup_logging
 from jobs.engine_options import engine_options, engine_settings
+from pipeline.input.ids import id_text
 from pipeline.input.parquet import CHAT_CHOICES, FORMAT_CHOICES, MESSAGES_COLUMN
+from pipeline.input.utf8 import NotUtf8, column_values
 from pipeline.job import JobSummary, RunConfig
 from pipeline.storage import Folder
 
@@ -88,9 +92,10 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
 
     The job runs on Ray, one engine per GPU or per CPU node, each planning its own policy. Work is cut into
     shards (row ranges of the input files); each shard's part is committed in _manifest.jsonl, and _SUCCESS
-    holds the summary. Rerun the same command to resume: committed shards are skipped. A shard that fails
-    every try is listed in _SUCCESS and the exit code is 1 (3 when a worker was killed for memory: lower
-    --cpu-mem or --shard-rows); bad input or options exit with 2.
+    holds the summary. Rerun the same command to resume: committed shards are skipped. A bad row fails alone
+    (its error column says why). Exit codes: 0 every row completed; 4 some rows failed; 5 every row failed;
+    1 a shard failed every try (listed in _SUCCESS; 3 when a worker was killed for memory: lower --cpu-mem or
+    --shard-rows); 2 bad input or options (nothing ran). Ids must be unique across the input.
 
     \b
     Examples:
@@ -111,8 +116,9 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
         fail(e)
     _print_summary(summary)
     _print_rows(summary, show, prompt_column)
-    if not summary.ok:
-        sys.exit(OUT_OF_MEMORY_EXIT if summary.out_of_memory else FAILED_SHARDS_EXIT)
+    code = job_exit_code(summary)
+    if code:
+        sys.exit(code)
 
 
 def _print_rows(s: JobSummary, n: int, prompt_column: str) -> None:
@@ -137,9 +143,29 @@ def _part_rows(s: JobSummary, part, prompt_column: str) -> list[tuple]:
 
     table = pq.read_table(part)
     column = prompt_column if prompt_column in table.column_names else MESSAGES_COLUMN
-    rows = table.select(["id", column, "completion", "finish_reason"]).to_pylist()
-    return [(r["id"], r[column][-1]["content"] if isinstance(r[column], list) and r[column] else r[column],
-             r["completion"], r["finish_reason"]) for r in rows]
+    ids, completions, finishes = (table.column(c).to_pylist() for c in ("id", "completion", "finish_reason"))
+    prompts = [id_text(p) if isinstance(p, NotUtf8) else p for p in column_values(table, column)]  # escaped bytes
+    return [(i, p[-1]["content"] if isinstance(p, list) and p else p, c, f)
+            for i, p, c, f in zip(ids, prompts, completions, finishes)]
+
+
+def _first_error(s: JobSummary) -> tuple[str, str] | None:
+    """(id, error) of the first row that failed, read from the parts in order."""
+    for part in s.parts:
+        name = str(part).rsplit("/", 1)[-1]
+        if name.endswith(".jsonl"):
+            for text in (Folder(s.output).read_text(name) or "").splitlines():
+                line = json.loads(text)
+                if line["error"] is not None:  # a line without a readable custom_id: its message names the line
+                    return str(line["custom_id"] or "no custom_id"), line["error"]["message"]
+            continue
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(part, columns=["id", "error"])
+        for row_id, error in zip(table.column("id").to_pylist(), table.column("error").to_pylist()):
+            if error is not None:
+                return row_id, error
+    return None
 
 
 def _batch_row(line: dict) -> tuple:
@@ -152,6 +178,10 @@ def _batch_row(line: dict) -> tuple:
 
 def _print_summary(s: JobSummary) -> None:
     click.echo(f"rows: {s.rows} in {s.files} files, {s.error_rows} with errors")
+    first = _first_error(s) if s.error_rows else None
+    if first:
+        what = "every row failed, the first" if s.error_rows == s.rows else "first row error"
+        click.echo(f"  {what}: [{first[0]}] {first[1]}")
     click.echo(f"shards: {s.shards}, {s.skipped_shards} committed earlier, {len(s.failed_shards)} failed")
     for f in s.failed_shards:
         click.echo(f"  failed shard {f['shard']} ({f['part']}, {f['rows']} rows) after {f['tries']} tries: {f['error']}")

@@ -244,6 +244,8 @@ def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, inf
     write_success(folder, success_record(summary, new))
     log.info("done: %d rows (%d with errors) in %d shards, %d failed; %.1f completion tokens/s", summary.rows,
              summary.error_rows, len(done), len(failed), summary.job_tokens_per_s)
+    if summary.rows and summary.error_rows == summary.rows:
+        log.warning("every row failed (%d rows): each row's error says why; no row has a completion", summary.rows)
     return summary
 
 
@@ -253,8 +255,12 @@ def part_location(folder: Path | str, name: str) -> Path | str:
 
 
 def success_record(s: JobSummary, new: dict) -> dict:
+    """`_SUCCESS`'s content. `ok`: every shard was written; `status` says more: "complete" (every row completed),
+    "row_errors" (some rows failed), "all_rows_failed" (every row failed: no completion), or "failed_shards"."""
+    status = ("failed_shards" if not s.ok else "all_rows_failed" if s.rows and s.error_rows == s.rows
+              else "row_errors" if s.error_rows else "complete")
     return {
-        "ok": s.ok, "rows": s.rows, "error_rows": s.error_rows, "prompt_tokens": s.prompt_tokens,
+        "ok": s.ok, "status": status, "rows": s.rows, "error_rows": s.error_rows, "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens, "shards": s.shards, "skipped_shards": s.skipped_shards,
         "new_shards": len(new), "failed_shards": list(s.failed_shards),
         "tokens_per_s": s.job_tokens_per_s, "measured_seconds": s.wall_seconds,

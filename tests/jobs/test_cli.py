@@ -120,13 +120,13 @@ def test_run_prints_a_summary_and_refuses_another_job_unless_overwrite(tmp_path,
     f = write_parquet(tmp_path / "a.parquet", prompt=["hello", None], max_new_tokens=[2, None])
     args = ["--model", tiny_llama_dir, "--input", f, "--output", tmp_path / "out", "--dtype", "float32"]
     result = invoke(*args, "--stop", "\n", "--stop", "Q:")
-    assert result.exit_code == 0, result.stderr
+    assert result.exit_code == 4, result.stderr  # one row failed (ROW_ERRORS_EXIT)
     assert "rows: 2 in 1 files, 1 with errors" in result.stdout and f"output: {tmp_path / 'out'}" in result.stdout
     assert "tokens/s" in result.stdout
     assert json.loads((tmp_path / "out" / "_job.json").read_text())["config"]["params"]["stop"] == ["\n", "Q:"]
 
     assert_user_error(invoke(*args, "--seed", "1"), "another job's output", "--overwrite")
-    assert invoke(*args, "--seed", "1", "--overwrite").exit_code == 0
+    assert invoke(*args, "--seed", "1", "--overwrite").exit_code == 4
 
 
 def test_python_m_jobs_run_end_to_end(tmp_path, tiny_llama_dir):

@@ -39,3 +39,18 @@ def test_the_console_script_exits_with_the_commands_status():
     assert res.returncode == 2 and "No such command 'no-such-command'" in res.stderr
     res = subprocess.run([sys.executable, "-m", "jobs.cli", "--help"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.startswith("Usage: flexbatch")
+
+
+IDLE_POOL = """
+from concurrent.futures import ThreadPoolExecutor
+from jobs.quick_exit import quick_exit
+pool = ThreadPoolExecutor(max_workers=1)
+pool.submit(print, "task ran").result()
+kept = [pool]  # still referenced, as a failed shard's traceback keeps an engine's prefetch pool
+quick_exit(4)
+"""
+
+
+def test_an_idle_thread_pool_that_is_still_referenced_does_not_hold_the_exit():
+    res = subprocess.run([sys.executable, "-c", IDLE_POOL], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 4 and res.stdout == "task ran\n"
