@@ -7,6 +7,8 @@ the column unique, or to drop it so that every row gets its made id."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -28,11 +30,16 @@ def row_ids(table: pa.Table, stem: str, offset: int = 0) -> list[str]:
     the index counted from the file's first row (`table` starts at row `offset` of its file). A binary id, or a
     string id whose bytes are not UTF-8 (a row error, `bad_id_rows`), becomes text one to one (see `id_text`),
     so distinct ids stay distinct."""
-    made = [f"{stem}:{offset + i}" for i in range(table.num_rows)]
     if ID_COLUMN not in table.column_names:
-        return made
+        return [f"{stem}:{offset + i}" for i in range(table.num_rows)]
+    column = table.column(ID_COLUMN)
+    if column.null_count == 0 and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        try:  # the common case, without a test per row
+            return column.to_pylist()
+        except UnicodeDecodeError:
+            pass
     given = column_values(table, ID_COLUMN)
-    return [made[i] if v is None or (isinstance(v, NotUtf8) and v.raw is None) else id_text(v)
+    return [f"{stem}:{offset + i}" if v is None or (isinstance(v, NotUtf8) and v.raw is None) else id_text(v)
             for i, v in enumerate(given)]
 
 
@@ -56,39 +63,76 @@ def bad_id_rows(table: pa.Table) -> dict[int, str]:
 
 def check_unique_ids(files: Sequence[InputFile]) -> None:
     """Refuse a job in which two rows would get the same id (given ids, or a given id equal to a made one),
-    naming the first repeated ids, where they are, and the fix."""
-    first: dict[str, tuple[str, int]] = {}  # id -> (file, row) where it first appears
-    repeated: dict[str, list[tuple[str, int]]] = {}
+    naming the first repeated ids, where they are, and the fix. The ids are first checked in bulk (one set); only
+    a job that has repeats is read again to say where they are."""
+    seen: set[str] = set()
     for f in files:
-        if ID_COLUMN in f.columns:
-            for row, row_id in _file_ids(f):
+        for _, ids in _file_ids(f) if ID_COLUMN in f.columns else ():
+            size = len(seen)
+            seen.update(ids)
+            if len(seen) < size + len(ids):
+                raise InputError(_refusal(files))
+    made = _made_stems(files)
+    if made and any(_made_position(row_id, made) for row_id in seen):
+        raise InputError(_refusal(files))
+
+
+def _made_stems(files: Sequence[InputFile]) -> dict[str, tuple[int, int]]:
+    """(file index, rows) by stem, of the files without an id column: their rows get made ids."""
+    return {f.part_stem: (k, f.num_rows) for k, f in enumerate(files) if ID_COLUMN not in f.columns}
+
+
+def _made_position(row_id: str, made: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
+    """(file index, row) of the row whose made id `<stem>:<row>` is `row_id`, or None."""
+    stem, _, row = row_id.rpartition(":")
+    if stem not in made or not row.isdigit() or str(int(row)) != row or int(row) >= made[stem][1]:
+        return None
+    return made[stem][0], int(row)
+
+
+def _repeats(files: Sequence[InputFile]) -> tuple[dict[str, list[int]], list[int]]:
+    """Each repeated id with the job-wide positions of its rows, and each file's first position."""
+    starts = list(itertools.accumulate((f.num_rows for f in files), initial=0))
+    first: dict[str, int] = {}
+    repeated: dict[str, list[int]] = {}
+    for f, start in zip(files, starts):
+        for offset, ids in _file_ids(f) if ID_COLUMN in f.columns else ():
+            for at, row_id in enumerate(ids, start=start + offset):
                 if row_id in first:
-                    repeated.setdefault(row_id, [first[row_id]]).append((str(f.path), row))
+                    repeated.setdefault(row_id, [first[row_id]]).append(at)
                 else:
-                    first[row_id] = (str(f.path), row)
-    made = {f.part_stem: f for f in files if ID_COLUMN not in f.columns}  # their made ids are distinct among them
-    for row_id, where in first.items():
-        stem, _, row = row_id.rpartition(":")
-        if stem in made and row.isdigit() and str(int(row)) == row and int(row) < made[stem].num_rows:
-            repeated.setdefault(row_id, [where]).append((str(made[stem].path), int(row)))
-    if repeated:
-        shown = "; ".join(f"{i!r} ({_places(places)})" for i, places in list(repeated.items())[:_SHOWN])
-        more = f"; and {len(repeated) - _SHOWN} more" if len(repeated) > _SHOWN else ""
-        raise InputError(f"{len(repeated)} ids appear on more than one row: {shown}{more}; each row needs its own "
-                         f"id: make the {ID_COLUMN!r} column unique, or drop it (each row then gets the id <file "
-                         "stem>:<row index>)")
+                    first[row_id] = at
+    made = _made_stems(files)
+    for row_id, at in first.items() if made else ():
+        position = _made_position(row_id, made)
+        if position is not None:
+            repeated.setdefault(row_id, [at]).append(starts[position[0]] + position[1])
+    return repeated, starts
+
+
+def _refusal(files: Sequence[InputFile]) -> str:
+    """The refusal naming the first repeated ids and their rows (the files read again, to find them)."""
+    repeated, starts = _repeats(files)
+
+    def place(at: int) -> str:
+        k = bisect.bisect_right(starts, at) - 1  # the last file starting at or before `at` (empty ones skipped)
+        return f"{str(files[k].path).rsplit('/', 1)[-1]} row {at - starts[k]}"
+
+    def places(ats: list[int]) -> str:
+        return ", ".join(place(at) for at in ats[:_SHOWN]) + (f" and {len(ats) - _SHOWN} more" if len(ats) > _SHOWN
+                                                             else "")
+
+    shown = "; ".join(f"{i!r} ({places(ats)})" for i, ats in list(repeated.items())[:_SHOWN])
+    more = f"; and {len(repeated) - _SHOWN} more" if len(repeated) > _SHOWN else ""
+    return (f"{len(repeated)} ids appear on more than one row: {shown}{more}; each row needs its own id: make the "
+            f"{ID_COLUMN!r} column unique, or drop it (each row then gets the id <file stem>:<row index>)")
 
 
 def _file_ids(f: InputFile):
-    """(row, id) of each row of a Parquet file, one row group at a time, only its id column read."""
+    """(first row, ids) of each row group of a Parquet file, only its id column read."""
     with open_parquet(f.path) as pf:
         offset = 0
         for g in range(pf.num_row_groups):
             table = pf.read_row_group(g, columns=[ID_COLUMN])
-            yield from enumerate(row_ids(table, f.part_stem, offset), start=offset)
+            yield offset, row_ids(table, f.part_stem, offset)
             offset += table.num_rows
-
-
-def _places(places: list[tuple[str, int]]) -> str:
-    rows = ", ".join(f"{path.rsplit('/', 1)[-1]} row {row}" for path, row in places[:_SHOWN])
-    return rows + (f" and {len(places) - _SHOWN} more" if len(places) > _SHOWN else "")
