@@ -95,3 +95,13 @@ def test_the_time_limit_traces_only_while_rendering_and_puts_the_tracer_back(fau
         assert sys.gettrace() is mine and ids
     finally:
         sys.settrace(before)
+
+
+def test_a_looping_template_is_stopped_in_any_thread(faulty, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(engine.chat, "CHAT_TEMPLATE_SECONDS", 0.3)
+    slow = [{"role": "user", "content": "slow"}]
+    with ThreadPoolExecutor(max_workers=1) as pool:  # as where an actor or a Ray Data stage renders off the main thread
+        error = pool.submit(pytest.raises, ValueError, engine.chat.chat_prompt_ids, faulty.tokenizer, slow).result(60)
+    assert "still rendering these messages after 0.3 s" in str(error.value)
