@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.errors import InvalidParamsError
-from engine.request import DTYPE_CHOICES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # importable without torch: the CLI's --help needs none
 
 
 @cache
@@ -33,8 +34,10 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
+    import torch
+
     if name == "auto":
         return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-    if name not in DTYPES:
+    if name not in DTYPE_CHOICES:
         raise InvalidParamsError(f"dtype={name!r} is invalid: use one of {', '.join(DTYPE_CHOICES)}")
-    return DTYPES[name]
+    return getattr(torch, name)

@@ -16,7 +16,7 @@ from engine.compression.codecs import KVCodec, WeightCodec
 from engine.compression.qlinear import stored_bytes
 from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
-from engine.kernels.backend import load_kernels
+from engine.kernels.backend import DEFAULT_BACKEND, load_kernels
 from engine.kernels.native import int8_head
 from engine.loop.loaded import LoadedModel
 from engine.loop.row_state import RowState
@@ -28,7 +28,7 @@ from engine.memory.weight_store import WeightStore, globals_tier, head_in_int8
 from engine.models import family_for
 from engine.policy import Policy
 from engine.prompt_ids import PromptError, request_prompt_ids
-from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, Completion, Request
+from engine.request import TRUNCATE_CHOICES, Completion, Request
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
 
@@ -39,11 +39,12 @@ class Engine:
     def __init__(self, loaded: LoadedModel, eos_ids: tuple[int, ...], policy: Policy):
         self.loaded = loaded  # what the load fixed: model, weights and their placement, dtype, codecs, tokenizer
         self.eos_ids = eos_ids
-        self.policy = policy
+        self._policy = policy  # the policy it loaded with; a call passes its own to `generate`
         self.phase_seconds: dict[str, float] = {}  # the last `generate`'s prefill and decode seconds
         self.schedule_counts: dict[str, int] = {}  # the last `generate`'s layer passes, refilled rows, shifts
 
-    # what the load fixed, read through `loaded`
+    # what the load fixed, read through `loaded`; none is assigned from outside
+    policy = property(lambda self: self._policy)
     spec = property(lambda self: self.loaded.spec)
     model = property(lambda self: self.loaded.model)
     gw = property(lambda self: self.loaded.global_weights)

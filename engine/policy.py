@@ -5,7 +5,8 @@ FlexInfer's per-phase compute choice: CPU-only, GPU with offloading, or a static
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
 
 from engine.errors import InvalidParamsError
 
@@ -126,6 +127,50 @@ class Policy:
             raise InvalidParamsError(f"--percent {percent!r} is invalid: give six numbers in [0, 100]: "
                                      "weights gpu cpu, cache gpu cpu, activations gpu cpu")
         return cls(**{n: p / 100 for n, p in zip(FRACTION_NAMES, percent)}, **kw)
+
+
+class Pins(Mapping):
+    """The part of a policy its user fixed, by Policy field name (a read-only mapping). The planner chooses every
+    other field; without planning they take Policy's defaults (`policy()`). This is refill's one encoding as a
+    choice: pinned True or False, or absent, where the planner decides (and decides again as rows finish)."""
+
+    def __init__(self, values: Mapping | None = None, /, **more):
+        values = {**(values or {}), **more}
+        known = tuple(f.name for f in fields(Policy) if f.init)
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise InvalidParamsError(f"cannot pin {unknown}: pins name Policy fields ({', '.join(known)})")
+        probe = {k: v for k, v in values.items() if k not in FRACTION_NAMES}
+        for phase in ("prefill", "decode"):  # a pinned split without its layer: the search picks the layer
+            if probe.get(f"{phase}_device") == "split":
+                probe.setdefault(f"{phase}_split_layer", 1)
+        Policy(**probe)  # each value checked as Policy checks it (fractions together, where they are pinned)
+        self._values = values
+
+    @classmethod
+    def of(cls, policy: Policy) -> Pins:
+        """Every field of `policy` pinned: planning keeps it whole; without planning it runs as it is."""
+        return cls(policy.to_dict())
+
+    def __getitem__(self, name: str):
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Pins({self._values!r})"
+
+    def with_(self, **values) -> Pins:
+        """These pins with `values` pinned too (replacing the same fields)."""
+        return Pins({**self._values, **values})
+
+    def policy(self) -> Policy:
+        """The policy without planning: the pinned fields, Policy's defaults for the rest."""
+        return Policy(**self._values)
 
 
 _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9, "T": 1e12, "TB": 1e12,

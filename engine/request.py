@@ -9,9 +9,6 @@ from engine.errors import InvalidParamsError
 
 FINISH_REASONS = ("stop", "length", "eos", "error")
 TRUNCATE_CHOICES = ("error", "left")
-DTYPE_CHOICES = ("auto", "float32", "bfloat16")
-BACKEND_CHOICES = ("native", "ipex", "auto")  # CPU kernels (engine/kernels/native.py); here so the CLI needs no torch
-DEFAULT_BACKEND = "native"
 DEFAULT_MAX_NEW_TOKENS = 64
 
 

@@ -16,7 +16,9 @@ import dataclasses
 from pathlib import Path
 
 from engine.errors import InvalidParamsError
-from engine.request import DEFAULT_BACKEND, Completion, Request, SamplingParams
+from engine.kernels.backend import DEFAULT_BACKEND
+from engine.policy import Pins, Policy
+from engine.request import Completion, Request, SamplingParams
 from pipeline.errors import ConfigError
 from pipeline.input.parquet import CHAT_CHOICES, ID_COLUMN, MESSAGES_COLUMN
 from pipeline.input.requests import prompt_problem, row_params
@@ -42,11 +44,15 @@ class Processor:
         from pipeline.plan.host import EngineHost
         from pipeline.plan.settings import EngineSettings
 
+        if policy is not None and not isinstance(policy, Policy):
+            raise ConfigError(f"policy={policy!r} is invalid: expected an engine.policy.Policy to run as it is, or "
+                              "None to plan from the first batch")
         self.model, self.chat, self.truncate = model, chat, truncate
         self.spec = check_model(model)
         # a given policy runs as it is; without one, the engine plans for batches shaped like the first one
-        self.settings = EngineSettings(dtype=dtype, backend=backend, budgets=dict(budgets or {}), hardware=hardware,
-                                       plan=policy is None, **({"policy": policy} if policy is not None else {}))
+        self.settings = EngineSettings(dtype=dtype, backend=backend, budgets={} if budgets is None else budgets,
+                                       hardware=hardware, plan=policy is None,
+                                       pins=Pins.of(policy) if policy is not None else Pins())
         self.defaults = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                        top_k=top_k, stop=tuple(stop), seed=seed)
         self.host = EngineHost(engines_per_node)

@@ -11,16 +11,18 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from engine.policy import FRACTION_NAMES, PHASE_DEVICES, WEIGHT_FORMATS, Policy, parse_bytes
-from engine.request import BACKEND_CHOICES, DTYPE_CHOICES
+from engine.dtypes import DTYPE_CHOICES
+from engine.kernels.backend import BACKEND_CHOICES
+from engine.policy import FRACTION_NAMES, PHASE_DEVICES, WEIGHT_FORMATS, Pins, Policy, parse_bytes
 from pipeline.plan.planning import CPU_BUDGET_SHARE
-from pipeline.plan.settings import REFILL_CHOICES, EngineSettings
+from pipeline.plan.settings import EngineSettings
 
 _P = {f.name: f.default for f in fields(Policy) if f.init}
 _E = {f.name: f.default for f in fields(EngineSettings)}
 _GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 _PINNABLE = ("gbs", "num_gb", "compress_weight", "compress_cache", "cpu_attention", "prefill_device",
              "decode_device", "prefill_split_layer", "decode_split_layer")
+_POLICY_OPTIONS = (*_PINNABLE, "batch_size", "percent", "refill")
 _JOB_ONLY = ("plan", "use_ray", "address", "workers")
 
 
@@ -41,8 +43,8 @@ def engine_settings(ctx: click.Context, options: dict) -> EngineSettings:
     ConfigError on bad values)."""
     pins = _pins(ctx, options)
     job = {name: options.pop(name) for name in _JOB_ONLY if name in options}
-    return EngineSettings(dtype=options.pop("dtype"), backend=options.pop("backend"), policy=_policy(options),
-                          budgets=_budgets(options), offload_dir=options.pop("offload_dir"), pins=pins,
+    return EngineSettings(dtype=options.pop("dtype"), backend=options.pop("backend"), pins=pins,
+                          budgets=_budgets(options), offload_dir=options.pop("offload_dir"),
                           hardware=options.pop("hardware"), **job)
 
 
@@ -93,7 +95,7 @@ def _policy_options() -> list:
                                         "group 64) or int8 (row-wise, int8 x int8 GEMMs; the LM head "
                                         "in int8 too)."),
         click.option("--compress-cache", is_flag=True, help="4-bit group-wise KV cache (group 64)."),
-        click.option("--refill", type=click.Choice(REFILL_CHOICES), default=REFILL_CHOICES[0], show_default=True,
+        click.option("--refill", type=click.Choice(("auto", "on", "off")), default="auto", show_default=True,
                      help="Finished rows' slots take waiting rows: auto lets the planner decide from the rows' "
                           "max_new_tokens and stop strings, then from what rows really generate; off with "
                           "--no-plan unless on."),
@@ -117,37 +119,24 @@ def _policy_options() -> list:
     ]
 
 
-def _pins(ctx: click.Context, options: dict) -> dict:
-    """Policy fields the user set on the command line (defaults are not pins)."""
-    given = {name for name in options if ctx.get_parameter_source(name) in _GIVEN}
-    pins = {name: options[name] for name in _PINNABLE if name in given and options[name] is not None}
-    if "compress_weight" in pins:  # the option names a format; the planner pins whether weights are compressed
-        pins["compress_weight"] = True
-    if options.get("refill", REFILL_CHOICES[0]) != REFILL_CHOICES[0]:
-        pins["refill"] = options["refill"] == "on"
-    if "batch_size" in given and options["batch_size"] is not None:
-        pins.update(gbs=options["batch_size"], num_gb=1)
-    if "percent" in given and options["percent"]:
-        pins.update({n: p / 100 for n, p in zip(FRACTION_NAMES, options["percent"])})
-    return pins
-
-
-def _policy(o: dict) -> Policy:
-    """The Policy of the parsed options (raises InvalidParamsError on bad values)."""
-    gbs, num_gb = o.pop("gbs"), o.pop("num_gb")
-    batch_size = o.pop("batch_size")
-    if batch_size is not None:
-        if gbs is not None or num_gb is not None:
+def _pins(ctx: click.Context, options: dict) -> Pins:
+    """The Policy fields the user set on the command line (defaults are not pins); the policy options are taken
+    out of `options`."""
+    given = {name for name in _POLICY_OPTIONS if ctx.get_parameter_source(name) in _GIVEN}
+    o = {name: options.pop(name) for name in _POLICY_OPTIONS}
+    pins = {name: o[name] for name in _PINNABLE if name in given and o[name] is not None}
+    if "compress_weight" in pins:  # the option names a format; the pin is whether weights are compressed
+        pins.update(compress_weight=True, weight_format=o["compress_weight"])
+    if o["refill"] != "auto":
+        pins["refill"] = o["refill"] == "on"
+    if "batch_size" in given and o["batch_size"] is not None:
+        if "gbs" in pins or "num_gb" in pins:
             raise click.UsageError("--batch-size is shorthand for --gbs N --num-gb 1; give one or the other")
-        gbs, num_gb = batch_size, 1
-    kw = dict(gbs=gbs or _P["gbs"], num_gb=num_gb or _P["num_gb"], compress_weight=o["compress_weight"] is not None,
-              weight_format=o.pop("compress_weight") or "int4",
-              compress_cache=o.pop("compress_cache"), cpu_attention=o.pop("cpu_attention"),
-              refill=o.pop("refill") == "on",
-              prefill_device=o.pop("prefill_device"), decode_device=o.pop("decode_device"),
-              prefill_split_layer=o.pop("prefill_split_layer"), decode_split_layer=o.pop("decode_split_layer"))
-    percent = o.pop("percent")
-    return Policy.from_percent(tuple(percent), **kw) if percent else Policy(**kw)
+        pins.update(gbs=o["batch_size"], num_gb=1)
+    if "percent" in given and o["percent"]:
+        placed = Policy.from_percent(tuple(o["percent"]))  # six numbers in [0, 100], each kind summing to <= 100
+        pins.update({name: getattr(placed, name) for name in FRACTION_NAMES})
+    return Pins(pins)
 
 
 def _budgets(o: dict) -> dict[str, float | None]:

@@ -9,7 +9,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.request import DEFAULT_BACKEND, TRUNCATE_CHOICES, SamplingParams
+from engine.kernels.backend import DEFAULT_BACKEND
+from engine.request import TRUNCATE_CHOICES, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
 from pipeline.errors import ConfigError, InputError
@@ -28,7 +29,7 @@ from pipeline.input.sample import InputSample, take_sample
 from pipeline.option_checks import check_bool, check_path, number_at_least, whole_number
 from pipeline.output.folder import OutputCheck, check_output, job_record
 from pipeline.plan.settings import EngineSettings
-from pipeline.storage import file_identity, is_uri
+from pipeline.storage import Folder, file_identity, is_uri
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ def prepare_job(config: RunConfig) -> JobSetup:
         sample = take_sample(files, column, tokenizer, config.params.max_new_tokens, config.params.stop)
     record = job_record(_job_config(config, files, chat))
     record["run"] = {"input": config.input, "policy": config.policy.to_dict()}  # recorded, not hashed
-    check = check_output(config.output, record, config.overwrite)
+    check = check_output(Folder(config.output), record, config.overwrite)
     return JobSetup(config=config, files=files, spec=spec, record=record, output=check, chat=chat, sample=sample)
 
 

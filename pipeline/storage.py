@@ -100,6 +100,10 @@ class Folder:
     def __str__(self) -> str:
         return self.location
 
+    def write_json(self, name: str, record: dict) -> None:
+        """`record` as indented JSON in `name`, replaced atomically (see `write_bytes`)."""
+        self.write_bytes(name, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+
     def child(self, name: str) -> str:
         """The location of `name` in this folder (a path or a URI, as the folder is)."""
         return f"{self.location.rstrip('/')}/{name}" if self.remote else str(Path(self.location) / name)
@@ -245,8 +249,3 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def write_json_atomic(folder: Path | str, name: str, record: dict) -> None:
-    """`record` as indented JSON in `folder`/`name`, replaced atomically (see `Folder.write_bytes`)."""
-    Folder(folder).write_bytes(name, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())

@@ -15,12 +15,13 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from engine.errors import InvalidParamsError
-from engine.policy import FRACTION_NAMES, Policy
+from engine.policy import FRACTION_NAMES, Pins, Policy
 from engine.spec import ModelSpec
 from planner.cost_model import Block, memory_room
 from planner.errors import PlanInfeasible
@@ -49,7 +50,7 @@ class Plan:
     alternatives: tuple[Prediction, ...]
     memory_use: dict  # (phase, tier) -> share of capacity at the solution
     capacity: dict  # tier -> bytes it may hold
-    pins: dict  # Policy fields the caller fixed
+    pins: Mapping  # Policy fields the caller fixed
     solves: int  # candidates placed (by the placement program, or directly when all fits in memory)
     seconds: float  # wall time of the search
 
@@ -58,20 +59,7 @@ class Plan:
         return self.prediction.policy
 
 
-def check_pins(pins: dict) -> dict:
-    """Pins name Policy fields; their values are checked by building a Policy with them."""
-    unknown = sorted(set(pins) - set(POLICY_FIELDS))
-    if unknown:
-        raise InvalidParamsError(f"cannot pin {unknown}: pins name Policy fields ({', '.join(POLICY_FIELDS)})")
-    probe = {k: v for k, v in pins.items() if k not in FRACTION_NAMES}
-    for phase in ("prefill", "decode"):  # a pinned split without its layer: the search picks the layer
-        if probe.get(f"{phase}_device") == "split":
-            probe.setdefault(f"{phase}_split_layer", 1)
-    Policy(**probe)
-    return dict(pins)
-
-
-def block_shapes(work: Workload, pins: dict) -> list[tuple[int, int]]:
+def block_shapes(work: Workload, pins: Mapping) -> list[tuple[int, int]]:
     """(gbs, num_gb) pairs whose block is no larger than the workload (and always at least one)."""
     n = work.num_prompts
     gbs_set = sorted({g for g in (2 ** k for k in range(10)) if g <= min(n, MAX_GBS)} | {min(n, MAX_GBS)})
@@ -81,7 +69,7 @@ def block_shapes(work: Workload, pins: dict) -> list[tuple[int, int]]:
     return shapes or [(gbs_set[0], nums[0])]
 
 
-def device_choices(model: ModelSpec, hw: HardwareSpec, pins: dict, phase: str,
+def device_choices(model: ModelSpec, hw: HardwareSpec, pins: Mapping, phase: str,
                    fit_layers: int | None = None) -> list[tuple[str, int]]:
     """FlexInfer's per-phase choices as (device, split layer): CPU-only, GPU with offloading, and splits at a
     quarter, half and three quarters of the layers and, given `fit_layers` (how many layers' weights fit the
@@ -103,7 +91,7 @@ def device_choices(model: ModelSpec, hw: HardwareSpec, pins: dict, phase: str,
     return options
 
 
-def modes(model: ModelSpec, hw: HardwareSpec, pins: dict, allow_compression: bool,
+def modes(model: ModelSpec, hw: HardwareSpec, pins: Mapping, allow_compression: bool,
           gpu_capacity: float = 0.0, dtype_bytes: int = 2) -> list[dict]:
     """Every choice besides the block shape: compression, CPU attention, each phase's compute device (a split
     where the layers that fit SPLIT_FIT_SHARE of the GPU capacity beside the embeddings and head sit on the GPU
@@ -142,7 +130,7 @@ def split_gpu_layers(policy: Policy, num_layers: int) -> int | None:
     return None
 
 
-def count_bounds(model: ModelSpec, hw: HardwareSpec, pins: dict, gbs: int,
+def count_bounds(model: ModelSpec, hw: HardwareSpec, pins: Mapping, gbs: int,
                  template: Policy | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Bounds on the placement counts: a pinned fraction fixes its count (rounded as the engine rounds);
     without a GPU nothing goes there. A split (FlexInfer) fixes the gpu weight layers to its GPU layers, unless
@@ -231,7 +219,7 @@ class _Solver:
 
 
 def with_refill_choice(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Policy,
-                       pins: dict) -> Prediction:
+                       pins: Mapping) -> Prediction:
     """The prediction of `policy` with refill on or off, whichever is faster (or as pinned): refill changes the
     time a job takes (rows that finish early free their slots), not the memory it needs. A job asks again when
     it has measured how many tokens its rows really generate (`Workload.expected_gen_len`)."""
@@ -240,13 +228,13 @@ def with_refill_choice(model: ModelSpec, hw: HardwareSpec, work: Workload, polic
     return min(preds, key=lambda p: p.total_s)
 
 
-def search(model: ModelSpec, hw: HardwareSpec, work: Workload, pins: dict | None = None,
+def search(model: ModelSpec, hw: HardwareSpec, work: Workload, pins: Mapping | None = None,
            budgets: dict | None = None, allow_compression: bool = False) -> Plan:
     """The fastest feasible policy for `work` on `hw`, honouring `pins`; PlanInfeasible when none fits.
 
     When the choices are many (a GPU: up to 36 device pairs x CPU attention x compression), a first stage ranks every
     mode at two reference block shapes and the second enumerates every block shape for the best TOP_MODES."""
-    started, pins = time.perf_counter(), check_pins(pins or {})
+    started, pins = time.perf_counter(), Pins(pins or {})
     if not hw.has_gpu and any(pins.get(f"{k}_gpu", 0) > 0 for k in KINDS):
         raise InvalidParamsError(f"{hw.name} has no GPU, but a gpu fraction is pinned above 0; pin it to 0")
     solver = _Solver(model, hw, work, pins, capacities(hw, budgets))
@@ -296,7 +284,7 @@ def leanest_shortfall(model, hw, work, pins, capacity, allow_compression) -> Pla
     return PlanInfeasible(tier, need_b, have_b, f"at {phase}")
 
 
-def _spreads(pins: dict, hw: HardwareSpec):
+def _spreads(pins: Mapping, hw: HardwareSpec):
     """Placements that put each kind wholly on one tier (pins kept)."""
     tiers = TIERS if hw.has_gpu else ("cpu", "disk")
     for choice in itertools.product(tiers, repeat=len(KINDS)):

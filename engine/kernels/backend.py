@@ -5,18 +5,24 @@ Kept apart from engine/kernels/native.py because the IPEX kernels build on the n
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from engine.errors import InvalidParamsError
-from engine.kernels.native import NativeKernels
-from engine.request import BACKEND_CHOICES, DEFAULT_BACKEND
+
+if TYPE_CHECKING:
+    from engine.kernels.native import NativeKernels
 
 log = logging.getLogger(__name__)
+BACKEND_CHOICES = ("native", "ipex", "auto")  # importable without torch: the CLI's --help needs none
+DEFAULT_BACKEND = "native"
 
 
 def load_kernels(backend: str = DEFAULT_BACKEND) -> NativeKernels:
     """The kernels of `backend` ("native", "ipex" or "auto")."""
     if backend not in BACKEND_CHOICES:
         raise InvalidParamsError(f"backend={backend!r} is invalid: use one of {', '.join(BACKEND_CHOICES)}")
+    from engine.kernels.native import NativeKernels
+
     if backend == "native":
         return NativeKernels()
     from engine.kernels.ipex import IpexUnavailable, ipex_kernels

@@ -25,7 +25,7 @@ import click
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.policy import Policy
+from engine.policy import Pins, Policy
 from engine.request import SamplingParams
 from jobs.bench import models as bm
 from jobs.bench.report import run_and_save
@@ -111,7 +111,7 @@ def pipeline_run(model_dir: Path, data: Path, out: Path, policy: Policy, cfg: Pi
     from pipeline.execution.driver import run_job
     from pipeline.job import RunConfig
 
-    config = RunConfig(input=str(data), output=out, model=model_dir, dtype=cfg.dtype, policy=policy, plan=False,
+    config = RunConfig(input=str(data), output=out, model=model_dir, dtype=cfg.dtype, pins=Pins.of(policy), plan=False,
                        params=SamplingParams(max_new_tokens=cfg.gen_len), workers=workers,
                        shard_rows=cfg.shard_rows)
     try:

@@ -186,9 +186,9 @@ def execute_run(run: PreparedRun, engine: EngineSettings, pool: WorkerPool | Non
     """Complete the run's requests (on `pool`'s engines, shared by the suite's runs), score them, write its HELM
     files; a run with failed shards writes none."""
     entry = run.entry
-    policy = dataclasses.replace(engine.policy, compress_weight=entry.compress_weight,
-                                 compress_cache=entry.compress_cache)
-    engine = dataclasses.replace(engine, policy=policy)
+    engine = dataclasses.replace(engine, pins=engine.pins.with_(compress_weight=entry.compress_weight,
+                                                               compress_cache=entry.compress_cache))
+    policy = engine.policy
     log.info("run %s: %d requests of %s on %s", entry.run_name, len(run.states), entry.scenario_label, entry.model)
     summary = run_requests(run.run_dir, run.states, entry.model, engine, pool)
     tokens_per_s, plan = summary.job_tokens_per_s, plan_text(summary.workers)

@@ -71,7 +71,7 @@ def run_job(config: RunConfig, pool: WorkerPool | None = None) -> JobSummary:
     job = prepare_job(config)
     lock = lock_output(config.output)
     try:  # the folder as it is now that no other run can change it
-        job = dataclasses.replace(job, output=check_output(config.output, job.record, config.overwrite))
+        job = dataclasses.replace(job, output=check_output(job.output.folder, job.record, config.overwrite))
         return _run_locked(job, lock, pool)
     finally:
         lock.release()
@@ -82,9 +82,10 @@ def _run_locked(job: JobSetup, lock, pool: WorkerPool | None = None) -> JobSumma
     total = sum(f.num_rows for f in job.files)
     log.info("%d rows in %d files; model %s (%s)", total, len(job.files), config.model, job.spec.model_type)
     shards = _recorded_shards(job) or (make_shards(job.files, config.shard_rows) if config.shard_rows else None)
-    committed = read_manifest(config.output, job.record["config_hash"]) if job.output.action == "reuse" else {}
+    folder = job.output.folder
+    committed = read_manifest(folder, job.record["config_hash"]) if job.output.action == "reuse" else {}
     if shards is not None and all(s.part_name in committed for s in shards):
-        log.info("every shard of this job is already committed in %s", config.output)
+        log.info("every shard of this job is already committed in %s", folder)
         return _finish(job, shards, committed, {}, [], [], 0.0)
     dispatcher, infos = pool.workers(config, job, total) if pool else _start_workers(config, job, total)
     kept = False
@@ -179,7 +180,7 @@ def _dispatch(dispatcher, job: JobSetup, pending: list[Shard], rows_to_do: int, 
             for o in dispatcher.wait(_WAIT_SECONDS):
                 if o.result is not None:
                     lock.check()
-                    new[o.shard.part_name] = _commit(config.output, job.record["config_hash"], o.shard, o.result)
+                    new[o.shard.part_name] = _commit(job.output.folder, job.record["config_hash"], o.shard, o.result)
                     progress.add(o.result.rows, o.result.completion_tokens)
                     continue
                 attempts[o.shard.index] += 1
@@ -207,7 +208,7 @@ def _failure(shard: Shard, error: str, tries: int) -> dict:
     return {"shard": shard.index, "part": shard.part_name, "rows": shard.num_rows, "error": error, "tries": tries}
 
 
-def _commit(folder: Path, config_hash: str, shard: Shard, result) -> dict:
+def _commit(folder: Folder, config_hash: str, shard: Shard, result) -> dict:
     """Record a written part: from this line on, the shard is done."""
     record = {"config_hash": config_hash, "shard": shard.index, "part": result.part, "bytes": result.bytes,
               "sha256": result.sha256,
@@ -221,21 +222,20 @@ def _commit(folder: Path, config_hash: str, shard: Shard, result) -> dict:
 
 def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, infos: list, seconds: float):
     """Remove temporaries, write `_SUCCESS` and return the summary (of the whole job, earlier runs included)."""
-    folder = job.config.output
-    where = Folder(folder)
+    folder = job.output.folder
     ours = {s.part_name for s in shards} | set(JOB_FILES)
-    for name, is_file in where.entries():
+    for name, is_file in folder.entries():
         if is_file and temp_target(name) in ours:
-            where.delete(name)
+            folder.delete(name)
     done = {**committed, **new}
     predictions = [i["predicted"]["seconds"] for i in infos if i.get("predicted")]
     summary = JobSummary(
-        output=folder, files=len(job.files), rows=sum(r["rows"] for r in done.values()),
+        output=job.config.output, files=len(job.files), rows=sum(r["rows"] for r in done.values()),
         error_rows=sum(r["error_rows"] for r in done.values()),
         prompt_tokens=sum(r["prompt_tokens"] for r in done.values()),
         completion_tokens=sum(r["completion_tokens"] for r in done.values()),
         generate_seconds=sum(r["seconds"] for r in new.values()),
-        parts=tuple(part_location(folder, s.part_name) for s in shards if s.part_name in done),
+        parts=tuple(part_location(job.config.output, folder, s.part_name) for s in shards if s.part_name in done),
         policy=infos[0]["policy"] if infos else None,
         predicted_seconds=max(predictions) if predictions else None,
         workers=tuple(infos), shards=len(shards), skipped_shards=len(committed), failed_shards=tuple(failed),
@@ -249,9 +249,9 @@ def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, inf
     return summary
 
 
-def part_location(folder: Path | str, name: str) -> Path | str:
-    """A part's path (local folder) or URI."""
-    return folder / name if isinstance(folder, Path) else Folder(folder).child(name)
+def part_location(output: Path | str, folder: Folder, name: str) -> Path | str:
+    """A part's path (a local --output) or URI."""
+    return output / name if isinstance(output, Path) else folder.child(name)
 
 
 def success_record(s: JobSummary, new: dict) -> dict:

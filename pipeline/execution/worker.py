@@ -25,7 +25,6 @@ from pipeline.job import JobSetup
 from pipeline.output.openai_batch import choices_by_line, jsonl_bytes, output_lines
 from pipeline.plan.host import EngineHost
 from pipeline.plan.planning import job_workload, prediction_record
-from pipeline.storage import Folder
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class ShardWorker:
         completions, seconds = self._complete(items, shard)
         check_one_per_row(completions, ids)
         out = output_table(table, completions, ids, config.params.logprobs)
-        return write_part_atomic(out, config.output, shard.part_name), [[c] for c in completions], seconds
+        return write_part_atomic(out, self.job.output.folder, shard.part_name), [[c] for c in completions], seconds
 
     def _batch_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:
         """Complete a shard of an OpenAI Batch file and write its JSONL part: (bytes, SHA-256), each line's
@@ -138,7 +137,7 @@ class ShardWorker:
         check_one_per_row(completions, [item.id for item in items])
         rows = choices_by_line(lines, completions)
         objects = output_lines(lines, rows, self.engine.tokenizer, config.model.name, self.job.record["config_hash"])
-        folder, data = Folder(config.output), jsonl_bytes(objects)
+        folder, data = self.job.output.folder, jsonl_bytes(objects)
         folder.write_bytes(shard.part_name, data)
         log.info("wrote %s (%d lines)", folder.child(shard.part_name), len(objects))
         return (len(data), hashlib.sha256(data).hexdigest()), rows, seconds

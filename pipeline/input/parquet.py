@@ -184,9 +184,9 @@ def output_table(table: pa.Table, completions: Sequence[Completion], ids: Sequen
     return out
 
 
-def write_part_atomic(table: pa.Table, folder: Path | str, name: str) -> tuple[int, str]:
+def write_part_atomic(table: pa.Table, folder: Folder, name: str) -> tuple[int, str]:
     """Write `folder/name` so that readers see either the old file or the whole new one, never a partial one;
     returns the part's size in bytes and its SHA-256."""
-    size, sha256 = Folder(folder).write_table(name, table)
-    log.info("wrote %s (%d rows)", Folder(folder).child(name), table.num_rows)
+    size, sha256 = folder.write_table(name, table)
+    log.info("wrote %s (%d rows)", folder.child(name), table.num_rows)
     return size, sha256

@@ -11,12 +11,11 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 from pipeline.errors import OutputFolderError
 from pipeline.output.lock import LEASE_FILE, LOCK_FILE
 from pipeline.output.manifest import MANIFEST_FILE, SUCCESS_FILE, manifest_parts
-from pipeline.storage import Folder, temp_target, write_json_atomic
+from pipeline.storage import Folder, temp_target
 
 log = logging.getLogger(__name__)
 
@@ -39,22 +38,21 @@ def job_record(config: dict) -> dict:
 class OutputCheck:
     """What opening the folder will do: `create` it, `reuse` it (same job), or `replace` another job's output."""
 
-    folder: Path | str
+    folder: Folder  # where the output goes: a local folder or a URI
     action: str
     old_record: dict | None
     kept: tuple[str, ...] = ()
 
 
-def check_output(folder: Path | str, record: dict, overwrite: bool) -> OutputCheck:
-    """Decide, without changing anything, whether this job may write to `folder` (a path or a URI)."""
-    where = Folder(folder)
-    kind = where.kind()
+def check_output(folder: Folder, record: dict, overwrite: bool) -> OutputCheck:
+    """Decide, without changing anything, whether this job may write to `folder`."""
+    kind = folder.kind()
     if kind == "missing":
         return OutputCheck(folder, "create", None)
     if kind == "file":
         raise OutputFolderError(f"--output {folder} is a file; expected a folder (it is created if missing)")
     old = read_job_file(folder)
-    entries = {n: f for n, f in where.entries() if n not in (LOCK_FILE, LEASE_FILE)}  # the run's own lock
+    entries = {n: f for n, f in folder.entries() if n not in (LOCK_FILE, LEASE_FILE)}  # the run's own lock
     names = sorted(entries)
     if not names:
         return OutputCheck(folder, "create", None)
@@ -69,7 +67,7 @@ def check_output(folder: Path | str, record: dict, overwrite: bool) -> OutputChe
     return OutputCheck(folder, "replace", old, kept)
 
 
-def _refusal(folder: Path, record: dict, old: dict | None, foreign: list[str]) -> str:
+def _refusal(folder: Folder, record: dict, old: dict | None, foreign: list[str]) -> str:
     fix = "pass --overwrite to replace it, or choose another --output"
     if old is not None and old.get("config_hash") != record["config_hash"]:
         old_config = old.get("config") if isinstance(old.get("config"), dict) else {}
@@ -80,7 +78,7 @@ def _refusal(folder: Path, record: dict, old: dict | None, foreign: list[str]) -
     return f"output folder {folder} holds files that flexbatch did not write ({shown}); {fix}"
 
 
-def owned_names(folder: Path | str, old: dict | None) -> set[str]:
+def owned_names(folder: Folder, old: dict | None) -> set[str]:
     """The names flexbatch wrote in `folder` by its records: the job files, the parts of the old `_job.json`'s
     shards and the parts its manifest lines name (of any job). A file is never taken as flexbatch's by its
     name's pattern alone."""
@@ -107,10 +105,10 @@ def _kept(record: dict) -> list[str]:
     return kept if isinstance(kept, list) else []
 
 
-def read_job_file(folder: Path | str) -> dict | None:
+def read_job_file(folder: Folder) -> dict | None:
     """The folder's `_job.json`, or None if absent or unreadable (then the folder counts as foreign)."""
     try:
-        record = json.loads(Folder(folder).read_text(JOB_FILE) or "")
+        record = json.loads(folder.read_text(JOB_FILE) or "")
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
@@ -119,10 +117,10 @@ def read_job_file(folder: Path | str) -> dict | None:
 def open_output(check: OutputCheck, record: dict) -> None:
     """Create or clean the folder as `check` decided, then write this job's `_job.json` atomically. Reusing
     the folder removes the temporaries and the `_SUCCESS` of an interrupted or earlier run."""
-    folder = Folder(check.folder)
+    folder = check.folder
     folder.make()
     entries = folder.entries()
-    owned = owned_names(check.folder, check.old_record)
+    owned = owned_names(folder, check.old_record)
     clash = sorted(set(check.kept) & _part_names(record))
     if clash:
         raise OutputFolderError(f"output folder {check.folder} holds {', '.join(clash)}, which flexbatch did not "
@@ -137,8 +135,4 @@ def open_output(check: OutputCheck, record: dict) -> None:
         folder.delete(name)
     if check.action == "replace" and check.kept:
         log.warning("--overwrite left files it did not write in %s: %s", folder, ", ".join(check.kept))
-    write_job_file(check.folder, {**record, "kept": list(check.kept)})
-
-
-def write_job_file(folder: Path | str, record: dict) -> None:
-    write_json_atomic(folder, JOB_FILE, record)
+    folder.write_json(JOB_FILE, {**record, "kept": list(check.kept)})

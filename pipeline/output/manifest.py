@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
-from pipeline.storage import Folder, write_json_atomic
+from pipeline.storage import Folder
 
 log = logging.getLogger(__name__)
 
@@ -17,13 +16,12 @@ MANIFEST_FILE = "_manifest.jsonl"
 SUCCESS_FILE = "_SUCCESS"
 
 
-def read_manifest(folder: Path | str, config_hash: str) -> dict[str, dict]:
+def read_manifest(where: Folder, config_hash: str) -> dict[str, dict]:
     """Committed shards of the job with `config_hash`, by part name, whose part file still exists with the
     recorded size and SHA-256 (lines written before hashes were recorded are checked by size). Lines of other
     jobs and unreadable lines are skipped; a part that does not match is redone."""
-    where = Folder(folder)
     committed: dict[str, dict] = {}
-    for part, record in manifest_records(folder, config_hash).items():
+    for part, record in manifest_records(where, config_hash).items():
         problem = part_problem(where, record)
         if problem:
             log.warning("%s is recorded as committed but %s; it will be redone", where.child(part), problem)
@@ -32,9 +30,8 @@ def read_manifest(folder: Path | str, config_hash: str) -> dict[str, dict]:
     return committed
 
 
-def manifest_records(folder: Path | str, config_hash: str) -> dict[str, dict]:
+def manifest_records(where: Folder, config_hash: str) -> dict[str, dict]:
     """The job's manifest lines by part name (the last line of a part wins), unchecked."""
-    where = Folder(folder)
     records: dict[str, dict] = {}
     for n, line in enumerate((where.read_text(MANIFEST_FILE) or "").splitlines(), 1):
         try:
@@ -60,10 +57,10 @@ def part_problem(where: Folder, record: dict) -> str | None:
     return None
 
 
-def manifest_parts(folder: Path | str) -> set[str]:
+def manifest_parts(folder: Folder) -> set[str]:
     """Every part name the folder's manifest records, of any job (what flexbatch wrote there)."""
     names = set()
-    for line in (Folder(folder).read_text(MANIFEST_FILE) or "").splitlines():
+    for line in (folder.read_text(MANIFEST_FILE) or "").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
@@ -73,11 +70,11 @@ def manifest_parts(folder: Path | str) -> set[str]:
     return names
 
 
-def append_manifest(folder: Path | str, record: dict) -> None:
+def append_manifest(folder: Folder, record: dict) -> None:
     """Append one commit record durably (see `Folder.append_line`)."""
-    Folder(folder).append_line(MANIFEST_FILE, json.dumps(record, sort_keys=True) + "\n")
+    folder.append_line(MANIFEST_FILE, json.dumps(record, sort_keys=True) + "\n")
 
 
-def write_success(folder: Path | str, summary: dict) -> None:
+def write_success(folder: Folder, summary: dict) -> None:
     """`_SUCCESS`: the job summary, written atomically once every shard has committed or failed for good."""
-    write_json_atomic(folder, SUCCESS_FILE, summary)
+    folder.write_json(SUCCESS_FILE, summary)

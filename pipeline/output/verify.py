@@ -44,13 +44,13 @@ class Verification:
 
 
 def verify_output(folder: Path | str) -> Verification:
-    record = read_job_file(folder)
+    where = Folder(folder)
+    record = read_job_file(where)
     if record is None:
         raise OutputFolderError(f"{folder} has no readable {JOB_FILE}; expected the --output folder of a flexbatch run")
     damage = record_problems(record)
     if damage:
         return Verification(str(folder), 0, 0, tuple(f"{JOB_FILE} {d}: {REWRITE}" for d in damage))
-    where = Folder(folder)
     config = record["config"]
     shards = [Shard.from_dict(d) for d in record["shards"]]
     jsonl = config.get("format") == "openai"
@@ -70,7 +70,7 @@ def verify_output(folder: Path | str) -> Verification:
 def _check_parts(where: Folder, shards: list[Shard], job_hash: str, jsonl: bool, unchanged: set[str],
                  problems: list[str]) -> int:
     """Each shard's part against its manifest line and its input rows; appends the problems, returns the rows."""
-    committed = manifest_records(where.location, job_hash)
+    committed = manifest_records(where, job_hash)
     seen, rows = Counter(), 0
     for s in shards:
         entry = committed.get(s.part_name)

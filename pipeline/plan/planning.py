@@ -79,7 +79,7 @@ def refill_choice(settings: EngineSettings, work: Workload, spec: ModelSpec, pol
     again as rows finish, with what they really generated (`measured_workload`)."""
     from planner.search import with_refill_choice
 
-    chosen = with_refill_choice(spec, hardware(settings.hardware), work, policy, settings.planner_pins())
+    chosen = with_refill_choice(spec, hardware(settings.hardware), work, policy, settings.pins)
     return dataclasses.replace(policy, refill=chosen.policy.refill)
 
 
@@ -87,7 +87,7 @@ def refill_after(settings: EngineSettings, work: Workload, spec: ModelSpec, poli
                  tokens: int) -> Policy:
     """`policy` with refill chosen again for the rows to come, now that `rows` finished rows generated `tokens`
     (`measured_workload`); as it was where refill is pinned or nothing was measured."""
-    if rows < 1 or settings.refill != "auto":
+    if rows < 1 or "refill" in settings.pins:
         return policy
     measured = measured_workload(work, rows, tokens)
     chosen = refill_choice(settings, measured, spec, policy)
@@ -182,7 +182,7 @@ def choose_policy(settings: EngineSettings, work: Workload, spec: ModelSpec, all
     room = memory_room()
     hw = planning_process(hardware(settings.hardware), room)
     budgets = plan_budgets(settings.budgets, room) if budgets is None else budgets
-    plan = search(spec, hw, work, pins=settings.planner_pins(), budgets=budgets, allow_compression=allow_compression)
+    plan = search(spec, hw, work, pins=settings.pins, budgets=budgets, allow_compression=allow_compression)
     p = plan.prediction
     log.info("planned for %d prompts (%d tokens typical, %d max) + %d new on %s: %s; predicted %.1f s, "
              "%.1f tokens/s", work.num_prompts, work.prompt_len, work.max_prompt_len, work.gen_len, hw.name,

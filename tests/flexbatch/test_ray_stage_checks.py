@@ -22,3 +22,10 @@ def test_the_stage_refuses_input_columns_it_would_overwrite(demo_model_dir, colu
     with pytest.raises(ConfigError, match=f"'{column}'.*rename or drop"):
         stage({"prompt": ["copy: abc ->"], column: ["the user's own"]})
     assert stage.engine is None  # refused before the model loads
+
+
+def test_the_stage_refuses_a_policy_that_is_not_one(demo_model_dir):
+    with pytest.raises(ConfigError, match=r"policy=\{'gbs': 2\} is invalid: expected an engine.policy.Policy"):
+        Processor(demo_model_dir, policy={"gbs": 2})
+    with pytest.raises(ConfigError, match="budgets='lots' is invalid"):
+        Processor(demo_model_dir, budgets="lots")

@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
 from pipeline.errors import OutputFolderError
@@ -18,7 +17,7 @@ from tests.pipeline.parquet_files import read_rows, write_parquet
 
 def _config(tmp_path, model):
     return RunConfig(input=str(tmp_path / "in"), output=tmp_path / "out", model=model, dtype="float32",
-                     use_ray=False, plan=False, policy=Policy(gbs=2, num_gb=1), shard_rows=2,
+                     use_ray=False, plan=False, pins={"gbs": 2, "num_gb": 1}, shard_rows=2,
                      params=SamplingParams(max_new_tokens=3))
 
 

@@ -117,7 +117,7 @@ def test_a_planned_batch_file_tokenizes_each_sampled_line_once(tmp_path, tiny_ll
     assert planned.workers[0]["predicted"] is not None
     assert {p: calls[p] for p in prompts} == {p: 1 for p in prompts}  # the line of two choices too
     calls.clear()
-    _, alone = run("given", plan=False, policy=Policy(gbs=2, num_gb=1))
+    _, alone = run("given", plan=False, pins={"gbs": 2, "num_gb": 1})
     assert {p: calls[p] for p in prompts} == {prompts[0]: 1, prompts[1]: 2, prompts[2]: 1}  # the engine's own
     texts = [[c["text"] for c in line["response"]["body"]["choices"]] for line in lines]
     assert texts == [[c["text"] for c in line["response"]["body"]["choices"]] for line in alone]

@@ -5,6 +5,7 @@ import pytest
 from pipeline.errors import OutputFolderError
 from pipeline.output.folder import JOB_FILE, check_output, job_record, open_output
 from pipeline.output.manifest import MANIFEST_FILE
+from pipeline.storage import Folder
 
 SHARDS = [{"index": 0, "path": "/in/a.parquet", "part_stem": "a", "row_start": 0, "row_stop": 3,
            "part_name": "a.parquet"}]
@@ -15,7 +16,7 @@ def _record(**config):
 
 
 def _open(folder, record, overwrite=False):
-    check = check_output(folder, record, overwrite)
+    check = check_output(Folder(folder), record, overwrite)
     open_output(check, record)
     return check
 
@@ -40,7 +41,7 @@ def test_another_jobs_folder_is_refused_naming_what_differs(tmp_path):
     _open(tmp_path, _record(dtype="float32"))
     (tmp_path / "a.parquet").write_bytes(b"part")
     with pytest.raises(OutputFolderError, match=r"another job's output .*\['dtype'\].*--overwrite"):
-        check_output(tmp_path, _record(dtype="bfloat16"), overwrite=False)
+        check_output(Folder(tmp_path), _record(dtype="bfloat16"), overwrite=False)
     assert (tmp_path / "a.parquet").exists()
 
 
@@ -62,7 +63,7 @@ def test_overwrite_replaces_another_jobs_parts_and_only_those(tmp_path):
 def test_overwrite_keeps_a_users_parquet_file_and_logs_it(tmp_path, caplog):
     (tmp_path / "mine.parquet").write_bytes(b"the user's")
     with pytest.raises(OutputFolderError, match=r"did not write \(mine.parquet\).*--overwrite"):
-        check_output(tmp_path, _record(), overwrite=False)
+        check_output(Folder(tmp_path), _record(), overwrite=False)
     with caplog.at_level("WARNING"):
         check = _open(tmp_path, _record(), overwrite=True)
     assert check.kept == ("mine.parquet",) and "mine.parquet" in caplog.text
@@ -79,14 +80,14 @@ def test_a_users_file_named_like_a_part_of_the_job_is_refused_not_replaced(tmp_p
 def test_files_flexbatch_did_not_write_are_refused(tmp_path):
     (tmp_path / "results.csv").write_text("a,b\n")
     with pytest.raises(OutputFolderError, match=r"did not write \(results.csv\)"):
-        check_output(tmp_path, _record(), overwrite=False)
+        check_output(Folder(tmp_path), _record(), overwrite=False)
 
 
 def test_an_unknown_file_next_to_our_own_job_is_refused(tmp_path):
     _open(tmp_path, _record())
     (tmp_path / "someone_else.parquet").write_bytes(b"x")
     with pytest.raises(OutputFolderError, match="someone_else.parquet"):
-        check_output(tmp_path, _record(), overwrite=False)
+        check_output(Folder(tmp_path), _record(), overwrite=False)
 
 
 def test_overwrite_keeps_files_and_folders_it_did_not_write(tmp_path):
@@ -103,15 +104,15 @@ def test_a_corrupt_job_file_counts_as_foreign(tmp_path):
     (tmp_path / JOB_FILE).write_text("{not json")
     (tmp_path / "a.parquet").write_bytes(b"x")
     with pytest.raises(OutputFolderError, match="did not write"):
-        check_output(tmp_path, _record(), overwrite=False)
+        check_output(Folder(tmp_path), _record(), overwrite=False)
 
 
 def test_output_that_is_a_file_is_refused(tmp_path):
     f = tmp_path / "out"
     f.write_text("x")
     with pytest.raises(OutputFolderError, match="is a file"):
-        check_output(f, _record(), overwrite=True)
+        check_output(Folder(f), _record(), overwrite=True)
 
 
 def test_an_empty_folder_is_used_as_is(tmp_path):
-    assert check_output(tmp_path, _record(), overwrite=False).action == "create"
+    assert check_output(Folder(tmp_path), _record(), overwrite=False).action == "create"

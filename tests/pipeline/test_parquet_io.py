@@ -13,6 +13,7 @@ from pipeline.input.parquet import (
     resolve_inputs,
     write_part_atomic,
 )
+from pipeline.storage import Folder
 from tests.pipeline.parquet_files import write_corrupt, write_parquet
 
 
@@ -115,13 +116,13 @@ def test_output_table_refuses_a_row_count_mismatch():
 
 
 def test_write_part_atomic_leaves_only_the_part(tmp_path):
-    write_part_atomic(pa.table({"x": [1, 2]}), tmp_path, "p.parquet")
+    write_part_atomic(pa.table({"x": [1, 2]}), Folder(tmp_path), "p.parquet")
     assert [p.name for p in tmp_path.iterdir()] == ["p.parquet"]
     assert pq.read_table(tmp_path / "p.parquet").num_rows == 2
 
 
 def test_failed_write_keeps_the_old_part_and_no_temporary(tmp_path, monkeypatch):
-    write_part_atomic(pa.table({"x": [1]}), tmp_path, "p.parquet")
+    write_part_atomic(pa.table({"x": [1]}), Folder(tmp_path), "p.parquet")
 
     def broken_write(table, where, **kwargs):
         where.write(b"PAR1 half a file")
@@ -129,6 +130,6 @@ def test_failed_write_keeps_the_old_part_and_no_temporary(tmp_path, monkeypatch)
 
     monkeypatch.setattr(storage.pq, "write_table", broken_write)
     with pytest.raises(OSError, match="disk full"):
-        write_part_atomic(pa.table({"x": [5, 6, 7]}), tmp_path, "p.parquet")
+        write_part_atomic(pa.table({"x": [5, 6, 7]}), Folder(tmp_path), "p.parquet")
     assert [p.name for p in tmp_path.iterdir()] == ["p.parquet"]
     assert pq.read_table(tmp_path / "p.parquet").column("x").to_pylist() == [1]

@@ -56,7 +56,7 @@ def test_the_measured_length_decides_refill(hardware_file):
     early = measured_workload(work, rows=32, tokens=32 * 12)
     assert early.expected_gen_len == 12.0 and refill_choice(settings, early, LLAMA_300M, policy).refill
     pinned = EngineSettings(hardware=hardware_file, pins={"refill": False})
-    assert pinned.refill == "off" and not refill_choice(pinned, early, LLAMA_300M, policy).refill
+    assert pinned.pins["refill"] is False and not refill_choice(pinned, early, LLAMA_300M, policy).refill
     assert measured_workload(work, rows=0, tokens=0) is work
 
 

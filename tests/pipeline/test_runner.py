@@ -4,7 +4,6 @@ import pyarrow as pa
 import pytest
 
 from engine.engine import Engine
-from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, prepare_job, run_job
 from pipeline.errors import ConfigError, InputError, OutputFolderError
@@ -23,8 +22,8 @@ def _config(tmp_path, model, **kw):
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("dtype", "float16", "--dtype"), ("truncate", "right", "--truncate"), ("policy", "fast", "policy"),
-     ("prompt_column", "", "--prompt-column"), ("input", "", "--input")],
+    [("dtype", "float16", "--dtype"), ("truncate", "right", "--truncate"), ("pins", "fast", "pins"), ("pins", {"gbs": 0}, "gbs=0"),
+     ("prompt_column", "", "--prompt-column"), ("input", "", "input")],
 )
 def test_run_config_rejects_bad_options(tmp_path, field, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -53,7 +52,7 @@ def test_job_over_several_files_keeps_every_row(tmp_path, tiny_llama_dir):
                   temperature=[None, -1.0, 0.8], id=[100, 101, None])
     write_parquet(tmp_path / "in" / "d2" / "empty.parquet", prompt=pa.array([], pa.string()))
     config = _config(tmp_path, tiny_llama_dir, input=f"{tmp_path}/in/**/*.parquet",
-                     params=SamplingParams(max_new_tokens=6, logprobs=True), policy=Policy(gbs=2, num_gb=1))
+                     params=SamplingParams(max_new_tokens=6, logprobs=True), pins={"gbs": 2, "num_gb": 1})
     summary = run_job(config)
 
     out = tmp_path / "out"
@@ -97,7 +96,7 @@ def test_sampled_rows_differ_and_a_rerun_is_identical(tmp_path, tiny_llama_dir):
     assert run_job(config).skipped_shards == 1  # same config: the committed part is kept
     assert read_rows(tmp_path / "out" / "a.parquet") == first
     # Neither the batch size nor how the input is spelled changes the completions, so the folder is reused.
-    run_job(dataclasses.replace(config, policy=Policy(gbs=1, num_gb=1), input=str(tmp_path / "in" / "a.parquet")))
+    run_job(dataclasses.replace(config, pins={"gbs": 1, "num_gb": 1}, input=str(tmp_path / "in" / "a.parquet")))
     assert read_rows(tmp_path / "out" / "a.parquet") == first
 
 

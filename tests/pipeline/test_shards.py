@@ -10,6 +10,7 @@ from pipeline.errors import InputError
 from pipeline.input.parquet import inspect_inputs
 from pipeline.input.shards import cut_points, make_shards, read_shard
 from pipeline.output.manifest import MANIFEST_FILE, SUCCESS_FILE, append_manifest, read_manifest
+from pipeline.storage import Folder
 from tests.pipeline.parquet_files import read_rows, write_parquet
 
 
@@ -53,15 +54,15 @@ def test_shards_read_exactly_their_rows(tmp_path):
 def test_manifest_ignores_a_torn_line_other_jobs_and_changed_parts(tmp_path):
     (tmp_path / "a.parquet").write_bytes(b"12345")
     (tmp_path / "b.parquet").write_bytes(b"123")
-    append_manifest(tmp_path, {"config_hash": "h", "part": "a.parquet", "bytes": 5, "rows": 1})
-    append_manifest(tmp_path, {"config_hash": "other", "part": "b.parquet", "bytes": 3, "rows": 1})
+    append_manifest(Folder(tmp_path), {"config_hash": "h", "part": "a.parquet", "bytes": 5, "rows": 1})
+    append_manifest(Folder(tmp_path), {"config_hash": "other", "part": "b.parquet", "bytes": 3, "rows": 1})
     with open(tmp_path / MANIFEST_FILE, "a") as f:
         f.write('{"config_hash": "h", "part": "b.parq')  # the driver died mid-line
-    assert list(read_manifest(tmp_path, "h")) == ["a.parquet"]
-    append_manifest(tmp_path, {"config_hash": "h", "part": "b.parquet", "bytes": 3, "rows": 1})
-    assert sorted(read_manifest(tmp_path, "h")) == ["a.parquet", "b.parquet"]
+    assert list(read_manifest(Folder(tmp_path), "h")) == ["a.parquet"]
+    append_manifest(Folder(tmp_path), {"config_hash": "h", "part": "b.parquet", "bytes": 3, "rows": 1})
+    assert sorted(read_manifest(Folder(tmp_path), "h")) == ["a.parquet", "b.parquet"]
     (tmp_path / "a.parquet").write_bytes(b"1234")  # changed after it was committed: redone
-    assert list(read_manifest(tmp_path, "h")) == ["b.parquet"]
+    assert list(read_manifest(Folder(tmp_path), "h")) == ["b.parquet"]
 
 
 def test_a_shard_that_keeps_failing_is_reported_and_the_others_complete(tmp_path, tiny_llama_dir, monkeypatch):

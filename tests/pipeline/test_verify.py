@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
 from pipeline.input.shards import Shard
@@ -26,7 +25,7 @@ def finished(tmp_path_factory, tiny_llama_dir):
     base = tmp_path_factory.mktemp("verify")
     write_parquet(base / "in" / "a.parquet", prompt=[f"The quick brown fox {i}" for i in range(ROWS)])
     config = RunConfig(input=str(base / "in"), output=base / "out", model=tiny_llama_dir, dtype="float32",
-                       use_ray=False, plan=False, policy=Policy(gbs=2, num_gb=1), shard_rows=SHARD_ROWS,
+                       use_ray=False, plan=False, pins={"gbs": 2, "num_gb": 1}, shard_rows=SHARD_ROWS,
                        params=SamplingParams(max_new_tokens=1))
     assert run_job(config).ok
     return config

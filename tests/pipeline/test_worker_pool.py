@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 
 from engine.engine import Engine
-from engine.policy import Policy
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
 from pipeline.execution.driver import WorkerPool
@@ -32,13 +31,13 @@ def loads(monkeypatch):
 def test_jobs_in_a_pool_share_one_loaded_engine_and_complete_as_alone(tmp_path, tiny_llama_dir, loads):
     hw = save_hardware(server_cpu(), tmp_path / "hw.json")
 
-    def config(name, **policy):
+    def config(name, **pins):
         write_parquet(tmp_path / name / "in.parquet", prompt=[f"{name} row {i}: the quick brown fox" for i in range(5)])
         return RunConfig(model=tiny_llama_dir, input=str(tmp_path / name / "in.parquet"), output=tmp_path / name / "out",
                          dtype="float32", use_ray=False, hardware=hw, params=SamplingParams(max_new_tokens=4,
-                         logprobs=True), pins={"gbs": 2, "num_gb": 1}, **policy)
+                         logprobs=True), pins={"gbs": 2, "num_gb": 1, **pins})
 
-    jobs = [config("a"), config("b"), config("c", policy=Policy(compress_weight=True))]
+    jobs = [config("a"), config("b"), config("c", compress_weight=True)]
     with WorkerPool() as pool:
         summaries = [run_job(c, pool) for c in jobs]
     assert [s.workers[0]["engine_reused"] for s in summaries] == [False, True, False]  # c's weights are 4-bit
