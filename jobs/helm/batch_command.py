@@ -43,11 +43,12 @@ def helm_batch_command(ctx, suite, helm_output, local_path, store, model, **engi
     run entries with model=flexbatch/<model folder name> reads them, without running the model.
     """
     from jobs.helm.deployment import write_deployment
-    from jobs.helm.spec import resolve_model
+    from jobs.helm.spec import check_suite, resolve_model
     from jobs.helm.store import run_pending
 
     setup_logging()
     try:
+        check_suite(suite)
         engine = engine_settings(ctx, engine_opts)
         model = resolve_model(str(model) if model else None, Path.cwd())
         store = (store or helm_output / "flexbatch_store").resolve()

@@ -3,12 +3,15 @@
 an entry named `flexbatch/<model folder>` there lets a run entry say `model=flexbatch/<model folder>`. Its client
 (jobs/helm/client.py) answers from a `helm-batch` store; its tokenizer is the checkpoint's own (HELM's
 HuggingFaceTokenizer on the folder), and its context the checkpoint's, so HELM's adapters fit prompts as the
-engine counts them. Entries of other names in those files are kept.
+engine counts them. Only the text of that entry is written: the rest of each file (other entries, comments,
+quoting) stays as the user wrote it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from jobs.helm.yaml_entry import set_list_entries
 
 CLIENT = "jobs.helm.client.FlexbatchClient"
 HF_TOKENIZER = "helm.tokenizers.huggingface_tokenizer.HuggingFaceTokenizer"
@@ -40,17 +43,5 @@ def write_deployment(local_path: Path, model_dir: Path, store: Path) -> str:
             "end_of_text_token": tokenizer.eos_token or "", "prefix_token": tokenizer.bos_token or ""}),
     }
     Path(local_path).mkdir(parents=True, exist_ok=True)
-    for file, (section, entry) in entries.items():
-        _replace_entry(Path(local_path) / file, section, entry)
+    set_list_entries([(Path(local_path) / file, section, entry) for file, (section, entry) in entries.items()])
     return name
-
-
-def _replace_entry(path: Path, section: str, entry: dict) -> None:
-    import yaml
-
-    data = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
-    kept = [e for e in data.get(section) or [] if isinstance(e, dict) and e.get("name") != entry["name"]]
-    data[section] = kept + [entry]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)

@@ -85,7 +85,7 @@ def run_requests(run_dir: Path, states: list[dict], model: Path, engine: EngineS
 def read_completions(summary: JobSummary) -> dict[str, dict]:
     """Each row's completion by id, with the batch it ran in: its part's rows and generating seconds (a shard
     is the unit a worker completes in one go) and the part's commit time."""
-    columns = ["id", "completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs",
+    columns = ["id", "completion", "completion_tokens", "finish_reason", "error", "logprobs",
                "token_ids"]
     batches = _batches(summary.output)
     rows = {}
@@ -112,14 +112,13 @@ def _batches(output: Path) -> dict[str, dict]:
     return records
 
 
-def attach_results(states: list[dict], rows: dict[str, dict], tokenizer=None) -> tuple[list[dict], list[dict]]:
-    """The request states with HELM results, and each request's prompt tokens (for the statistics).
+def attach_results(states: list[dict], rows: dict[str, dict], tokenizer=None) -> list[dict]:
+    """The request states with HELM results.
 
-    `rows` maps `<request index>.<output index>` to a completion row: `completion`, `prompt_tokens`,
-    `finish_reason`, `error`, and optionally `token_ids` and `logprobs` (then `tokenizer` names the tokens)
-    and `batch` (its manifest record: `rows`, `seconds`, `committed_at`). A request with a failed row gets
+    `rows` maps `<request index>.<output index>` to a completion row: `completion`, `finish_reason`, `error`,
+    and optionally `token_ids` and `logprobs` (then `tokenizer` names the tokens) and `batch` (its manifest record: `rows`, `seconds`, `committed_at`). A request with a failed row gets
     HELM's non-fatal failure: `success` false, the `error`, and one empty completion."""
-    out, usages = [], []
+    out = []
     for i, state in enumerate(states):
         got = [rows[f"{i}.{k}"] for k in range(state["request"].get("num_completions", 1))]
         errors = [r["error"] or "generation failed" for r in got if r["finish_reason"] == "error"]
@@ -131,8 +130,7 @@ def attach_results(states: list[dict], rows: dict[str, dict], tokenizer=None) ->
         else:
             result["completions"] = [helm_completion(r, tokenizer) for r in got]
         out.append({**state, "result": result})
-        usages.append({"prompt_tokens": max(r["prompt_tokens"] or 0 for r in got)})
-    return out, usages
+    return out
 
 
 def _timing(batch: dict) -> dict:

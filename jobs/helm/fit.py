@@ -1,62 +1,98 @@
-"""HELM's prompt fitting (`InContextLearningAdapter._make_prompt_fit`): a prompt that does not fit the model's
-context with room for `max_tokens` loses its last few-shot example, one at a time; with none left, it is cut from
-the right to the longest text that fits. Tokens are counted as the engine tokenizes the prompt, so a fitted
-prompt never becomes a "too long" error row.
+"""The checkpoint as a HELM model deployment inside this process, so that HELM's own adapters fit prompts
+(`InContextLearningAdapter._make_prompt_fit`: drop the last few-shot example until the prompt fits, then cut from
+the right) and HELM's own metrics count tokens with the checkpoint's tokenizer.
+
+HELM finds a deployment's window service in its registry (`WindowServiceFactory`) and asks a `TokenizerService`
+for tokens. `register_deployment` registers the deployment with HELM's `LocalWindowService` over
+`CheckpointTokenizers`, which tokenizes as the engine does (the special tokens it adds included): a fitted prompt
+never becomes a "too long" error row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
 from pathlib import Path
 
+from helm.benchmark.window_services.local_window_service import LocalWindowService
+from helm.benchmark.window_services.tokenizer_service import TokenizerService
+from helm.common.tokenization_request import (
+    DecodeRequest,
+    DecodeRequestResult,
+    TokenizationRequest,
+    TokenizationRequestResult,
+    TokenizationToken,
+)
 
-@dataclass(frozen=True)
-class PromptWindow:
-    """The model's tokenizer and context length (HELM's window service for one model)."""
+CLIENT = "jobs.helm.client.FlexbatchClient"  # never built in this process: HELM's registry needs a client_spec
+WINDOW = "jobs.helm.fit.CheckpointWindowService"
 
-    tokenizer: object
-    context: int
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.context, int) or self.context < 1:
-            raise ValueError(f"context={self.context!r} is invalid: expected a positive number of tokens")
+class CheckpointTokenizers(TokenizerService):
+    """HELM's tokenizer service answered by the tokenizers of registered checkpoints, by tokenizer name."""
 
-    def num_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text)["input_ids"])
+    def __init__(self) -> None:
+        super().__init__(context=None)
+        self.tokenizers: dict[str, object] = {}
 
-    def fits(self, text: str, max_tokens: int) -> bool:
-        return self.num_tokens(text) + max_tokens <= self.context
+    def tokenize(self, request: TokenizationRequest) -> TokenizationRequestResult:
+        tokenizer = self.tokenizers[request.tokenizer]
+        ids = tokenizer(request.text)["input_ids"]
+        if request.truncation:
+            ids = ids[:max(request.max_length, 0)]
+        values = ids if request.encode else tokenizer.convert_ids_to_tokens(ids)
+        return TokenizationRequestResult(success=True, cached=False, text=request.text,
+                                         tokens=[TokenizationToken(v) for v in values])
 
-    def truncate_from_right(self, text: str, max_tokens: int) -> str:
-        """The longest start of `text` that fits: the first tokens that fit, decoded, then characters dropped
-        from the end while the decoded text still tokenizes too long. With no room at all, `text` unchanged
-        (the engine then reports the request's max_tokens as the problem)."""
-        room = self.context - max_tokens
-        if room < 1 or self.fits(text, max_tokens):
+    def decode(self, request: DecodeRequest) -> DecodeRequestResult:
+        text = self.tokenizers[request.tokenizer].decode(
+            request.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=request.clean_up_tokenization_spaces)
+        return DecodeRequestResult(success=True, cached=False, text=text)
+
+
+class CheckpointWindowService(LocalWindowService):
+    """HELM's local window service, except that a prompt is left whole when not even the empty text leaves room for
+    `max_tokens` (HELM's character loop would never end; the engine then names max_tokens as the problem)."""
+
+    def truncate_from_right(self, text: str, expected_completion_token_length: int = 0) -> str:
+        if not self.fits_within_context_window("", expected_completion_token_length):
             return text
-        ids = self.tokenizer(text)["input_ids"][:room]
-        result = self.tokenizer.decode(ids, skip_special_tokens=True)
-        while result and not self.fits(result, max_tokens):
-            result = result[:-1]
-        return result
+        return super().truncate_from_right(text, expected_completion_token_length)
 
 
-def load_window(model_dir: Path) -> PromptWindow:
-    from engine.spec import load_model_spec
-    from engine.tokenizer import load_tokenizer
-
-    return PromptWindow(load_tokenizer(model_dir), load_model_spec(model_dir).max_position_embeddings)
+SERVICE = CheckpointTokenizers()
+_lock = threading.Lock()
 
 
-def fit_prompt(window: PromptWindow, max_tokens: int, make_prompt, train: list) -> tuple[str, int, bool]:
-    """(prompt, train examples kept, truncated) for `make_prompt(examples)`: the longest prefix of `train` whose
-    prompt fits; with none, the prompt without examples, cut from the right when it still does not fit."""
-    shots = list(train)
-    while shots:
-        prompt = make_prompt(shots)
-        if window.fits(prompt, max_tokens):
-            return prompt, len(shots), False
-        shots.pop()
-    prompt = make_prompt([])
-    cut = window.truncate_from_right(prompt, max_tokens)
-    return cut, 0, len(cut) < len(prompt)
+def register_deployment(name: str, model_dir: Path | None) -> CheckpointTokenizers:
+    """Register deployment `name` in HELM's registries: with the checkpoint's tokenizer and context, or, without a
+    checkpoint, as a deployment with no tokenizer (HELM's `NoTokenizerWindowService`: prompts are not fitted).
+    Registering the same deployment again, or without a checkpoint a deployment known already, changes nothing.
+    Returns the tokenizer service to give HELM."""
+    from helm.benchmark.model_deployment_registry import (
+        ClientSpec,
+        ModelDeployment,
+        WindowServiceSpec,
+        get_model_deployment,
+        register_model_deployment,
+    )
+    from helm.benchmark.model_metadata_registry import get_unknown_model_metadata, register_model_metadata
+
+    deployment = ModelDeployment(name=name, model_name=name, client_spec=ClientSpec(CLIENT, {}))
+    if model_dir is not None:
+        from engine.spec import load_model_spec
+        from engine.tokenizer import load_tokenizer
+
+        SERVICE.tokenizers[name] = load_tokenizer(model_dir)
+        deployment = ModelDeployment(name=name, model_name=name, client_spec=ClientSpec(CLIENT, {}), tokenizer_name=name,
+                                     max_sequence_length=load_model_spec(model_dir).max_position_embeddings,
+                                     window_service_spec=WindowServiceSpec(WINDOW, {}))
+    with _lock:
+        try:
+            known = get_model_deployment(name)
+        except ValueError:
+            known = None
+            register_model_metadata(get_unknown_model_metadata(name))  # else HELM warns that it has none
+        if known is None or (model_dir is not None and known != deployment):
+            register_model_deployment(deployment)
+    return SERVICE
+

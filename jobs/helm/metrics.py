@@ -1,167 +1,80 @@
-"""HELM's reference metrics and statistics, with HELM's definitions and names.
+"""HELM's metrics of one request state, computed by HELM's own `BasicGenerationMetric.evaluate_generation`: the
+basic stats (`num_references`, `num_train_trials`, HELM's efficiency stats with the prompt's tokens counted by the
+checkpoint's tokenizer, `finish_reason_*`, `num_train_instances`, `prompt_truncated`), the reference metrics named
+by the run (HELM's `exact_match`, `quasi_exact_match`, `quasi_leave_articles_exact_match`, `prefix_exact_match`,
+`quasi_prefix_exact_match`, `f1_score`; each with `@k` when the adapter asks for several outputs) with `max_prob`,
+and `logprob`, `num_perplexity_tokens`, `num_bytes` of the first completion.
 
-Each metric compares one gold text with one prediction and gives 0..1; an instance's score is the maximum over
-its correct references (`name`, on the prediction with the highest log-probability) and, when the adapter asks
-for several outputs, over every prediction too (`name@k`). Predictions are the completions stripped of
-surrounding whitespace and, for multiple choice, mapped from the letter to the choice's text (a letter that is
-no choice maps to the empty prediction). An empty prediction scores 0.
-
-`Stat` is HELM's running statistic (count, sum, sum of squares, min, max, mean, variance, stddev), and the
-aggregation is HELM's `Metric.evaluate` (jobs/helm/evaluate.py).
+Inputs HELM's code cannot take are given as HELM means them: a result without completions is HELM's failed
+request (one empty completion), a completion without text, log-probability or tokens has empty ones, and a multiple-choice answer that is no choice's letter is the empty prediction
+(HELM maps it to None, which its `f1_score` cannot read). Stats are HELM's `Stat`, named by a dict (HELM's
+MetricName as written to the JSON files) so that a perturbation keeps every field its run wrote.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import string
-from collections.abc import Callable
-from dataclasses import dataclass
+import contextlib
+import dataclasses
+import io
+import logging
 
-_PUNCTUATION = frozenset(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
+from helm.benchmark.metrics.statistic import Stat
 
+from jobs.helm.helm_objects import to_json
 
-def normalize_text(text: str, remove_articles: bool = True) -> str:
-    """HELM's (QuAC's) normalization: lowercase, drop ASCII punctuation, then the words a/an/the, then collapse
-    whitespace to single spaces."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
-    if remove_articles:
-        text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+log = logging.getLogger(__name__)
 
-
-def exact_match(gold: str, pred: str) -> float:
-    if not pred:
-        return 0.0
-    return 1.0 if gold.strip() == pred.strip() else 0.0
-
-
-def quasi_exact_match(gold: str, pred: str) -> float:
-    if not pred:
-        return 0.0
-    return 1.0 if normalize_text(gold) == normalize_text(pred) else 0.0
-
-
-def quasi_leave_articles_exact_match(gold: str, pred: str) -> float:
-    if not pred:
-        return 0.0
-    return 1.0 if normalize_text(gold, False) == normalize_text(pred, False) else 0.0
-
-
-def prefix_exact_match(gold: str, pred: str) -> float:
-    """The prediction starts with the gold answer (a model that keeps talking after the answer still scores)."""
-    if not pred:
-        return 0.0
-    return 1.0 if pred.strip().startswith(gold.strip()) else 0.0
-
-
-def quasi_prefix_exact_match(gold: str, pred: str) -> float:
-    if not pred:
-        return 0.0
-    return 1.0 if normalize_text(pred).startswith(normalize_text(gold)) else 0.0
-
-
-def f1_score(gold: str, pred: str) -> float:
-    """F1 of the sets of normalized words: 2PR / (P + R); 0 when either set is empty or they share no word."""
-    gold_words, pred_words = set(normalize_text(gold).split()), set(normalize_text(pred).split())
-    common = len(gold_words & pred_words)
-    if not gold_words or not pred_words or common == 0:
-        return 0.0
-    precision, recall = common / len(pred_words), common / len(gold_words)
-    return 2 * precision * recall / (precision + recall)
-
-
-METRICS: dict[str, Callable[[str, str], float]] = {
-    "exact_match": exact_match,
-    "quasi_exact_match": quasi_exact_match,
-    "quasi_leave_articles_exact_match": quasi_leave_articles_exact_match,
-    "prefix_exact_match": prefix_exact_match,
-    "quasi_prefix_exact_match": quasi_prefix_exact_match,
-    "f1_score": f1_score,
-}
+METRICS = ("exact_match", "quasi_exact_match", "quasi_leave_articles_exact_match", "prefix_exact_match",
+           "quasi_prefix_exact_match", "f1_score")
 EXACT_MATCH_METRICS = ("exact_match", "quasi_exact_match", "prefix_exact_match", "quasi_prefix_exact_match")
+CONTEXT_FIELDS = ("split", "sub_split", "perturbation")
+EMPTY_COMPLETION = {"text": "", "logprob": 0.0, "tokens": []}
 
 
-@dataclass
-class Stat:
-    """HELM's `Stat`: a running aggregate of the values added to it. `name` is HELM's MetricName as a dict
-    (`name`, and `split` when the value belongs to one)."""
-
-    name: dict
-    count: int = 0
-    sum: float = 0.0
-    sum_squared: float = 0.0
-    min: float | None = None
-    max: float | None = None
-
-    def add(self, value: float | None) -> Stat:
-        if value is None:  # HELM skips missing values (a count of 0 says none was known)
-            return self
-        value = float(value)
-        self.count += 1
-        self.sum += value
-        self.sum_squared += value * value
-        self.min = value if self.min is None else min(self.min, value)
-        self.max = value if self.max is None else max(self.max, value)
-        return self
-
-    def merge(self, other: Stat) -> Stat:
-        self.count += other.count
-        self.sum += other.sum
-        self.sum_squared += other.sum_squared
-        for bound, pick in (("min", min), ("max", max)):
-            theirs, ours = getattr(other, bound), getattr(self, bound)
-            if theirs is not None:
-                setattr(self, bound, theirs if ours is None else pick(ours, theirs))
-        return self
-
-    @property
-    def mean(self) -> float | None:
-        return self.sum / self.count if self.count else None
-
-    def to_json(self) -> dict:
-        """As HELM writes it in stats.json and per_instance_stats.json (no null fields)."""
-        out = {"name": dict(self.name), "count": self.count, "sum": self.sum, "sum_squared": self.sum_squared}
-        if self.count:
-            variance = max(0.0, self.sum_squared / self.count - self.mean**2)
-            out.update(min=self.min, max=self.max, mean=self.mean, variance=variance, stddev=math.sqrt(variance))
-        return out
-
-    @classmethod
-    def from_json(cls, d: dict) -> Stat:
-        return cls(dict(d["name"]), d["count"], d["sum"], d["sum_squared"], d.get("min"), d.get("max"))
+def basic_metrics():
+    """HELM's basic_metrics module. Importing it makes nltk fetch its `punkt_tab` data, which only HELM's BLEU and
+    ROUGE use: nltk's printed failure, where offline, is logged instead."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        from helm.benchmark.metrics import basic_metrics
+    if out.getvalue().strip():
+        log.debug("importing HELM's metrics: %s", " ".join(out.getvalue().split()))
+    return basic_metrics
 
 
-def predictions(state: dict) -> list[str]:
-    """The completions' texts, likeliest first, stripped, mapped through the output mapping (multiple choice);
-    a request that returned nothing counts as one empty prediction."""
-    result = state.get("result") or {}
-    completions = sorted(result.get("completions") or [], key=lambda c: -(c.get("logprob") or 0.0))
-    preds = [(c.get("text") or "").strip() for c in completions] or [""]
-    mapping = state.get("output_mapping")
-    if mapping is not None:
-        preds = [mapping.get(p) or "" for p in preds]
-    return preds
+class _ChoiceOrEmpty(dict):
+    """An output mapping whose unknown letters map to the empty prediction."""
+
+    def get(self, key, default=""):
+        return super().get(key, default)
 
 
-def correct_texts(instance: dict) -> list[str]:
-    return [ref["output"]["text"] for ref in instance.get("references", []) if "correct" in ref.get("tags", [])]
+def helm_request_state(state: dict):
+    """HELM's RequestState of a request state with its result, as HELM's metrics can read it."""
+    from jobs.helm.helm_objects import to_request_state
+
+    result = {"success": False, "embedding": [], "completions": [], "cached": False, **(state.get("result") or {})}
+    result["completions"] = [{**c, "text": c.get("text") or "", "logprob": c.get("logprob") or 0.0,
+                              "tokens": c.get("tokens") or []} for c in result["completions"]] or [EMPTY_COMPLETION]
+    helm = to_request_state({**state, "result": result})
+    if helm.output_mapping is not None:
+        helm = dataclasses.replace(helm, output_mapping=_ChoiceOrEmpty(helm.output_mapping))
+    return helm
 
 
-def reference_stats(state: dict, names: tuple[str, ...], num_outputs: int) -> list[Stat]:
-    """Each metric's score for one request state: the best correct reference against the top prediction and,
-    when `num_outputs` != 1, `name@k` against every prediction; then `max_prob`, the probability of the
-    likeliest completion. Names carry no context yet (see `evaluate.add_context`)."""
-    golds, preds = correct_texts(state["instance"]), predictions(state)
-    stats = []
-    for name in names:
-        score = METRICS[name]
-        stats.append(Stat({"name": name}).add(max(score(g, preds[0]) for g in golds)))
-        if num_outputs != 1:
-            best = max(score(g, p) for g in golds for p in preds)
-            stats.append(Stat({"name": f"{name}@{num_outputs}"}).add(best))
-    completions = (state.get("result") or {}).get("completions") or []
-    if completions:
-        stats.append(Stat({"name": "max_prob"}).add(math.exp(max(c.get("logprob") or 0.0 for c in completions))))
-    return stats
+def request_state_stats(state: dict, metric, adapter_spec, service) -> list[Stat]:
+    """HELM's stats of one request state (`metric`: HELM's BasicGenerationMetric of the run's metric names), each
+    named in the instance's context as HELM's `add_context` names it."""
+    stats = metric.evaluate_generation(adapter_spec, helm_request_state(state), service, "")
+    return [with_context(Stat({"name": s.name.name}).merge(s), state["instance"]) for s in stats]
+
+
+def with_context(stat: Stat, instance: dict) -> Stat:
+    """The stat named in the instance's context (None fields left out)."""
+    context = {k: instance[k] for k in CONTEXT_FIELDS if instance.get(k) is not None}
+    return Stat({**stat.name, **context}).merge(stat)
+
+
+def stat_json(stat: Stat) -> dict:
+    """As HELM writes it in stats.json and per_instance_stats.json."""
+    return to_json(stat)

@@ -1,5 +1,5 @@
 """Scenarios: the bundled ones and files of instances, read into HELM's instance form, and HELM's choice of
-evaluation instances and few-shot examples.
+evaluation instances.
 
 A scenario file (JSONL, one object per line, or Parquet) has one instance per row with the columns
 
@@ -16,8 +16,6 @@ An instance becomes HELM's `{"input": {"text"}, "references": [{"output": {"text
 from __future__ import annotations
 
 import json
-import random
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +76,7 @@ def scenario_path(scenario: str) -> Path:
 def load_instances(scenario: str) -> list[dict]:
     """The instances of a built-in scenario or a scenario file, checked, in file order."""
     path = scenario_path(scenario)
-    rows = _read_rows(path)
-    instances = [_instance(row, f"{path} row {i}") for i, row in enumerate(rows)]
+    instances = [_instance(row, f"{path} {where}") for where, row in _read_rows(path)]
     ids = [inst["id"] for inst in instances]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
@@ -89,22 +86,37 @@ def load_instances(scenario: str) -> list[dict]:
     return instances
 
 
-def _read_rows(path: Path) -> list[dict]:
-    try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
+def _read_rows(path: Path) -> list[tuple[str, dict]]:
+    """(where, row) of each instance: `row N` of a Parquet file (from 0), `line N` of a JSONL file (from 1)."""
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
+        try:
             table = pq.read_table(path)
-            _check_columns(path, table.column_names, "column")
-            return table.to_pylist()
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as e:
-        raise SpecError(f"cannot read scenario file {path} ({type(e).__name__}: {str(e).splitlines()[0]}); "
-                        "expected JSONL (one JSON object per line) or Parquet") from e
-    for i, row in enumerate(rows):
+        except (OSError, pa.ArrowException) as e:
+            raise SpecError(f"cannot read scenario file {path} ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                            "expected Parquet with one instance per row") from e
+        _check_columns(path, table.column_names, "column")
+        return [(f"row {i}", row) for i, row in enumerate(table.to_pylist())]
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read scenario file {path} ({type(e).__name__}); expected JSONL (one JSON object "
+                        "per line) or Parquet") from e
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise SpecError(f"{path} line {n} is not JSON ({str(e).splitlines()[0]}); expected JSONL, one JSON "
+                            "object per line") from e
         if not isinstance(row, dict):
-            raise SpecError(f"{path} line {i + 1} is not a JSON object; expected one instance per line")
-        _check_columns(path, list(row), f"field on line {i + 1}:")
+            raise SpecError(f"{path} line {n} is not a JSON object; expected one instance per line")
+        _check_columns(path, list(row), f"field on line {n}:")
+        rows.append((f"line {n}", row))
     return rows
 
 
@@ -161,41 +173,18 @@ def _choice_references(choices, references: list[dict], where: str) -> list[dict
 
 
 def downsample_eval(instances: list[dict], max_eval_instances: int | None, eval_splits: tuple[str, ...]) -> list[dict]:
-    """All train instances, then at most `max_eval_instances` evaluation instances: HELM's draw
-    (`downsample_eval_instances`: numpy's `choice` without replacement after `seed(0)`, in the order drawn), so
-    a run evaluates the same instances as HELM's run of the same scenario."""
-    import numpy as np
+    """All train instances, then at most `max_eval_instances` evaluation instances, in the order drawn: HELM's
+    `downsample_eval_instances`, so that a run evaluates the instances HELM's run of the same scenario does."""
+    from helm.benchmark.runner import downsample_eval_instances
+
+    from jobs.helm.helm_objects import kept_random_state, to_instance
 
     train = [inst for inst in instances if inst["split"] == "train"]
     evals = [inst for inst in instances if inst["split"] in eval_splits]
-    if max_eval_instances is not None and len(evals) > max_eval_instances:
-        # a RandomState of seed 0 draws as numpy's global generator after np.random.seed(0), without touching it
-        picked = np.random.RandomState(0).choice(len(evals), max_eval_instances, replace=False)
-        evals = [evals[int(i)] for i in picked]
-    return train + evals
-
-
-def sample_train(train: list[dict], k: int, seed: int, sample: bool = True) -> list[dict]:
-    """HELM's choice of few-shot examples for train trial `seed`: with `sample`, labels (first correct answers)
-    ordered by how many train instances have them (ties shuffled), then one random instance per label in turn,
-    then unlabeled instances at random; without it, the `seed`-th run of `k` consecutive instances."""
-    k = min(k, len(train))
-    if not sample:
-        return train[k * seed: k * (seed + 1)]
-    rng = random.Random(seed)
-    by_label: dict[str, list[dict]] = defaultdict(list)
-    unlabeled = []
-    for inst in train:
-        label = next((r["output"]["text"] for r in inst["references"] if CORRECT_TAG in r["tags"]), None)
-        (by_label[label] if label is not None else unlabeled).append(inst)
-    labels: list[str] = []
-    for count in sorted({len(v) for v in by_label.values()}, reverse=True):
-        tied = [label for label in sorted(by_label) if len(by_label[label]) == count]
-        rng.shuffle(tied)
-        labels.extend(tied)
-    picked: list[dict] = []
-    while len(picked) < k and any(by_label.values()):
-        for label in labels:
-            if len(picked) < k and by_label[label]:
-                picked.append(by_label[label].pop(rng.randrange(len(by_label[label]))))
-    return picked + rng.sample(unlabeled, k - len(picked))
+    if max_eval_instances is None:
+        return train + evals
+    helm = [to_instance(inst) for inst in evals]
+    with kept_random_state():
+        picked = downsample_eval_instances(helm, max_eval_instances, list(eval_splits))
+    index = {id(h): i for i, h in enumerate(helm)}  # HELM's Instance compares by identity
+    return train + [evals[index[id(h)]] for h in picked]

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from helm.benchmark.adaptation import adapter_spec as helm_adapter_spec
+
 from jobs.helm.errors import SpecError
 from jobs.helm.metrics import METRICS
 from jobs.helm.scenarios import BUILTIN, EVAL_SPLITS, resolve_scenario
@@ -33,45 +35,22 @@ ENTRY_FIELDS = ("name", "scenario", "scenario_state", "model", "adapter", "metri
 
 
 @dataclass(frozen=True)
-class AdapterSpec:
-    """HELM's AdapterSpec for the `generation` and `multiple_choice_joint` methods: how instances become
-    prompts (prefixes, suffixes, few-shot examples) and how each prompt is decoded. Defaults are HELM's."""
+class AdapterSpec(helm_adapter_spec.AdapterSpec):
+    """HELM's AdapterSpec (how instances become prompts and how each prompt is decoded), checked: a bad field is a
+    user error naming it. Defaults are HELM's, except `method`, which HELM leaves empty."""
 
     method: str = "generation"
-    global_prefix: str = ""
-    global_suffix: str = ""
-    instructions: str = ""
-    input_prefix: str = "Input: "
-    input_suffix: str = "\n"
-    reference_prefix: str = "A. "
-    reference_suffix: str = "\n"
-    output_prefix: str = "Output: "
-    output_suffix: str = "\n"
-    instance_prefix: str = "\n"
-    max_train_instances: int = 5
-    max_eval_instances: int | None = None
-    num_outputs: int = 5
-    num_train_trials: int = 1
-    sample_train: bool = True
-    model_deployment: str = ""
-    model: str = ""
-    temperature: float = 1.0
-    max_tokens: int = 100
-    stop_sequences: tuple[str, ...] = ()
-    random: str | None = None
-    multi_label: bool = False
-    eval_splits: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             _bad("method", self.method, f"one of {', '.join(METHODS)}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.type == "str" and not isinstance(value, str):
+            if f.type in (str, "str") and not isinstance(value, str):
                 _bad(f.name, value, "a string (quote it in YAML, e.g. \"\\n\")")
         self._check_numbers()
         self._check_lists()
-        if self.method == "multiple_choice_joint" and not self.reference_prefix.strip():
+        if self.method == "multiple_choice_joint" and not any(ch.isalnum() for ch in self.reference_prefix):
             _bad("reference_prefix", self.reference_prefix, "a prefix with a letter, such as \"A. \"")
 
     def _check_numbers(self) -> None:
@@ -104,12 +83,18 @@ class AdapterSpec:
         return self.eval_splits or EVAL_SPLITS
 
     def to_helm(self) -> dict:
-        """As HELM writes it (run_spec.json, scenario_state.json): lists for tuples, no null fields."""
-        d = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if v is not None}
+        """As HELM writes it (run_spec.json, scenario_state.json)."""
+        from jobs.helm.helm_objects import to_json
+
+        return to_json(self)
 
 
-ADAPTER_FIELDS = tuple(f.name for f in dataclasses.fields(AdapterSpec))
+# the fields a spec may set: those HELM's generation and multiple_choice_joint adapters read, that flexbatch runs
+ADAPTER_FIELDS = ("method", "global_prefix", "global_suffix", "instructions", "input_prefix", "input_suffix",
+                  "reference_prefix", "reference_suffix", "output_prefix", "output_suffix", "instance_prefix",
+                  "max_train_instances", "max_eval_instances", "num_outputs", "num_train_trials", "sample_train",
+                  "model_deployment", "model", "temperature", "max_tokens", "stop_sequences", "random",
+                  "multi_label", "eval_splits")
 
 
 @dataclass(frozen=True)
@@ -178,6 +163,13 @@ class HelmSpec:
             if names.index(name) != i:
                 raise SpecError(f"{where}: entries[{names.index(name)}] and entries[{i}] are both run {name!r}; "
                                 "give one of them another `name`")
+
+
+def check_suite(suite) -> str:
+    """A suite is a folder under runs/: one plain name, never a path that leaves that folder."""
+    if not isinstance(suite, str) or not suite or "/" in suite or suite in (".", ".."):
+        raise SpecError(f"--suite {suite!r} is invalid: expected a folder name such as v1")
+    return suite
 
 
 def _bad(name: str, value, expected: str) -> None:

@@ -99,7 +99,8 @@ def downsample_states(state: dict, max_eval_instances: int | None) -> dict:
 
     if max_eval_instances is None:
         return state
-    ids = list(dict.fromkeys(rs["instance"].get("id") for rs in state["request_states"]))
-    pseudo = [{"id": i, "split": "test"} for i in ids]
+    ids = list(dict.fromkeys(str(rs["instance"].get("id")) for rs in state["request_states"]))
+    pseudo = [{"id": i, "split": "test", "input": {"text": ""}, "references": []} for i in ids]
     kept = {inst["id"] for inst in downsample_eval(pseudo, max_eval_instances, ("test",))}
-    return {**state, "request_states": [rs for rs in state["request_states"] if rs["instance"].get("id") in kept]}
+    return {**state, "request_states": [rs for rs in state["request_states"]
+                                        if str(rs["instance"].get("id")) in kept]}

@@ -67,14 +67,32 @@ def suite_requests(helm_output: Path, suite: str) -> list[dict]:
                         "--helm-output, HELM's output folder)")
     seen, states = set(), []
     for path in sorted(suite_dir.glob("*/scenario_state.json")):
-        for i, rs in enumerate(json.loads(path.read_text()).get("request_states") or []):
-            request = rs.get("request") or {}
+        for i, rs in enumerate(_request_states(path)):
+            request = rs.get("request") if isinstance(rs, dict) else None
+            if not isinstance(request, dict):
+                raise SpecError(f"{path}: request_states[{i}] has no request object; run helm-run --dry-run of that "
+                                "run entry again to rewrite the file")
             _check_runnable(request, f"{path}: request_states[{i}]")
             key = request_key(request)
             if key not in seen:
                 seen.add(key)
                 states.append({"instance": rs.get("instance") or {}, "request": request})
     return states
+
+
+def _request_states(path: Path) -> list:
+    """The request states of a HELM run's scenario_state.json; a file that is not one is a user error."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SpecError(f"{path} is not a readable scenario_state.json ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); remove its run folder, or run helm-run "
+                        "--dry-run of that run entry again to rewrite it") from e
+    if not isinstance(state, dict) or not isinstance(state.get("request_states", []), list):
+        raise SpecError(f"{path} is not a HELM scenario_state.json (expected an object with a request_states list, "
+                        f"got {type(state).__name__}); remove its run folder, or run helm-run --dry-run of that run "
+                        "entry again to rewrite it")
+    return state.get("request_states") or []
 
 
 def _check_runnable(request: dict, where: str) -> None:
@@ -104,7 +122,7 @@ def run_pending(helm_output: Path, suite: str, store: Path, model: Path, engine)
     summary = run_requests(batch_dir(store, pending), pending, model, engine)
     if not summary.ok:
         return len(states), len(pending), summary
-    done, _ = attach_results(pending, read_completions(summary), load_tokenizer(model))
+    done = attach_results(pending, read_completions(summary), load_tokenizer(model))
     add_results(store, [{"key": request_key(s["request"]), "request": s["request"], "result": s["result"]}
                         for s in done])
     return len(states), len(pending), summary

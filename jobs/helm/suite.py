@@ -21,7 +21,6 @@ from jobs.helm.adapter import adapt
 from jobs.helm.errors import SpecError
 from jobs.helm.evaluate import evaluate
 from jobs.helm.execute import attach_results, read_completions, run_requests
-from jobs.helm.fit import load_window
 from jobs.helm.metrics import EXACT_MATCH_METRICS
 from jobs.helm.output import (
     INFO_FILE,
@@ -36,7 +35,7 @@ from jobs.helm.output import (
 )
 from jobs.helm.scenarios import BUILTIN, CORRECT_TAG, downsample_eval, load_instances, scenario_path
 from jobs.helm.schema import run_groups, write_suite_schema
-from jobs.helm.spec import HelmSpec, RunEntry
+from jobs.helm.spec import HelmSpec, RunEntry, check_suite
 from jobs.helm.state import (
     downsample_states,
     read_scenario_state,
@@ -59,8 +58,7 @@ class HelmOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output", Path(self.output).expanduser().resolve())
-        if not isinstance(self.suite, str) or not self.suite or "/" in self.suite or self.suite in (".", ".."):
-            raise SpecError(f"--suite {self.suite!r} is invalid: expected a folder name such as v1")
+        check_suite(self.suite)
 
     @property
     def suite_dir(self) -> Path:
@@ -128,7 +126,7 @@ def _prepare_from_scenario(entry: RunEntry, run_dir: Path) -> PreparedRun:
     adapter = dataclasses.replace(entry.adapter, model=entry.adapter.model or label,
                                   model_deployment=entry.adapter.model_deployment or label)
     instances = downsample_eval(load_instances(entry.scenario), adapter.max_eval_instances, adapter.splits_evaluated)
-    states = adapt(adapter, instances, label, load_window(entry.model))
+    states = adapt(adapter, instances, label, entry.model)
     metrics = entry.metrics or EXACT_MATCH_METRICS
     path = scenario_path(entry.scenario)
     builtin = BUILTIN.get(entry.scenario)
@@ -201,8 +199,8 @@ def execute_run(run: PreparedRun, engine: EngineSettings, pool: WorkerPool | Non
         return RunSummary(status="failed", error=error, **base)
     from engine.tokenizer import load_tokenizer
 
-    states, usages = attach_results(run.states, read_completions(summary), load_tokenizer(entry.model))
-    per_instance, stats = evaluate(states, run.metrics, run.state_head["adapter_spec"], usages)
+    states = attach_results(run.states, read_completions(summary), load_tokenizer(entry.model))
+    per_instance, stats = evaluate(states, run.metrics, run.state_head["adapter_spec"], entry.model)
     info = {**base, "metrics": list(run.metrics), "dtype": engine.dtype, "compress_weight": policy.compress_weight,
             "compress_cache": policy.compress_cache, "rows": summary.rows, "prompt_tokens": summary.prompt_tokens,
             "completion_tokens": summary.completion_tokens, "workers": list(summary.workers)}

@@ -1,20 +1,25 @@
-"""HELM's metrics against hand-worked cases, including the corners of HELM's normalization."""
+"""HELM's metrics, as flexbatch calls them, against hand-worked cases, including the corners of HELM's
+normalization, the best of several references and predictions, multiple-choice letters and failed requests."""
 
 import math
 
 import pytest
+from helm.benchmark.metrics.statistic import Stat
 
-from jobs.helm.metrics import (
-    Stat,
-    exact_match,
-    f1_score,
-    normalize_text,
-    prefix_exact_match,
-    quasi_exact_match,
-    quasi_leave_articles_exact_match,
-    quasi_prefix_exact_match,
-    reference_stats,
-)
+from jobs.common import demo_model_dir
+from jobs.helm.fit import register_deployment
+from jobs.helm.helm_objects import to_adapter_spec
+from jobs.helm.metrics import METRICS, basic_metrics, request_state_stats, stat_json
+
+_reference_metrics = basic_metrics().compute_reference_metrics.__globals__  # HELM's evaluate_reference_metrics
+normalize_text, exact_match, f1_score = (_reference_metrics[n] for n in ("normalize_text", "exact_match", "f1_score"))
+prefix_exact_match, quasi_exact_match = _reference_metrics["prefix_exact_match"], _reference_metrics["quasi_exact_match"]
+quasi_leave_articles_exact_match = _reference_metrics["quasi_leave_articles_exact_match"]
+quasi_prefix_exact_match = _reference_metrics["quasi_prefix_exact_match"]
+
+
+def test_every_metric_a_spec_may_name_is_helms():
+    assert all(callable(_reference_metrics[name]) for name in METRICS)
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -31,7 +36,7 @@ def test_normalize_text(text, expected):
 
 
 def test_normalize_text_can_keep_articles():
-    assert normalize_text("The Cat!", remove_articles=False) == "the cat"
+    assert normalize_text("The Cat!", should_remove_articles=False) == "the cat"
 
 
 @pytest.mark.parametrize("gold, pred, expected", [
@@ -87,16 +92,23 @@ def test_f1_score(gold, pred, expected):
 def _state(refs, completions, mapping=None, split="test"):
     state = {"instance": {"id": "i", "split": split, "input": {"text": "q"},
                           "references": [{"output": {"text": t}, "tags": ["correct"] if ok else []} for t, ok in refs]},
+             "train_trial_index": 0, "request": {"prompt": "q"},
              "result": {"completions": [{"text": t, "logprob": lp} for t, lp in completions]}}
     if mapping is not None:
         state["output_mapping"] = mapping
     return state
 
 
+def reference_stats(state, names, num_outputs=1):
+    """flexbatch's call of HELM's BasicGenerationMetric on one request state."""
+    service = register_deployment("demo-model", demo_model_dir())
+    spec = to_adapter_spec({"method": "generation", "model_deployment": "demo-model", "num_outputs": num_outputs})
+    return request_state_stats(state, basic_metrics().BasicGenerationMetric(list(names)), spec, service)
+
+
 def _scores(state, names, num_outputs=1):
-    return {s.name["name"]: s.sum for s in reference_stats(state, names, num_outputs) if s.name["name"] != "max_prob"}
-
-
+    wanted = set(names) | {f"{n}@{num_outputs}" for n in names}
+    return {s.name["name"]: s.sum for s in reference_stats(state, names, num_outputs) if s.name["name"] in wanted}
 def test_score_is_the_best_correct_reference():
     refs = [("Paris", True), ("London", False), ("paris france", True)]
     assert _scores(_state(refs, [(" London", 0.0)]), ("exact_match",)) == {"exact_match": 0}
@@ -122,7 +134,7 @@ def test_multiple_choice_letters_map_to_choices():
 
 def test_max_prob_is_the_likeliest_completions_probability():
     stats = reference_stats(_state([("111", True)], [("112", -2.0), ("111", -0.5)]), ("exact_match",), 2)
-    assert math.isclose(next(s.sum for s in stats if s.name == {"name": "max_prob"}), math.exp(-0.5))
+    assert math.isclose(next(s.sum for s in stats if s.name["name"] == "max_prob"), math.exp(-0.5))
 
 
 def test_a_failed_request_scores_zero():
@@ -131,10 +143,10 @@ def test_a_failed_request_scores_zero():
         {"exact_match": 0, "quasi_prefix_exact_match": 0, "f1_score": 0}
 
 
-def test_stat_matches_helm_fields():
+def test_stat_is_written_with_helms_fields():
     s = Stat({"name": "exact_match", "split": "test"}).add(1).add(0).add(1).add(True)
-    d = s.to_json()
+    d = stat_json(s)
     assert d["count"] == 4 and d["sum"] == 3 and d["sum_squared"] == 3 and d["min"] == 0 and d["max"] == 1
     assert d["mean"] == 0.75 and math.isclose(d["variance"], 0.1875) and math.isclose(d["stddev"], 0.1875 ** 0.5)
-    assert Stat.from_json(d).to_json() == d
-    assert Stat({"name": "x"}).to_json() == {"name": {"name": "x"}, "count": 0, "sum": 0.0, "sum_squared": 0.0}
+    assert stat_json(Stat(**d)) == d
+    assert stat_json(Stat({"name": "x"})) == {"name": {"name": "x"}, "count": 0, "sum": 0.0, "sum_squared": 0.0}

@@ -1,6 +1,7 @@
 """The spec and scenario files: what a good spec reads as, and the one-line errors of bad ones, before any model
 is loaded."""
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -156,3 +157,21 @@ def test_cli_bad_options(tmp_path, no_model_load, args, fragment):
     if "--spec" not in args and "give --spec FILE" not in fragment and "--scenario-state" not in args:
         args = [*args, "--spec", str(DEMO_SPEC)]
     assert_user_error(invoke(*args, "--output", tmp_path / "out", "--no-ray"), fragment)
+
+
+@pytest.mark.parametrize("second, fragment", [
+    ("{not json", "line 2 is not JSON"),
+    ("[1, 2]", "line 2 is not a JSON object"),
+    (json.dumps({**_rows()[0], "split": "dev"}), "line 2 (id 't0'): split 'dev' is invalid"),
+])
+def test_a_bad_line_of_a_scenario_file_is_named_by_its_line(tmp_path, second, fragment):
+    good = [json.dumps(r) for r in _rows()]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([good[1], second, *good[2:]]) + "\n")
+    with pytest.raises(SpecError) as e:
+        load_instances(str(path))
+    assert f"{path} {fragment}" in str(e.value)
+    path.write_text("\n".join([good[1], "", second, *good[2:]]) + "\n")  # a blank line still counts
+    with pytest.raises(SpecError) as e:
+        load_instances(str(path))
+    assert f"{path} {fragment.replace('line 2', 'line 3')}" in str(e.value)
