@@ -128,7 +128,7 @@ class Engine:
             rows, left = [row for _, row in block], [row for _, row in waiting]
             while rows:
                 with torch.inference_mode():
-                    executor.run(rows, left if policy.refill else None)  # refill pops the rows it takes
+                    executor.run_block(rows, left if policy.refill else None)  # refill pops the rows it takes
                 rows, left = left[: policy.block_size], left[policy.block_size :]  # none fitted: a block of its own
         for n, row in ready:
             assert row.done, row.req.id

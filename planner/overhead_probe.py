@@ -59,7 +59,7 @@ def block_seconds(folder: Path, dtype: torch.dtype, policy: Policy, repeats: int
             block = [RowState(Request(str(i), "", params), [1] * prompt, ()) for i in range(policy.gbs)]
             t0 = time.perf_counter()
             with torch.inference_mode():
-                executor.run(block)
+                executor.run_block(block)
             times.append(time.perf_counter() - t0)
     finally:
         engine.weights.close()

@@ -3,7 +3,7 @@ online softmax (`engine/kernels/cpu_attention.py`: float32, chunk by chunk, neve
 cache) or PyTorch's SDPA (over the cache as stored, or over a dequantized copy of a 4-bit cache).
 
 Both are exact attention; they differ in rounding only (SDPA computes in the cache's dtype, the chunked path in
-float32), and greedy float32 tokens equal transformers' with either (tests/engine/test_decode_kernel.py). The
+float32), and greedy float32 tokens equal transformers' with either (tests/engine/kernels/test_decode_choice.py). The
 choice is measured once per cache kind ("plain" or "4bit"), dtype and head shape, for the batch rounded up to a
 power of two, at a few cache lengths (both kernels timed interleaved, fewest seconds), and cached beside the GEMM
 crossovers (`engine/kernels/rates.py`: keyed by machine, measured again when stale or implausible)."""

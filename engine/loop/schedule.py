@@ -156,7 +156,7 @@ class BlockExecutor:
     def device(self, phase: str, layer: int) -> str:
         return "gpu" if self.policy.layer_on_gpu(phase, layer) else "cpu"
 
-    def run(self, rows: list[RowState], waiting: list[RowState] | None = None) -> None:
+    def run_block(self, rows: list[RowState], waiting: list[RowState] | None = None) -> None:
         """Complete `rows` (one block); with `waiting`, finished rows' slots take rows from it (refill), which
         are popped as they enter."""
         p, refill = self.policy, waiting is not None

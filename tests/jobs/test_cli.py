@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def invoke(*args):
-    """`flexbatch run` in this process (--no-ray); the Ray runs are tested in tests/pipeline/test_driver_ray.py."""
+    """`flexbatch run` in this process (--no-ray); the Ray runs are tested in tests/pipeline/execution/test_driver_ray.py."""
     return CliRunner().invoke(cli.main, ["run", "--no-ray", *map(str, args)])
 
 

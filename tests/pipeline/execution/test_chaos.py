@@ -20,7 +20,7 @@ import pytest
 from pipeline.output.manifest import MANIFEST_FILE
 from pipeline.output.verify import verify_output
 from tests.cgroups import memory_cgroup, remove_cgroup
-from tests.pipeline.test_driver_ray import _inputs, _output_rows, _start_job
+from tests.pipeline.execution.test_driver_ray import _inputs, _output_rows, _start_job
 
 pytestmark = pytest.mark.slow
 SEED = 3  # which faults and when: the same choices every run (where they land depends on the machine's speed)
@@ -113,7 +113,7 @@ def test_an_actor_killed_at_its_memory_cgroups_limit_is_reported_with_exit_3(tmp
     by another process of the group once a shard runs, as a neighbour would; the kernel is told to pick the
     actor."""
     from tests.conftest import DEMO_MODEL, REPO
-    from tests.pipeline.test_driver_ray import _started_shard_pid, _wait_for
+    from tests.pipeline.execution.test_driver_ray import _started_shard_pid, _wait_for
 
     words = "the of and to in is was for on with as by at from that this".split()
     prompts = [" ".join(words[(i + k) % len(words)] for k in range(60)) for i in range(4096)]

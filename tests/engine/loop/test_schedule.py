@@ -34,7 +34,7 @@ def _alone(executor, row: RowState) -> list[int]:
 
 def _run(executor, rows: list[RowState], waiting: list[RowState] | None = None) -> list[RowState]:
     with torch.inference_mode():
-        executor.run(rows, waiting)
+        executor.run_block(rows, waiting)
     return rows
 
 
