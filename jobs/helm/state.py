@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from jobs.helm.errors import SpecError
+from jobs.helm.helm_objects import to_adapter_spec, to_request_state
 from jobs.helm.metrics import EXACT_MATCH_METRICS, METRICS
 
 RERUNNABLE_METHODS = ("generation", "multiple_choice_joint")
@@ -34,9 +35,23 @@ def read_scenario_state(path: Path) -> dict:
     if method not in RERUNNABLE_METHODS:
         raise SpecError(f"{path}: adapter_spec.method {method!r} cannot be re-run here (it scores references "
                         f"instead of generating); supported: {', '.join(RERUNNABLE_METHODS)}")
+    _as_helm(lambda: to_adapter_spec(state.get("adapter_spec") or {}), f"{path}: adapter_spec")
     for i, rs in enumerate(state["request_states"]):
         _check_request_state(rs, f"{path}: request_states[{i}]")
+        _as_helm(lambda rs=rs: to_request_state({k: v for k, v in rs.items() if k != "result"}),
+                 f"{path}: request_states[{i}]")
     return state
+
+
+def _as_helm(convert, where: str) -> None:
+    """HELM's metrics read the states as HELM's dataclasses: a field of the wrong type fails here, before the run."""
+    import dacite
+
+    try:
+        convert()
+    except (dacite.DaciteError, TypeError, ValueError) as e:
+        raise SpecError(f"{where} is not HELM's ({' '.join(str(e).split())}); expected the scenario_state.json of a "
+                        "HELM run folder") from e
 
 
 def _check_request_state(rs, where: str) -> None:

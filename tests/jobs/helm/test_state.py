@@ -140,3 +140,17 @@ def test_bad_scenario_state(tmp_path, change, fragment):
     with pytest.raises(SpecError) as e:
         read_scenario_state(path)
     assert fragment in str(e.value) and str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda s: s["request_states"][1].update(train_trial_index="first"), "request_states[1] is not HELM's"),
+    (lambda s: s["adapter_spec"].update(max_tokens="four"), "adapter_spec is not HELM's"),
+])
+def test_a_field_helms_metrics_cannot_read_fails_before_the_run(tmp_path, change, fragment):
+    state = copy.deepcopy(_helm_state())
+    change(state)
+    path = tmp_path / "scenario_state.json"
+    path.write_text(json.dumps(state))
+    with pytest.raises(SpecError) as e:
+        read_scenario_state(path)
+    assert fragment in str(e.value) and str(path) in str(e.value)
