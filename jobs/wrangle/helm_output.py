@@ -54,8 +54,8 @@ def _write_run(config: PaperConfig, run: PaperRun, done: dict[str, dict], model:
                "prompt_tokens": 0, "completion_tokens": 0}
     rows = {f"{j}.0": {**missing, **done.get(row_id, {}), "logprobs": None} for j, row_id in enumerate(run.ids)}
     adapter = _adapter(config, run, model.name)
-    states, usages = attach_results(_states(config, run, model.name), rows)
-    per_instance, stats = evaluate(states, METRICS, adapter, usages)
+    states = attach_results(_states(config, run, model.name), rows)
+    per_instance, stats = evaluate(states, METRICS, adapter, model)
     scenario = {"name": group, "description": f"{run.dataset.name} ({run.dataset.task}) of fm_data_tasks",
                 "tags": [run.dataset.task], "definition_path": str(run.folder)}
     run_spec = {"name": name, "scenario_spec": {"class_name": "fm_data_tasks", "args": {"dataset": run.dataset.name}},
