@@ -65,8 +65,20 @@ def helm_request_state(state: dict):
 def request_state_stats(state: dict, metric, adapter_spec, service) -> list[Stat]:
     """HELM's stats of one request state (`metric`: HELM's BasicGenerationMetric of the run's metric names), each
     named in the instance's context as HELM's `add_context` names it."""
-    stats = metric.evaluate_generation(adapter_spec, helm_request_state(state), service, "")
+    with _quiet("absl"):  # HELM builds its ROUGE scorers for every request state; each logs its tokenizer
+        stats = metric.evaluate_generation(adapter_spec, helm_request_state(state), service, "")
     return [with_context(Stat({"name": s.name.name}).merge(s), state["instance"]) for s in stats]
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def with_context(stat: Stat, instance: dict) -> Stat:

@@ -183,8 +183,9 @@ def downsample_eval(instances: list[dict], max_eval_instances: int | None, eval_
     evals = [inst for inst in instances if inst["split"] in eval_splits]
     if max_eval_instances is None:
         return train + evals
-    helm = [to_instance(inst) for inst in evals]
+    ours = train + evals
+    helm = [to_instance(inst) for inst in ours]
     with kept_random_state():
         picked = downsample_eval_instances(helm, max_eval_instances, list(eval_splits))
     index = {id(h): i for i, h in enumerate(helm)}  # HELM's Instance compares by identity
-    return train + [evals[index[id(h)]] for h in picked]
+    return [ours[index[id(h)]] for h in picked]
