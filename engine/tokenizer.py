@@ -6,8 +6,8 @@ A tokenizer is loaded once per process and folder (and again only when its files
 the planner and the engine all ask for it. Where the outcome of `AutoTokenizer` is known from the folder's
 JSON files alone (a `tokenizer.json` saved as `TokenizersBackend`, no `auto_map`, a model type whose
 tokenizer transformers resolves to that class), that class is loaded directly: `AutoTokenizer` would first
-build the model's config, which imports most of transformers' modelling code (~0.7 s of a small job's
-start-up). `tests/engine/test_tokenizer.py` checks both give the same tokenizer."""
+build the model's config, which imports most of transformers' modelling code (a visible share of a small
+job's start-up: `flexbatch bench startup`). `tests/engine/test_tokenizer.py` checks both give the same tokenizer."""
 
 from __future__ import annotations
 

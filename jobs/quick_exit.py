@@ -1,9 +1,8 @@
 """Leaving the process without the interpreter's teardown.
 
 When `flexbatch` is done, a normal exit tears the interpreter down: every module and object is finalized and
-the libraries' own destructors run. With torch loaded that alone takes 0.35 s (a process that only imports
-torch, measured on 2 cores), and 0.5-0.8 s after a `flexbatch run` of 128 rows (110M Llama, int8 weights): a
-tenth of such a job's whole process. `quick_exit` does what matters to anything outside the process and then
+the libraries' own destructors run. With torch loaded that alone is a noticeable share of a small job's whole
+process (docs/BENCHMARKS.md, start-up). `quick_exit` does what matters to anything outside the process and then
 ends it: it shuts threads down as a normal exit does (the threading module's exit hooks first, which tell idle
 `concurrent.futures` workers to leave, then a join of every non-daemon thread; joining first would wait forever
 on an idle pool worker that something still references, e.g. a failed shard's traceback), runs the `atexit`
