@@ -10,16 +10,12 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from pipeline.errors import InputError
 from pipeline.input.utf8 import NotUtf8, column_values
 from pipeline.storage import open_parquet
-
-if TYPE_CHECKING:
-    from pipeline.input.parquet import InputFile
 
 ID_COLUMN = "id"
 _SHOWN = 3  # repeated ids named in the refusal
@@ -61,9 +57,9 @@ def bad_id_rows(table: pa.Table) -> dict[int, str]:
             for i, v in enumerate(column_values(table, ID_COLUMN)) if isinstance(v, NotUtf8)}
 
 
-def check_unique_ids(files: Sequence[InputFile]) -> None:
-    """Refuse a job in which two rows would get the same id (given ids, or a given id equal to a made one),
-    naming the first repeated ids, where they are, and the fix. The ids are first checked in bulk (one set); only
+def check_unique_ids(files: Sequence) -> None:
+    """Refuse a job in which two rows of `files` (pipeline.input.parquet.InputFile) would get the same id (given
+    ids, or a given id equal to a made one), naming the first repeated ids, where they are, and the fix. The ids are first checked in bulk (one set); only
     a job that has repeats is read again to say where they are."""
     seen: set[str] = set()
     for f in files:
@@ -77,7 +73,7 @@ def check_unique_ids(files: Sequence[InputFile]) -> None:
         raise InputError(_refusal(files))
 
 
-def _made_stems(files: Sequence[InputFile]) -> dict[str, tuple[int, int]]:
+def _made_stems(files: Sequence) -> dict[str, tuple[int, int]]:
     """(file index, rows) by stem, of the files without an id column: their rows get made ids."""
     return {f.part_stem: (k, f.num_rows) for k, f in enumerate(files) if ID_COLUMN not in f.columns}
 
@@ -90,7 +86,7 @@ def _made_position(row_id: str, made: dict[str, tuple[int, int]]) -> tuple[int, 
     return made[stem][0], int(row)
 
 
-def _repeats(files: Sequence[InputFile]) -> tuple[dict[str, list[int]], list[int]]:
+def _repeats(files: Sequence) -> tuple[dict[str, list[int]], list[int]]:
     """Each repeated id with the job-wide positions of its rows, and each file's first position."""
     starts = list(itertools.accumulate((f.num_rows for f in files), initial=0))
     first: dict[str, int] = {}
@@ -110,7 +106,7 @@ def _repeats(files: Sequence[InputFile]) -> tuple[dict[str, list[int]], list[int
     return repeated, starts
 
 
-def _refusal(files: Sequence[InputFile]) -> str:
+def _refusal(files: Sequence) -> str:
     """The refusal naming the first repeated ids and their rows (the files read again, to find them)."""
     repeated, starts = _repeats(files)
 
@@ -128,7 +124,7 @@ def _refusal(files: Sequence[InputFile]) -> str:
             f"{ID_COLUMN!r} column unique, or drop it (each row then gets the id <file stem>:<row index>)")
 
 
-def _file_ids(f: InputFile):
+def _file_ids(f):
     """(first row, ids) of each row group of a Parquet file, only its id column read."""
     with open_parquet(f.path) as pf:
         offset = 0
