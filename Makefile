@@ -28,9 +28,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # Tests use tiny models: one thread each is faster than two and immune to OpenMP stalls when the cores are shared.
+# Two workers: the tests that start Ray or whole processes on one (tests/conftest.py SERIAL), the rest on the other.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 # The benchmark's baselines need HF Accelerate (the `bench` extra); e.g. make bench BENCH_ARGS="--preset tiny".
 bench: $(STAMP)

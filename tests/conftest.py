@@ -94,10 +94,22 @@ def fixed_hardware_profile():
         torch.set_num_threads(threads)
 
 
+# Tests that start a Ray cluster (or kill the processes of one): with `pytest -n 2` (the Makefile's) they run one
+# after another on one worker, never two clusters at once; the rest of the suite is spread over both workers.
+SERIAL = ("tests/pipeline/execution/", "tests/jobs/test_submit.py", "tests/jobs/helm/test_ray.py",
+          "tests/jobs/test_cli.py::test_python_m_jobs_run_end_to_end",
+          "tests/jobs/wrangle/test_command.py::test_job_on_ray_with_two_actors",
+          "tests/flexbatch/test_api.py::test_ray_data_pipeline_equals_flexbatch_run")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` are skipped without CUDA; tests marked `ipex` where intel-extension-for-pytorch cannot
-    run (it needs torch 2.8)."""
+    run (it needs torch 2.8); the SERIAL tests share one xdist group."""
     import torch
+
+    for item in items:
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
     if not torch.cuda.is_available():
         for item in items:
