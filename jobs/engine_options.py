@@ -136,6 +136,7 @@ def _pins(ctx: click.Context, options: dict) -> Pins:
     if "percent" in given and o["percent"]:
         placed = Policy.from_percent(tuple(o["percent"]))  # six numbers in [0, 100], each kind summing to <= 100
         pins.update({name: getattr(placed, name) for name in FRACTION_NAMES})
+    Policy(**pins)  # the options given make a whole policy with the defaults (a split names its first GPU layer)
     return Pins(pins)
 
 

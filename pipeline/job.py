@@ -164,7 +164,7 @@ def prepare_job(config: RunConfig) -> JobSetup:
         column = MESSAGES_COLUMN if chat else config.prompt_column
         sample = take_sample(files, column, tokenizer, config.params.max_new_tokens, config.params.stop)
     record = job_record(_job_config(config, files, chat))
-    record["run"] = {"input": config.input, "policy": config.policy.to_dict()}  # recorded, not hashed
+    record["run"] = {"input": config.input, "pins": dict(config.pins), "plan": config.plan}  # recorded, not hashed
     check = check_output(Folder(config.output), record, config.overwrite)
     return JobSetup(config=config, files=files, spec=spec, record=record, output=check, chat=chat, sample=sample)
 
@@ -209,9 +209,9 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
         "params": dataclasses.asdict(config.params),
         "dtype": config.dtype,
         "truncate": config.truncate,
-        "compress_weight": config.policy.compress_weight,
-        "compress_cache": config.policy.compress_cache,
-        **({"weight_format": config.policy.weight_format} if config.policy.weight_format != "int4" else {}),
+        "compress_weight": config.pinned("compress_weight"),
+        "compress_cache": config.pinned("compress_cache"),
+        **({"weight_format": config.pinned("weight_format")} if config.pinned("weight_format") != "int4" else {}),
         # kernels other than native may change bf16 outputs; native adds nothing, so older hashes still match
         **({"backend": config.backend} if config.backend != DEFAULT_BACKEND else {}),
         **({"chat": True} if chat else {}),  # likewise: plain-prompt jobs keep their hashes

@@ -57,8 +57,8 @@ def helm_command(ctx, spec, scenario_states, suite, output, max_eval_instances, 
     try:
         engine = engine_settings(ctx, engine_opts)
         options = HelmOptions(output=output, suite=suite, skip_completed_runs=skip_completed_runs, engine=engine)
-        runs = _load(spec, scenario_states, model, max_eval_instances, engine.policy.compress_weight,
-                     engine.policy.compress_cache)
+        runs = _load(spec, scenario_states, model, max_eval_instances, engine.pinned("compress_weight"),
+                     engine.pinned("compress_cache"))
         result = run_suite(runs, options)
     except FlexbatchError as e:
         fail(e)

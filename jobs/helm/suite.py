@@ -186,7 +186,6 @@ def execute_run(run: PreparedRun, engine: EngineSettings, pool: WorkerPool | Non
     entry = run.entry
     engine = dataclasses.replace(engine, pins=engine.pins.with_(compress_weight=entry.compress_weight,
                                                                compress_cache=entry.compress_cache))
-    policy = engine.policy
     log.info("run %s: %d requests of %s on %s", entry.run_name, len(run.states), entry.scenario_label, entry.model)
     summary = run_requests(run.run_dir, run.states, entry.model, engine, pool)
     tokens_per_s, plan = summary.job_tokens_per_s, plan_text(summary.workers)
@@ -201,8 +200,8 @@ def execute_run(run: PreparedRun, engine: EngineSettings, pool: WorkerPool | Non
 
     states = attach_results(run.states, read_completions(summary), load_tokenizer(entry.model))
     per_instance, stats = evaluate(states, run.metrics, run.state_head["adapter_spec"], entry.model)
-    info = {**base, "metrics": list(run.metrics), "dtype": engine.dtype, "compress_weight": policy.compress_weight,
-            "compress_cache": policy.compress_cache, "rows": summary.rows, "prompt_tokens": summary.prompt_tokens,
+    info = {**base, "metrics": list(run.metrics), "dtype": engine.dtype, "compress_weight": engine.pinned("compress_weight"),
+            "compress_cache": engine.pinned("compress_cache"), "rows": summary.rows, "prompt_tokens": summary.prompt_tokens,
             "completion_tokens": summary.completion_tokens, "workers": list(summary.workers)}
     write_run(run.run_dir, {"run_spec.json": run.run_spec, "scenario.json": run.scenario,
                             "scenario_state.json": {**run.state_head, "request_states": states},

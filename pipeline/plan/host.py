@@ -59,7 +59,7 @@ class EngineHost:
                 raise ValueError("a planned engine needs the workload it plans for")
             plan = choose_policy(settings, work, spec, budgets=self.budgets)
             # the planner prices the format's kernel (a pin) but counts 4-bit bytes; the user's format is what runs
-            self.policy = dataclasses.replace(plan.policy, weight_format=settings.policy.weight_format)
+            self.policy = dataclasses.replace(plan.policy, weight_format=settings.pinned("weight_format"))
             self.prediction = plan.prediction
         else:
             self.policy, self.prediction = settings.policy, None

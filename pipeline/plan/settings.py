@@ -57,6 +57,11 @@ class EngineSettings:
         """The policy without planning (`Pins.policy`); with planning, what the planner keeps of it is `pins`."""
         return self.pins.policy()
 
+    def pinned(self, name: str):
+        """A policy field as the user fixed it, else Policy's default: what a planned run keeps of it (compression
+        is never turned on by the planner), with or without planning."""
+        return self.pins.get(name, getattr(Policy, name))
+
 
 def _pins(value) -> Pins:
     if isinstance(value, Pins):

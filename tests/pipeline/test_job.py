@@ -4,6 +4,7 @@ import pyarrow as pa
 import pytest
 
 from engine.engine import Engine
+from engine.errors import InvalidParamsError
 from engine.request import SamplingParams
 from pipeline import RunConfig, prepare_job, run_job
 from pipeline.errors import ConfigError, InputError, OutputFolderError
@@ -110,3 +111,16 @@ def test_another_jobs_output_is_refused_before_loading_then_overwritten(tmp_path
             run_job(other)
     run_job(dataclasses.replace(other, overwrite=True))
     assert read_rows(tmp_path / "out" / "a.parquet")[0]["completion_tokens"] == 3
+
+
+def test_a_planned_job_with_a_split_pinned_without_its_layer_is_checked_and_recorded(tmp_path, tiny_llama_dir):
+    """With planning, pins need not make a whole policy (the search picks a pinned split's layer): the job's checks
+    and its record read the pins, not a policy built from them."""
+    write_parquet(tmp_path / "in" / "a.parquet", prompt=["x"])
+    config = _config(tmp_path, tiny_llama_dir, pins={"prefill_device": "split", "compress_weight": True,
+                                                     "weight_format": "int8"})
+    job = prepare_job(config)
+    assert job.record["config"]["compress_weight"] is True and job.record["config"]["weight_format"] == "int8"
+    assert job.record["run"]["pins"]["prefill_device"] == "split"
+    with pytest.raises(InvalidParamsError, match="split_layer"):  # without planning: a whole policy
+        _config(tmp_path, tiny_llama_dir, plan=False, pins={"prefill_device": "split"})
