@@ -162,7 +162,8 @@ def prepare_job(config: RunConfig) -> JobSetup:
     sample = None
     if config.plan:  # read and tokenized here, once; the workers plan from it and reuse its token ids
         column = MESSAGES_COLUMN if chat else config.prompt_column
-        sample = take_sample(files, column, tokenizer, config.params.max_new_tokens, config.params.stop)
+        sample = take_sample(files, column, tokenizer, config.params.max_new_tokens, config.params.stop,
+                             vocab_size=spec.vocab_size)
     record = job_record(_job_config(config, files, chat))
     record["run"] = {"input": config.input, "pins": dict(config.pins), "plan": config.plan}  # recorded, not hashed
     check = check_output(Folder(config.output), record, config.overwrite)

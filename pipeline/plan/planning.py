@@ -31,7 +31,7 @@ STOP_PRIOR = 0.5  # share of its max_new_tokens a row with a stop string is expe
 def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len: int, dtype: str,
                         num_prompts: int | None = None, stop: tuple[str, ...] = ()) -> Workload:
     """The workload of `files` (every row unless `num_prompts` is given), sampled as a job samples it."""
-    sample = take_sample(files, column, tokenizer, gen_len, stop)
+    sample = take_sample(files, column, tokenizer, gen_len, stop, vocab_size=spec.vocab_size)
     return workload_from_sample(sample, spec, dtype, num_prompts or sum(f.num_rows for f in files))
 
 

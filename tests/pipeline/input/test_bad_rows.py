@@ -132,3 +132,13 @@ def test_a_column_name_given_twice_is_refused(tmp_path, tiny_llama_dir, no_model
                    tmp_path / "in" / "a.parquet")
     with pytest.raises(InputError, match=r"column names \['prompt'\] appear more than once; rename or drop"):
         prepare_job(_config(tmp_path, tiny_llama_dir, tmp_path / "in"))
+
+
+def test_the_planning_sample_counts_ids_outside_the_vocabulary_as_a_failed_row(tmp_path, tiny_llama_dir):
+    """The sample the job plans from follows the same rule as the engine: a line of ids outside the vocabulary
+    has no prompt ids there (its row fails in its shard) instead of its length skewing the plan."""
+    lines = [{"custom_id": c, "method": "POST", "url": "/v1/completions", "body": {"prompt": p, "max_tokens": 2}}
+             for c, p in (("ok", [5, 6, 7]), ("big", [1, 2, 10**8] * 50))]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    job = prepare_job(_config(tmp_path, tiny_llama_dir, tmp_path / "r.jsonl"))
+    assert sorted(job.sample.prompt_lengths) == [0, 3]
