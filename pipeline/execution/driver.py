@@ -235,7 +235,7 @@ def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, inf
         prompt_tokens=sum(r["prompt_tokens"] for r in done.values()),
         completion_tokens=sum(r["completion_tokens"] for r in done.values()),
         generate_seconds=sum(r["seconds"] for r in new.values()),
-        parts=tuple(part_location(job.config.output, folder, s.part_name) for s in shards if s.part_name in done),
+        parts=tuple(part_location(folder, s.part_name) for s in shards if s.part_name in done),
         policy=infos[0]["policy"] if infos else None,
         predicted_seconds=max(predictions) if predictions else None,
         workers=tuple(infos), shards=len(shards), skipped_shards=len(committed), failed_shards=tuple(failed),
@@ -249,9 +249,9 @@ def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, inf
     return summary
 
 
-def part_location(output: Path | str, folder: Folder, name: str) -> Path | str:
-    """A part's path (a local --output) or URI."""
-    return output / name if isinstance(output, Path) else folder.child(name)
+def part_location(folder: Folder, name: str) -> Path | str:
+    """A part's path (a local folder) or URI."""
+    return folder.child(name) if folder.remote else Path(folder.child(name))
 
 
 def success_record(s: JobSummary, new: dict) -> dict:

@@ -45,7 +45,8 @@ class EngineHost:
         self.policy: Policy | None = None
         self.prediction: Prediction | None = None
         self.budgets: dict = {}
-        self._settings, self._spec = EngineSettings(), None
+        self._settings: EngineSettings | None = None
+        self._spec: ModelSpec | None = None
         self._key, self._given_budgets = None, None
         self.measured = (0, 0)  # rows finished since `take`, and the tokens they generated
 
