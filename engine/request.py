@@ -15,7 +15,9 @@ DEFAULT_MAX_NEW_TOKENS = 64
 @dataclass(frozen=True)
 class SamplingParams:
     """Decoding options for one request. `temperature == 0` means greedy; `top_k == 0` and `top_p == 1` disable
-    those filters. `seed` makes sampling reproducible per request, independent of the batch it runs in."""
+    those filters. `seed` makes sampling reproducible per request, independent of the batch it runs in.
+    `prompt_logprobs` scores the prompt in the same forward pass as its prefill (with max_new_tokens=1 a request
+    is scored and nothing more is decoded)."""
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
@@ -24,6 +26,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int = 0
     logprobs: bool = False
+    prompt_logprobs: bool = False  # also score the prompt: each token's log-probability given the ones before
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -80,6 +83,10 @@ class Completion:
     error: str | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
+    # with `prompt_logprobs`: for prompt tokens 1..n-1, the log-probability of each given the ones before, and
+    # whether it was the most likely token there (the first token has no context, so neither list covers it)
+    prompt_logprobs: list[float] | None = None
+    prompt_greedy: list[bool] | None = None
 
     @classmethod
     def failed(cls, id: str, message: str, prompt_tokens: int = 0) -> Completion:

@@ -18,6 +18,8 @@ class RowState:
         self.finish: str | None = None
         self.text: str = ""
         self.stops: StopScanner | None = None
+        self.prompt_logprobs: list[float] | None = None  # with params.prompt_logprobs, set by the prefill
+        self.prompt_greedy: list[bool] | None = None
 
     @property
     def done(self) -> bool:
@@ -63,4 +65,6 @@ class RowState:
             finish_reason=self.finish or "length",
             token_ids=list(self.tokens),
             logprobs=list(self.logprobs) if self.req.params.logprobs else None,
+            prompt_logprobs=self.prompt_logprobs,
+            prompt_greedy=self.prompt_greedy,
         )

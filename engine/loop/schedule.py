@@ -12,6 +12,7 @@ import torch
 
 from engine.kernels.attention import decode_mask, prefill_mask
 from engine.loop.loaded import LoadedModel
+from engine.loop.prompt_scores import prompt_scores
 from engine.loop.refill import Refill, choose_refill
 from engine.loop.row_state import RowState
 from engine.loop.sampling import chosen_logprobs, next_tokens
@@ -247,9 +248,12 @@ class BlockExecutor:
                     b.refill.layer(m.model, w, j, dev, m.devices)
             del w
         for b in live:
+            if phase == "prefill":
+                self._score_prompts(b.rows, lambda: b.acts.load(m.globals_on, carry=carry))  # noqa: B023
             logits = self._head(b.acts.load(m.globals_on, last=True, carry=carry))
             if b.refill is not None:
                 r = b.refill
+                self._score_prompts(r.rows, lambda: m.devices.move(r.hidden, r.where, m.globals_on))  # noqa: B023
                 logits[r.slots] = self._head(m.devices.move(r.hidden[:, -1], r.where, m.globals_on))
             b.choose(logits, m.tokenizer)
 
@@ -265,6 +269,19 @@ class BlockExecutor:
             rcontexts = self._contexts(m.model.begin_step(rctx), devices | {g})
             b.refill.begin(self._embed(ids, rcontexts[g]), g, rcontexts)
         return contexts
+
+    def _score_prompts(self, rows: list[RowState], hidden) -> None:
+        """The rows that asked for their prompt's log-probabilities get them from the prefill's last-layer hidden
+        states (`hidden()`: [B, S, H] on the head's device, each row's prompt left-padded to S), through the
+        same LM head as generation."""
+        wanted = [b for b, r in enumerate(rows) if r.req.params.prompt_logprobs]
+        if not wanted:
+            return
+        h = hidden()
+        for b in wanted:
+            r = rows[b]
+            r.prompt_logprobs, r.prompt_greedy = prompt_scores(self._head, h[b, h.shape[1] - len(r.prompt_ids) :],
+                                                               r.prompt_ids)
 
     def _embed(self, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Token ids [B, S] (on the CPU) -> hidden states [B, S, H] on the embeddings' device (`ctx.device`)."""
