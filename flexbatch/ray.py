@@ -5,7 +5,9 @@ Columns follow Ray Data LLM's processors. In: `prompt` (a string) or `messages` 
 rendered by the checkpoint's chat template), and optionally `sampling_params`, a dict per row with vLLM's names
 (max_tokens, temperature, top_p, top_k, stop, seed). Out: every input column plus `generated_text`,
 `generated_tokens`, `num_generated_tokens`, `num_input_tokens`, `finish_reason` and `error` (a bad row fails
-alone, with its reason there). The policy (and so the block size) is planned from the first batch, for batches
+alone, with its reason there). With `score=True` each row is scored instead of completed, as a `--score` job
+scores it (pipeline/input/scoring.py): its prompt and an optional `continuation` column, and three more columns,
+`prompt_logprobs`, `continuation_logprob` and `continuation_is_greedy` (`generated_text` is then ""). The policy (and so the block size) is planned from the first batch, for batches
 of that size, unless `policy` is given: from its prompt lengths and each row's own max_new_tokens and stop
 strings, as a job plans its sample; refill is chosen again after each batch from what its rows generated. Rows without an `id` column get seeds from their place in the batch,
 so sampled (not greedy) outputs then depend on the batching."""
@@ -22,6 +24,7 @@ from engine.request import Completion, Request, SamplingParams
 from pipeline.errors import ConfigError
 from pipeline.input.parquet import CHAT_CHOICES, ID_COLUMN, MESSAGES_COLUMN
 from pipeline.input.requests import prompt_problem, row_params
+from pipeline.input.scoring import CONTINUATION_COLUMN, SCORE_COLUMNS, score_columns, scored, scoring_items
 
 VLLM_NAMES = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
               "stop": "stop", "seed": "seed"}
@@ -35,19 +38,22 @@ class Processor:
     def __init__(self, model, max_new_tokens: int = SamplingParams.max_new_tokens, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, stop: tuple[str, ...] = (), seed: int = 0, dtype: str = "auto",
                  chat: str = "auto", truncate: str = "error", policy=None, hardware=None, budgets=None,
-                 backend: str = DEFAULT_BACKEND, engines_per_node: int = 1):
+                 backend: str = DEFAULT_BACKEND, engines_per_node: int = 1, score: bool = False):
         if chat not in CHAT_CHOICES:
             raise ConfigError(f"chat={chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
         if not isinstance(engines_per_node, int) or engines_per_node < 1:
             raise ConfigError(f"engines_per_node={engines_per_node!r} is invalid: give how many of these actors "
                               "share one node's memory (1 or more)")
+        if not isinstance(score, bool):
+            raise ConfigError(f"score={score!r} is invalid: expected True (score each row's prompt and continuation) "
+                              "or False (complete it)")
         from pipeline.plan.host import EngineHost
         from pipeline.plan.settings import EngineSettings
 
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy={policy!r} is invalid: expected an engine.policy.Policy to run as it is, or "
                               "None to plan from the first batch")
-        self.model, self.chat, self.truncate = model, chat, truncate
+        self.model, self.chat, self.truncate, self.score = model, chat, truncate, score
         self.spec = check_model(model)
         # a given policy runs as it is; without one, the engine plans for batches shaped like the first one
         self.settings = EngineSettings(dtype=dtype, backend=backend, budgets={} if budgets is None else budgets,
@@ -69,20 +75,29 @@ class Processor:
         if source not in columns:
             raise ConfigError(f"the batch has no {source!r} column (its columns: {sorted(columns)}); "
                               f"{'give messages or pass chat=off' if chat else 'give a prompt or messages column'}")
-        taken = sorted(set(OUTPUT_COLUMNS) & set(columns))
+        taken = sorted(set(OUTPUT_COLUMNS + (SCORE_COLUMNS if self.score else ())) & set(columns))
         if taken:
             raise ConfigError(f"the batch already has the columns {taken}, which this stage writes; rename or drop "
                               "them before the stage (e.g. ds.rename_columns or ds.drop_columns)")
         ids = [str(v) for v in columns[ID_COLUMN]] if ID_COLUMN in columns else [f"row:{i}" for i in range(n)]
         items = [self._item(row_id, columns[source][i], (columns.get("sampling_params") or [None] * n)[i], chat)
                  for i, row_id in enumerate(ids)]
+        if self.score:
+            from engine.tokenizer import load_tokenizer
+
+            items, lengths = scoring_items(items, columns.get(CONTINUATION_COLUMN), load_tokenizer(self.model),
+                                           self.spec.vocab_size)
         runnable = [item for item in items if isinstance(item, Request)]
         if self.engine is None:
             runnable = self._load(runnable)
         out = self.host.generate(runnable, truncate=self.truncate) if runnable else []
         done = iter(out)
         results = [next(done) if isinstance(item, Request) else item for item in items]
-        return {**columns, **_output_columns(results)}
+        if not self.score:
+            return {**columns, **_output_columns(results)}
+        results = [scored(c, k) for c, k in zip(results, lengths)]
+        scores = {name: values.to_pylist() for name, values in score_columns(results, lengths).items()}
+        return {**columns, **_output_columns(results), **scores}
 
     def _item(self, row_id: str, prompt, sampling: dict | None, chat: bool) -> Request | Completion:
         from engine.chat import messages_problem
@@ -109,7 +124,8 @@ class Processor:
             from pipeline.plan.planning import workload_dtype, workload_from_sample
 
             tokenizer = load_tokenizer(self.model)
-            ids = [prompt_ids(tokenizer, list(r.messages) if r.messages is not None else r.prompt) for r in first]
+            ids = [prompt_ids(tokenizer, list(r.prompt_ids) if r.prompt_ids is not None else
+                              list(r.messages) if r.messages is not None else r.prompt) for r in first]
             first = [dataclasses.replace(r, prompt_ids=tuple(t)) if t else r for r, t in zip(first, ids)]
             rows = [(r.params.max_new_tokens, bool(r.params.stop)) for r in first]  # none: the defaults
             sample = InputSample(tuple(len(t or ()) for t in ids),

@@ -64,6 +64,11 @@ _RC = {f.name: f.default for f in fields(RunConfig)}
                    "differ and reruns are identical (per-row column: seed).")
 @click.option("--logprobs", is_flag=True, default=_SP["logprobs"],
               help="Add a logprobs column: the log-probability of each generated token.  [default: off]")
+@click.option("--score", is_flag=True, default=_RC["score"],
+              help="Score each row instead of completing it: the log-probability of every prompt token given the "
+                   "ones before (column prompt_logprobs), and of an optional continuation column's text after the "
+                   "prompt (continuation_logprob, the sum; continuation_is_greedy). No text is generated "
+                   "(completion is \"\").  [default: off]")
 @click.option("--truncate", type=click.Choice(TRUNCATE_CHOICES), default=_RC["truncate"], show_default=True,
               help="A prompt longer than the context: 'error' fails that row, 'left' keeps its last tokens.")
 @click.option("--show", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
@@ -79,11 +84,12 @@ _RC = {f.name: f.default for f in fields(RunConfig)}
 @engine_options
 @click.pass_context
 def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop,
-        seed, logprobs, truncate, show, overwrite, shard_rows, max_shard_retries, **engine_opts) -> None:
+        seed, logprobs, score, truncate, show, overwrite, shard_rows, max_shard_retries, **engine_opts) -> None:
     """Complete every prompt (or request) of the input and write parts with the completions.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
-    (and logprobs with --logprobs). Rows without an id column get the id <file stem>:<row index>. A messages
+    (and logprobs with --logprobs; prompt_logprobs, continuation_logprob and continuation_is_greedy with
+    --score). Rows without an id column get the id <file stem>:<row index>. A messages
     column ({role, content} lists) instead of a prompt makes the rows chat rows (--chat).
 
     Formats: parquet, or openai: an OpenAI Batch input file (*.jsonl, one {custom_id, method, url, body}
@@ -101,6 +107,7 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
     Examples:
       flexbatch run --input prompts.parquet --output out/ --max-new-tokens 32
       flexbatch run --input requests.jsonl --output out/   # an OpenAI Batch file
+      flexbatch run --input choices.parquet --output out/ --score   # prompt + continuation log-probabilities
       flexbatch run --input 'data/*.parquet' --output out/ --workers 2 --shard-rows 512
       flexbatch run --address auto --input /shared/prompts/ --output /shared/out/   # join a Ray cluster
     """
@@ -110,7 +117,7 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
         summary = flexbatch.run(
             model or default_model(), input_, output, format=format_, chat=chat, prompt_column=prompt_column,
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=tuple(stop),
-            seed=seed, logprobs=logprobs, truncate=truncate, overwrite=overwrite, shard_rows=shard_rows,
+            seed=seed, logprobs=logprobs, score=score, truncate=truncate, overwrite=overwrite, shard_rows=shard_rows,
             max_shard_retries=max_shard_retries, **settings.settings())
     except FlexbatchError as e:
         fail(e)

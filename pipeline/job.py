@@ -26,6 +26,7 @@ from pipeline.input.parquet import (
     uses_chat,
 )
 from pipeline.input.sample import InputSample, take_sample
+from pipeline.input.scoring import scoring_params
 from pipeline.option_checks import check_bool, check_path, number_at_least, whole_number
 from pipeline.output.folder import OutputCheck, check_output, job_record
 from pipeline.plan.settings import EngineSettings
@@ -46,6 +47,7 @@ class RunConfig(EngineSettings):
     format: str = "auto"  # parquet, openai (Batch JSONL), or auto (by the input's extension)
     params: SamplingParams = field(default_factory=SamplingParams)
     truncate: str = "error"
+    score: bool = False  # score each row's prompt (and continuation column) instead of completing it
     overwrite: bool = False
     shard_rows: int | None = None  # None: derived from the planned block size
     max_shard_retries: int = 2
@@ -72,6 +74,9 @@ class RunConfig(EngineSettings):
             raise ConfigError(f"params={self.params!r} is invalid: expected an engine.request.SamplingParams, or "
                               f"the decoding options as keywords (max_new_tokens=..., temperature=...)")
         check_bool("overwrite", self.overwrite)
+        check_bool("score", self.score)
+        if self.score:  # one token asked for and dropped: the prefill scores the row (pipeline/input/scoring.py)
+            object.__setattr__(self, "params", scoring_params(self.params))
         object.__setattr__(self, "shard_rows", whole_number("shard_rows", self.shard_rows, 1, "rows per shard "
                                                             "(--shard-rows)", optional=True))
         object.__setattr__(self, "max_shard_retries", whole_number("max_shard_retries", self.max_shard_retries, 0,
@@ -164,6 +169,8 @@ def prepare_job(config: RunConfig) -> JobSetup:
         column = MESSAGES_COLUMN if chat else config.prompt_column
         sample = take_sample(files, column, tokenizer, config.params.max_new_tokens, config.params.stop,
                              vocab_size=spec.vocab_size)
+        if config.score:  # a scored row makes one token, whatever its max_new_tokens column says
+            sample = dataclasses.replace(sample, row_lengths=((1, False),) * len(sample.row_lengths))
     record = job_record(_job_config(config, files, chat))
     record["run"] = {"input": config.input, "pins": dict(config.pins), "plan": config.plan}  # recorded, not hashed
     check = check_output(Folder(config.output), record, config.overwrite)
@@ -171,14 +178,17 @@ def prepare_job(config: RunConfig) -> JobSetup:
 
 
 def _inspect(config: RunConfig) -> tuple[tuple[InputFile, ...], bool]:
-    return inspect_job_inputs(config.input, config.prompt_column, config.chat, config.format)
+    return inspect_job_inputs(config.input, config.prompt_column, config.chat, config.format, config.score)
 
 
 def inspect_job_inputs(input: str, prompt_column: str = "prompt", chat: str = "auto",
-                       format: str = "auto") -> tuple[tuple[InputFile, ...], bool]:
+                       format: str = "auto", score: bool = False) -> tuple[tuple[InputFile, ...], bool]:
     """The input files, checked, and whether their rows are conversations. A batch file's lines say so by their
     url; --chat off turns its chat lines into line errors."""
     fmt = input_format(input, format)
+    if score and fmt == "openai":
+        raise ConfigError(f"--score reads Parquet rows, and {input} is an OpenAI Batch file; drop --score and ask "
+                          "for scores in its lines (/v1/completions with echo: true, logprobs: 0, max_tokens: 0)")
     paths = resolve_inputs(input, SUFFIXES[fmt])
     if fmt == "openai":
         from pipeline.input.openai_batch import inspect_batch_files
@@ -186,7 +196,7 @@ def inspect_job_inputs(input: str, prompt_column: str = "prompt", chat: str = "a
         files = tuple(inspect_batch_files(paths))
         return files, chat != "off" and any(f.chat_rows for f in files)
     rows_chat = uses_chat(paths, chat)
-    return tuple(inspect_inputs(paths, MESSAGES_COLUMN if rows_chat else prompt_column)), rows_chat
+    return tuple(inspect_inputs(paths, MESSAGES_COLUMN if rows_chat else prompt_column, score)), rows_chat
 
 
 def check_chat_template(tokenizer, model: Path) -> None:
@@ -207,7 +217,7 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
         "model": str(config.model),
         "input_files": [file_identity(f.path) for f in files],
         "prompt_column": config.prompt_column,
-        "params": dataclasses.asdict(config.params),
+        "params": _params_record(config.params),
         "dtype": config.dtype,
         "truncate": config.truncate,
         "compress_weight": config.pinned("compress_weight"),
@@ -215,6 +225,16 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
         **({"weight_format": config.pinned("weight_format")} if config.pinned("weight_format") != "int4" else {}),
         # kernels other than native may change bf16 outputs; native adds nothing, so older hashes still match
         **({"backend": config.backend} if config.backend != DEFAULT_BACKEND else {}),
+        **({"score": True} if config.score else {}),
         **({"chat": True} if chat else {}),  # likewise: plain-prompt jobs keep their hashes
         **({"format": files[0].format} if files and files[0].format != "parquet" else {}),
     }
+
+
+def _params_record(params: SamplingParams) -> dict:
+    """The decoding options as hashed: prompt_logprobs only when set, so that jobs made before it keep their
+    hashes (and resume)."""
+    record = dataclasses.asdict(params)
+    if not record.get("prompt_logprobs"):
+        record.pop("prompt_logprobs", None)
+    return record

@@ -20,7 +20,9 @@ from pipeline.errors import InputError
 from pipeline.input.openai_batch import line_completions, read_batch_shard
 from pipeline.input.parquet import output_table, write_part_atomic
 from pipeline.input.requests import build_requests, row_ids
+from pipeline.input.scoring import CONTINUATION_COLUMN, score_columns, scored, scoring_items
 from pipeline.input.shards import Shard, read_shard
+from pipeline.input.utf8 import column_values
 from pipeline.job import JobSetup
 from pipeline.output.openai_batch import choices_by_line, jsonl_bytes, output_lines
 from pipeline.plan.host import EngineHost
@@ -119,9 +121,17 @@ class ShardWorker:
         items = build_requests(table, ids, config.prompt_column, config.params, chat=self.job.chat)
         if self.job.sample is not None:  # the rows the driver sampled are tokenized already
             items = self.job.sample.with_ids(items, shard)
+        if config.score:  # prompt ids + continuation ids (pipeline/input/scoring.py)
+            continuations = (column_values(table, CONTINUATION_COLUMN) if CONTINUATION_COLUMN in table.column_names
+                             else None)
+            items, lengths = scoring_items(items, continuations, self.engine.tokenizer, self.job.spec.vocab_size)
         completions, seconds = self._complete(items, shard)
         check_one_per_row(completions, ids)
-        out = output_table(table, completions, ids, config.params.logprobs)
+        scores = None
+        if config.score:
+            completions = [scored(c, n) for c, n in zip(completions, lengths)]
+            scores = score_columns(completions, lengths)
+        out = output_table(table, completions, ids, config.params.logprobs, scores)
         return write_part_atomic(out, self.job.output.folder, shard.part_name), [[c] for c in completions], seconds
 
     def _batch_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:

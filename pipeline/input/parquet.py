@@ -15,6 +15,7 @@ import pyarrow as pa
 from engine.request import Completion
 from pipeline.errors import InputError
 from pipeline.input.ids import ID_COLUMN, check_unique_ids
+from pipeline.input.scoring import CONTINUATION_COLUMN, SCORE_COLUMNS
 from pipeline.storage import Folder, is_uri, list_parquet, open_parquet, stem
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ FORMAT_CHOICES = ("auto", "parquet", "openai")  # openai: OpenAI Batch JSONL (pi
 SUFFIXES = {"parquet": ".parquet", "openai": ".jsonl"}
 # Columns the job appends; an input that already has one of them would be silently clobbered.
 OUTPUT_COLUMNS = ("completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs",
-                  "token_ids")
+                  "token_ids", *SCORE_COLUMNS)
 _GLOB_CHARS = ("*", "?", "[")
 
 
@@ -98,9 +99,10 @@ def _sorts_before(a: str, b: str) -> bool:
     return a < b and not b.startswith(a)
 
 
-def inspect_inputs(paths: Sequence[Path], prompt_column: str) -> list[InputFile]:
+def inspect_inputs(paths: Sequence[Path], prompt_column: str, score: bool = False) -> list[InputFile]:
     """Read each file's footer and check it has the prompt column (`messages` for chat rows), no output column and
-    no column name twice; then read the `id` columns (no other data) and check that no two rows share an id."""
+    no column name twice (and, for a scoring job, that a `continuation` column holds strings); then read the `id`
+    columns (no other data) and check that no two rows share an id."""
     files = []
     for path, name in zip(paths, part_names(paths)):
         schema, num_rows = read_footer(path)
@@ -117,6 +119,9 @@ def inspect_inputs(paths: Sequence[Path], prompt_column: str) -> list[InputFile]
         if prompt_column != MESSAGES_COLUMN and not _holds_text(kind):
             raise InputError(f"{path}: prompt column {prompt_column!r} holds {kind}, not strings; cast it to string "
                              f"or pass --prompt-column with the column of prompts")
+        if score and CONTINUATION_COLUMN in columns and not _holds_text(schema.field(CONTINUATION_COLUMN).type):
+            raise InputError(f"{path}: column {CONTINUATION_COLUMN!r} holds {schema.field(CONTINUATION_COLUMN).type}, "
+                             "not strings; cast it to string (null where a row scores its prompt alone)")
         clash = [c for c in OUTPUT_COLUMNS if c in columns]
         if clash:
             raise InputError(f"{path}: input columns {clash} would be overwritten by the output; rename or drop them")
@@ -158,9 +163,11 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def output_table(table: pa.Table, completions: Sequence[Completion], ids: Sequence[str], logprobs: bool) -> pa.Table:
-    """The input table plus the completion columns, row for row. The `id` column holds `ids` as strings: it
-    replaces an input `id` column in place (filling its nulls with made ids) or becomes the first column."""
+def output_table(table: pa.Table, completions: Sequence[Completion], ids: Sequence[str], logprobs: bool,
+                 scores: dict[str, pa.Array] | None = None) -> pa.Table:
+    """The input table plus the completion columns, row for row, and `scores` (a scoring job's columns,
+    pipeline/input/scoring.py) after them. The `id` column holds `ids` as strings: it replaces an input `id`
+    column in place (filling its nulls with made ids) or becomes the first column."""
     if not len(completions) == len(ids) == table.num_rows:
         raise RuntimeError(f"{len(completions)} completions and {len(ids)} ids for {table.num_rows} input rows")
     id_array = pa.array(ids, pa.string())
@@ -179,6 +186,7 @@ def output_table(table: pa.Table, completions: Sequence[Completion], ids: Sequen
         columns["logprobs"] = pa.array([c.logprobs for c in completions], pa.list_(pa.float32()))
         columns["token_ids"] = pa.array([c.token_ids if c.logprobs is not None else None for c in completions],
                                         pa.list_(pa.int32()))
+    columns.update(scores or {})
     for name, values in columns.items():
         out = out.append_column(name, values)
     return out
