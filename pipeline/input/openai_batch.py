@@ -6,7 +6,11 @@ UTF-8, not JSON, an unknown url or body field) never stops the job. Lines are re
 one, so that bytes that are not UTF-8 fail their line alone (never replaced silently); a UTF-8 byte order mark
 before the first line is skipped. A file in which two lines share a `custom_id` is refused before any model loads,
 as OpenAI's Batch API refuses it: the output lines could not be told apart. Body fields that are absent take the
-job's options (`--max-new-tokens`, `--temperature`, ...), not OpenAI's defaults."""
+job's options (`--max-new-tokens`, `--temperature`, ...), not OpenAI's defaults.
+
+A completions line with `echo: true` gets its prompt back before its text; with `logprobs: 0` too, the prompt's
+tokens are scored (engine `prompt_logprobs`), and `max_tokens: 0` scores without generating (the engine is asked
+for one token, which is dropped: pipeline/output/openai_batch.py), as OpenAI's legacy completions did."""
 
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ COMPLETIONS_URL = "/v1/completions"
 LINE_FIELDS = ("custom_id", "method", "url", "body")
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "logprobs", "user")
 BODY_FIELDS = {CHAT_URL: ("messages", "max_completion_tokens", "top_logprobs", *_COMMON),
-               COMPLETIONS_URL: ("prompt", *_COMMON)}
+               COMPLETIONS_URL: ("prompt", "echo", *_COMMON)}
 # accepted only at the value that changes nothing; any other value is refused rather than silently ignored
 NEUTRAL_FIELDS = {"stream": False, "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "echo": False,
                   "best_of": 1, "suffix": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None,
@@ -51,6 +55,8 @@ class BatchLine:
     model: str | None = None
     requests: list[Request] = field(default_factory=list)
     error: dict | None = None  # {"code", "message"}
+    echo: bool = False  # completions' echo: the prompt comes back before the text (and its scores with logprobs)
+    score_only: bool = False  # max_tokens 0 with echo: nothing generated (the engine's one token is dropped)
 
     def fail(self, code: str, message: str) -> BatchLine:
         self.requests, self.error = [], {"code": code, "message": message}
@@ -178,6 +184,7 @@ def parse_line(text: str | NotUtf8, row: int, stem: str, defaults: SamplingParam
         params = body_params(body, out.url, defaults)
     except InvalidParamsError as e:
         return out.fail("invalid_value", str(e))
+    out.echo, out.score_only = body.get("echo") is True, _score_only(body)
     n = body.get("n", 1)
     seeds = _choice_seeds(body.get("seed"), defaults.seed, out.custom_id, n)
     prompt = {"prompt": "", "messages": tuple(body["messages"])} if out.url == CHAT_URL else _prompt_fields(body["prompt"])
@@ -232,8 +239,15 @@ def body_params(body: dict, url: str, defaults: SamplingParams) -> SamplingParam
             raise InvalidParamsError(f"max_tokens={limit} and max_completion_tokens={body['max_completion_tokens']}"
                                      " disagree; give one of them")
         limit = body["max_completion_tokens"]
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise InvalidParamsError(f"echo={echo!r} is invalid: use true or false")
+    if _score_only(body) and not echo:
+        raise InvalidParamsError("max_tokens=0 asks for no new tokens (max_new_tokens=0), which only a scoring "
+                                 "request does: add echo: true (and logprobs: 0 for the prompt's scores), or give "
+                                 "max_tokens >= 1")
     if limit is not None:
-        changes["max_new_tokens"] = limit
+        changes["max_new_tokens"] = 1 if _score_only(body) else limit
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
             changes[name] = body[name]
@@ -243,6 +257,8 @@ def body_params(body: dict, url: str, defaults: SamplingParams) -> SamplingParam
         if not isinstance(changes["stop"], (list, tuple)) or len(changes["stop"]) > 4:
             raise InvalidParamsError(f"stop={stop!r} is invalid: give a string or a list of up to 4 strings")
     changes["logprobs"] = _wants_logprobs(body, url)
+    if echo and changes["logprobs"]:  # the prompt's tokens are scored in its prefill
+        changes["prompt_logprobs"] = True
     n = body.get("n", 1)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
         raise InvalidParamsError(f"n={n!r} is invalid: give a number of choices from 1 to {MAX_CHOICES}")
@@ -250,6 +266,12 @@ def body_params(body: dict, url: str, defaults: SamplingParams) -> SamplingParam
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise InvalidParamsError(f"seed={seed!r} is invalid: use a non-negative integer")
     return dataclasses.replace(defaults, **changes)
+
+
+def _score_only(body: dict) -> bool:
+    """`max_tokens: 0`: nothing is generated (with `echo`, the prompt is scored)."""
+    limit = body.get("max_tokens")
+    return limit == 0 and not isinstance(limit, bool)
 
 
 def _wants_logprobs(body: dict, url: str) -> bool:

@@ -2,7 +2,11 @@
 line and in input order, the body a `chat.completion` or `text_completion` object with one choice per `n`.
 
 A line that could not run has `response: null` and `error: {code, message}`; ids are derived from the job's
-config hash and the line, so a resumed job writes the same ids for the same lines."""
+config hash and the line, so a resumed job writes the same ids for the same lines.
+
+A completions line with `echo: true` has its prompt before the text; with `logprobs` its `tokens` and
+`token_logprobs` start with the prompt's tokens, the first one's log-probability `null` (it has no context), as
+OpenAI's legacy completions wrote them. A `max_tokens: 0` line's choices hold no generated token."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import time
 
 from engine.request import Completion
 from pipeline.input.openai_batch import CHAT_URL, BatchLine
+from pipeline.input.scoring import scored
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # OpenAI's names for the engine's finish reasons
 
@@ -21,7 +26,8 @@ def choices_by_line(lines: list[BatchLine], completions: list[Completion]) -> li
     out, at = [], 0
     for line in lines:
         count = len(line.requests) or 1
-        out.append(completions[at : at + count])
+        choices = completions[at : at + count]
+        out.append([scored(c, 0) for c in choices] if line.score_only else choices)
         at += count
     if at != len(completions):
         raise RuntimeError(f"{len(completions)} completions for {at} choices of {len(lines)} lines")
@@ -48,7 +54,7 @@ def output_line(line: BatchLine, choices: list[Completion], tokenizer, model: st
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
-        "choices": [_choice(k, c, chat, tokenizer) for k, c in enumerate(choices)],
+        "choices": [_choice(k, c, line, tokenizer) for k, c in enumerate(choices)],
         "usage": {"prompt_tokens": choices[0].prompt_tokens,
                   "completion_tokens": sum(c.completion_tokens for c in choices),
                   "total_tokens": choices[0].prompt_tokens + sum(c.completion_tokens for c in choices)},
@@ -57,12 +63,25 @@ def output_line(line: BatchLine, choices: list[Completion], tokenizer, model: st
             "response": {"status_code": 200, "request_id": f"req_{tag}", "body": body}, "error": None}
 
 
-def _choice(index: int, c: Completion, chat: bool, tokenizer) -> dict:
+def _choice(index: int, c: Completion, line: BatchLine, tokenizer) -> dict:
     finish = FINISH[c.finish_reason]
-    if chat:
+    if line.url == CHAT_URL:
         return {"index": index, "message": {"role": "assistant", "content": c.text, "refusal": None},
                 "logprobs": _chat_logprobs(c, tokenizer), "finish_reason": finish}
+    if line.echo:
+        text, ids = _echoed(line, c, tokenizer)
+        return {"index": index, "text": text + c.text, "logprobs": _echo_logprobs(c, ids, tokenizer),
+                "finish_reason": finish}
     return {"index": index, "text": c.text, "logprobs": _completion_logprobs(c, tokenizer), "finish_reason": finish}
+
+
+def _echoed(line: BatchLine, c: Completion, tokenizer) -> tuple[str, list[int]]:
+    """The prompt as echoed and the ids the engine ran (its last `prompt_tokens`, after --truncate left): the
+    prompt's own text where nothing was cut, else those ids decoded."""
+    request = line.requests[0]
+    ids = list(request.prompt_ids) if request.prompt_ids is not None else tokenizer(request.prompt)["input_ids"]
+    kept = ids[len(ids) - c.prompt_tokens :]
+    return (request.prompt if request.prompt and len(kept) == len(ids) else tokenizer.decode(kept)), kept
 
 
 def _scored(c: Completion, tokenizer) -> list[tuple[str, float]]:
@@ -83,7 +102,19 @@ def _chat_logprobs(c: Completion, tokenizer) -> dict | None:
 def _completion_logprobs(c: Completion, tokenizer) -> dict | None:
     if c.logprobs is None:
         return None
-    scored = _scored(c, tokenizer)
+    return _logprobs_object(_scored(c, tokenizer))
+
+
+def _echo_logprobs(c: Completion, prompt_ids: list[int], tokenizer) -> dict | None:
+    """The prompt's tokens (the first with a null log-probability) and then the generated ones."""
+    if c.prompt_logprobs is None:
+        return None
+    prompt = [tokenizer.decode([t]) for t in prompt_ids]
+    lps = [None, *(float(lp) for lp in c.prompt_logprobs)]
+    return _logprobs_object(list(zip(prompt, lps)) + _scored(c, tokenizer))
+
+
+def _logprobs_object(scored: list[tuple[str, float | None]]) -> dict:
     offsets, at = [], 0
     for t, _ in scored:
         offsets.append(at)
