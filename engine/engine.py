@@ -160,9 +160,11 @@ class Engine:
         """Refuse, before any work, a workload whose largest block does not fit a tier's budget."""
         for block, waiting in blocks:
             rows = [row for _, row in block]
-            S = max(len(r.prompt_ids) for r in rows)
-            T = executor.total_slots(rows + [row for _, row in waiting])
-            need = executor.block_bytes(len(rows), S, T)
+            everyone = rows + [row for _, row in waiting]
+            P = executor.shared_tokens(everyone)
+            S = max(len(r.prompt_ids) for r in rows) - P
+            T = executor.total_slots(everyone) - P
+            need = executor.block_bytes(len(rows), S, T, shared=P)
             staging = self.weights.staging_bytes()  # two layers staged on the GPU away from their tier
             need["gpu"] += staging
             for tier, nbytes in need.items():

@@ -22,7 +22,8 @@ FRACTION_NAMES = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu
 class Policy:
     """Fractions on `gpu` and `cpu`; the rest of each kind lives on `disk`. For a phase on `split`, layers
     below `*_split_layer` run on the CPU and the others on the GPU. With `refill`, a finished row's slot takes
-    the next waiting row (engine/loop/refill.py) instead of idling until its block ends."""
+    the next waiting row (engine/loop/refill.py) instead of idling until its block ends. With `share_prefix`, the
+    leading tokens every row of a block shares are computed and cached once (engine/loop/shared_prefix.py)."""
 
     gbs: int = DEFAULT_GBS
     num_gb: int = DEFAULT_NUM_GB
@@ -41,6 +42,7 @@ class Policy:
     prefill_split_layer: int = 0
     decode_split_layer: int = 0
     refill: bool = False
+    share_prefix: bool = True
     weight_disk: float = field(init=False)
     cache_disk: float = field(init=False)
     act_disk: float = field(init=False)

@@ -46,7 +46,7 @@ class ChunkBuffers:
         self.scratch = self._grow(self.scratch, n, torch.uint8, device)
 
 
-def _chunk_t(x: CacheTensor, t0: int, t1: int, buf: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+def chunk_t(x: CacheTensor, t0: int, t1: int, buf: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
     """Slots [t0, t1) of a cache [B, KVH, T, D] -> float32 X^T [B, KVH, D, t1 - t0] (in buf, or a view of x)."""
     if isinstance(x, QTensor):
         xt = dequantize_transposed(x.row_slice(t0, t1), out=buf, scratch=scratch)  # [B, KVH, Dp, Tc]
@@ -57,7 +57,7 @@ def _chunk_t(x: CacheTensor, t0: int, t1: int, buf: torch.Tensor, scratch: torch
     return chunk.mT  # [B, KVH, D, Tc]
 
 
-def _fold_chunk(state, qg, kt, vt, allowed):
+def fold_chunk(state, qg, kt, vt, allowed):
     """One online-softmax step. qg [B, KVH, g, D] (scaled), kt/vt [B, KVH, D, Tc], allowed [B, 1, 1, Tc]."""
     run_max, denom, o = state  # [B, KVH, g, 1], [B, KVH, g, 1], [B, KVH, g, D]
     a = torch.matmul(qg, kt)  # [B, KVH, g, Tc]
@@ -89,9 +89,9 @@ def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torc
     buffers.reserve(B * KVH * d_pad * min(chunk, T), q.device)
     for t0 in range(0, T, chunk):
         t1 = min(t0 + chunk, T)
-        kt = _chunk_t(k, t0, t1, buffers.k, buffers.scratch)
-        vt = _chunk_t(v, t0, t1, buffers.v, buffers.scratch)
-        state = _fold_chunk(state, qg, kt, vt, mask[..., t0:t1])
+        kt = chunk_t(k, t0, t1, buffers.k, buffers.scratch)
+        vt = chunk_t(v, t0, t1, buffers.v, buffers.scratch)
+        state = fold_chunk(state, qg, kt, vt, mask[..., t0:t1])
     _, denom, o = state
     return (o / denom).reshape(B, NH, 1, D).to(q.dtype)
 

@@ -3,9 +3,9 @@
 A GPU batch shares one cache cursor: every live row writes the same slot at each decode step. A refilled row's
 prompt is placed so that it ends at the slot the ongoing rows write at that step; its prefill runs in the same
 layer pass as their decode (each layer's weights are loaded once for both), after the decode, so that its K/V
-overwrite what the freed slot's decode wrote there. Its positions start at 0 and its mask covers only its own
-slots, so it computes what it would have computed alone. When the cursor runs out of slots, the cache is shifted
-left past the slots no live row can see any more."""
+overwrite what the freed slot's decode wrote there. Its positions start at 0 (after the block's shared prefix,
+where it has one) and its mask covers only its own slots, so it computes what it would have computed alone.
+When the cursor runs out of slots, the cache is shifted left past the slots no live row can see any more."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.kernels.attention import attend, prefill_mask
+from engine.kernels.shared_attention import shared_prefix_attention
 from engine.loop.row_state import RowState
 from engine.models import StepContext
 
@@ -22,7 +23,8 @@ SCAN = 4  # waiting rows examined per free slot when the next ones do not fit th
 
 class RefillKV:
     """The cache a refill prefill sees: its new K/V go into the batch's rows `rows` at slot `start`; attention
-    runs over the new K/V (a prefill's keys are all its own), as for a batch's first prefill."""
+    runs over the new K/V (a prefill's keys are all its own), as for a batch's first prefill, and over the
+    block's shared prefix where it has one."""
 
     def __init__(self, kv, rows: list[int], attention=None):
         self.kv, self.rows, self.attention = kv, rows, attention or attend
@@ -31,19 +33,22 @@ class RefillKV:
                phase: str):
         assert phase == "prefill", phase  # a refill's pass is its rows' prefill, whatever the batch's phase
         self.kv.store_rows(layer, k_new, v_new, start, self.rows, device)
+        if self.kv.prefix is not None:
+            return shared_prefix_attention(q, k_new, v_new, mask, self.kv.prefix.kv(layer, device), scale)
         return self.attention(q, k_new, v_new, mask, scale)
 
 
 @dataclass
 class Refill:
-    """Rows entering GPU batch slots `slots` at one step; their prompts, left-padded to a common length, end
-    at cache slot `end`. During that step their prefill's hidden states [R, L, H] are `hidden`, on compute device
+    """Rows entering GPU batch slots `slots` at one step; their own tokens (after the block's shared prefix),
+    left-padded to a common length, end at cache slot `end`. During that step their prefill's hidden states [R, L, H] are `hidden`, on compute device
     `where`, and `contexts` holds their prefill context on each compute device the step uses (both set when
     the step begins, by `begin`)."""
 
     slots: list[int]
     rows: list[RowState]
     end: int
+    shared: int = 0  # the block's shared prefix tokens: the rows' positions start after them
     hidden: torch.Tensor | None = None
     where: str = "cpu"
     contexts: dict[str, StepContext] = field(default_factory=dict)
@@ -59,7 +64,7 @@ class Refill:
 
     @property
     def lengths(self) -> list[int]:
-        return [len(r.prompt_ids) for r in self.rows]
+        return [len(r.own_ids) for r in self.rows]
 
     def inputs(self, pad: int, window: int | None, kv, attention) -> tuple[torch.Tensor, StepContext]:
         """Input ids [R, L] and the prefill context of the refill rows."""
@@ -67,10 +72,10 @@ class Refill:
         ids = torch.full((len(self.rows), L), pad, dtype=torch.long)
         valid = torch.zeros((len(self.rows), L), dtype=torch.bool)
         for i, r in enumerate(self.rows):
-            n = len(r.prompt_ids)
-            ids[i, L - n :] = torch.tensor(r.prompt_ids)
+            n = len(r.own_ids)
+            ids[i, L - n :] = torch.tensor(r.own_ids)
             valid[i, L - n :] = True
-        positions = (valid.cumsum(-1) - 1).clamp(min=0)
+        positions = (valid.cumsum(-1) - 1).clamp(min=0) + self.shared
         ctx = StepContext(positions, prefill_mask(valid, window), self.end - L + 1, RefillKV(kv, self.slots, attention),
                           phase="prefill")
         return ids, ctx
@@ -81,7 +86,7 @@ def fits(row: RowState, next_slot: int, shift: tuple[int, int], total: int) -> t
     shifts already allowed: the prompt must end at next_slot - m (so it needs next_slot - m + 1 >= its length)
     and its last fed token must land before `total` (next_slot - m + max_new_tokens <= total)."""
     lo = max(shift[0], next_slot + row.req.params.max_new_tokens - total)
-    hi = min(shift[1], next_slot + 1 - len(row.prompt_ids))
+    hi = min(shift[1], next_slot + 1 - len(row.own_ids))
     return (lo, hi) if lo <= hi else None
 
 

@@ -11,6 +11,7 @@ class RowState:
     def __init__(self, req: Request, prompt_ids: list[int], eos_ids: tuple[int, ...]):
         self.req = req
         self.prompt_ids = prompt_ids
+        self.shared = 0  # leading prompt tokens its block computes once for all its rows (engine/loop/shared_prefix.py)
         self.eos_ids = eos_ids
         self.generator = make_generator(req.params)
         self.tokens: list[int] = []
@@ -20,6 +21,11 @@ class RowState:
         self.stops: StopScanner | None = None
         self.prompt_logprobs: list[float] | None = None  # with params.prompt_logprobs, set by the prefill
         self.prompt_greedy: list[bool] | None = None
+
+    @property
+    def own_ids(self) -> list[int]:
+        """The prompt's tokens after the block's shared prefix: what the row's own cache holds."""
+        return self.prompt_ids[self.shared :]
 
     @property
     def done(self) -> bool:

@@ -16,6 +16,7 @@ from engine.loop.prompt_scores import prompt_scores
 from engine.loop.refill import Refill, choose_refill
 from engine.loop.row_state import RowState
 from engine.loop.sampling import chosen_logprobs, next_tokens
+from engine.loop.shared_prefix import SharedPrefix, shared_length
 from engine.memory.disk_kv import DirectKVCache
 from engine.memory.kv_cache import KVCache
 from engine.memory.placement import PlacedActivations, PlacedKV, alloc, row_segments
@@ -30,22 +31,23 @@ DROP_SHARE = 0.125  # finished rows leave a GPU batch once they are this share o
 
 
 class GpuBatch:
-    """One GPU batch of a block: its rows (left-padded to the block's prompt length S), its KV cache (T slots)
-    and activations (made for it by the executor, by the policy's placement), the last cache slot written (-1
-    before prefill), each row's next position, the tokens chosen at the previous step and the rows that enter
-    at the next step (refill)."""
+    """One GPU batch of a block: its rows (their own tokens, after the block's `shared` prefix tokens, left-padded
+    to length S), its KV cache (T slots) and activations (made for it by the executor, by the policy's
+    placement), the last cache slot written (-1 before prefill), each row's next position, the tokens chosen at
+    the previous step and the rows that enter at the next step (refill)."""
 
-    def __init__(self, rows: list[RowState], S: int, T: int, pad: int, kv: PlacedKV, acts: PlacedActivations):
-        self.rows, self.S, self.T = rows, S, T
+    def __init__(self, rows: list[RowState], S: int, T: int, pad: int, kv: PlacedKV, acts: PlacedActivations,
+                 shared: int = 0):
+        self.rows, self.S, self.T, self.shared = rows, S, T, shared
         self.kv, self.acts = kv, acts
         B = len(rows)
         self.ids = torch.full((B, S), pad, dtype=torch.long)
         self.valid = torch.zeros((B, T), dtype=torch.bool)
         for b, r in enumerate(rows):
-            L = len(r.prompt_ids)
-            self.ids[b, S - L :] = torch.tensor(r.prompt_ids)
+            L = len(r.own_ids)
+            self.ids[b, S - L :] = torch.tensor(r.own_ids)
             self.valid[b, S - L : S] = True
-        self.next_pos = self.valid[:, :S].sum(-1, keepdim=True)  # after prefill: each row's prompt length
+        self.next_pos = self.valid[:, :S].sum(-1, keepdim=True) + shared  # after prefill: each prompt's length
         self.slot = -1
         self.last: torch.Tensor | None = None  # tokens chosen at the previous step [B]
         self.refill: Refill | None = None  # rows entering this step
@@ -63,7 +65,7 @@ class GpuBatch:
     def context(self, window: int | None) -> tuple[torch.Tensor, StepContext]:
         """Input ids and the (CPU) context of the next step over the batch's cache."""
         if self.slot < 0:
-            positions = (self.valid[:, : self.S].cumsum(-1) - 1).clamp(min=0)
+            positions = (self.valid[:, : self.S].cumsum(-1) - 1).clamp(min=0) + self.shared
             mask = prefill_mask(self.valid[:, : self.S], window)
             return self.ids, StepContext(positions, mask, 0, self.kv, phase="prefill")
         slot = self.slot + 1
@@ -80,7 +82,7 @@ class GpuBatch:
         live = [b for b, r in enumerate(self.rows) if not r.done]
         next_slot = self.slot + 1
         oldest = min((int(self.valid[b].nonzero()[0]) for b in live), default=next_slot)
-        longest = max((len(r.prompt_ids) for r in waiting[:1]), default=1)  # waiting rows: longest first
+        longest = max((len(r.own_ids) for r in waiting[:1]), default=1)  # waiting rows: longest first
         dead = min(oldest, next_slot + 1 - longest)  # leave room before the cursor for the next prompt
         if live and dead >= max(COMPACT_SLOTS, self.T // 4):  # decode attention reads every slot from 0
             self.shift(dead)
@@ -94,11 +96,11 @@ class GpuBatch:
         if shift:
             self.shift(shift)
         end = self.slot + 1
-        self.refill = Refill(free[: len(rows)], rows, end)
+        self.refill = Refill(free[: len(rows)], rows, end, self.shared)
         for b, r in zip(self.refill.slots, rows):
             self.rows[b] = r
             self.valid[b] = False
-            self.valid[b, end - len(r.prompt_ids) + 1 : end + 1] = True
+            self.valid[b, end - len(r.own_ids) + 1 : end + 1] = True
 
     def drop_finished(self) -> None:
         """Finished rows leave the batch (their KV rows and activations too), so that no step computes them
@@ -140,7 +142,7 @@ class GpuBatch:
             self.next_pos = self.next_pos + 1
         if self.refill is not None:
             for b, n in zip(self.refill.slots, self.refill.lengths):
-                self.next_pos[b] = n
+                self.next_pos[b] = self.shared + n
             self.refill = None
 
 
@@ -151,8 +153,11 @@ class BlockExecutor:
         self.loaded, self.policy = loaded, policy
         self.seconds = {"prefill": 0.0, "decode": 0.0}  # wall time of each phase's steps, over every block run
         # layer passes, rows computed over them, and refill work, likewise
-        self.counts = {"steps": 0, "row_steps": 0, "refilled_rows": 0, "shifts": 0}
+        # and the shared prefixes: their tokens (once per block) and the rows that used them
+        self.counts = {"steps": 0, "row_steps": 0, "refilled_rows": 0, "shifts": 0, "shared_tokens": 0,
+                       "shared_rows": 0}
         self._held: list[tuple[str, int]] = []  # (tier, bytes) reserved for the running block's buffers
+        self._prefix: SharedPrefix | None = None  # the running block's shared prefix
 
     def device(self, phase: str, layer: int) -> str:
         return "gpu" if self.policy.layer_on_gpu(phase, layer) else "cpu"
@@ -160,10 +165,16 @@ class BlockExecutor:
     def run_block(self, rows: list[RowState], waiting: list[RowState] | None = None) -> None:
         """Complete `rows` (one block); with `waiting`, finished rows' slots take rows from it (refill), which
         are popped as they enter."""
-        p, refill = self.policy, waiting is not None
-        S = max(len(r.prompt_ids) for r in rows)
-        T = self.total_slots(rows + (waiting or []))
+        p, refill, everyone, queued = self.policy, waiting is not None, rows + (waiting or []), len(waiting or [])
+        P = self.shared_tokens(everyone)
+        for r in everyone:
+            r.shared = P
+        S = max(len(r.prompt_ids) for r in rows) - P
+        T = self.total_slots(everyone) - P
         try:
+            if P:
+                self._prefix = self._make_prefix(rows[0].prompt_ids[:P],
+                                                 score=any(r.req.params.prompt_logprobs for r in everyone))
             batches = [self._batch(rows[i : i + p.gbs], S, T) for i in range(0, len(rows), p.gbs)]
             while True:
                 for b in batches if refill else ():
@@ -184,6 +195,32 @@ class BlockExecutor:
             for tier, nbytes in self._held:
                 self.loaded.devices.tiers[tier].release(nbytes)
             self._held.clear()
+            self._prefix = None
+        if P:
+            self.counts["shared_tokens"] += P
+            self.counts["shared_rows"] += len(rows) + queued - len(waiting or [])
+
+    def shared_tokens(self, rows: list[RowState]) -> int:
+        """Leading prompt tokens that `rows` (a block and the rows waiting to refill it) share and compute once
+        (engine/loop/shared_prefix.py); 0 when sharing is off, or where a sliding window would have rows' late
+        tokens stop seeing the first ones."""
+        window = self.loaded.spec.sliding_window
+        if not self.policy.share_prefix or (window is not None and self.total_slots(rows) > window):
+            return 0
+        return shared_length([r.prompt_ids for r in rows])
+
+    def _make_prefix(self, ids: list[int], score: bool) -> SharedPrefix:
+        """The block's shared prefix with its K/V buffers, on the tier that holds most of the KV cache (the disk
+        tier's rows attend on the CPU); `score`: its tokens are scored for rows that score their prompt."""
+        m, home = self.loaded, self._prefix_home()
+        make = self._alloc(home)
+        shape = (1, m.spec.num_kv_heads, len(ids), m.spec.head_dim)
+        k, v = ([make(shape, m.dtype) for _ in range(m.spec.num_layers)] for _ in range(2))
+        return SharedPrefix(ids, k, v, home, m.devices, score)
+
+    def _prefix_home(self) -> str:
+        p = self.policy
+        return "gpu" if p.cache_gpu >= p.cache_cpu + p.cache_disk else "cpu"
 
     def _batch(self, rows: list[RowState], S: int, T: int) -> GpuBatch:
         """A GPU batch of `rows` with its KV cache (T slots) and activation buffers (S positions), placed by the
@@ -193,7 +230,7 @@ class BlockExecutor:
         fractions = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
         acts = PlacedActivations.create(devices, fractions, (B, S, self.loaded.spec.hidden_size), ACT_DTYPE)
         self._held += [(tier, buf.numel() * buf.element_size()) for (tier, _), buf in zip(acts.segments, acts.buffers)]
-        return GpuBatch(rows, S, T, self.loaded.pad, kv, acts)
+        return GpuBatch(rows, S, T, self.loaded.pad, kv, acts, len(self._prefix or ()))
 
     def _refill(self, b: GpuBatch, waiting: list[RowState]) -> None:
         shifts = b.shifts
@@ -203,7 +240,8 @@ class BlockExecutor:
 
     @staticmethod
     def total_slots(rows: list[RowState]) -> int:
-        """Cache slots of a block: its longest prompt plus its largest max_new_tokens (refilled rows fit too)."""
+        """Cache slots of a block without sharing: its longest prompt plus its largest max_new_tokens (refilled
+        rows fit too); with a shared prefix, its tokens are not in the rows' caches."""
         return max(len(r.prompt_ids) for r in rows) + max(r.req.params.max_new_tokens for r in rows)
 
     def _alloc(self, tier: str):
@@ -229,7 +267,7 @@ class BlockExecutor:
                 make = m.kv_codec.cache if m.kv_codec else KVCache
                 cache = make(*shape, alloc=self._alloc(tier))
             segments.append((tier, rows, cache))
-        return PlacedKV(m.devices, segments, p.cpu_attention, m.kernels.prefill_attention)
+        return PlacedKV(m.devices, segments, p.cpu_attention, m.kernels.prefill_attention, self._prefix)
 
     def _step(self, live: list[GpuBatch], phase: str) -> None:
         """One generation step of every live GPU batch, layer by layer: each layer's weights are fetched once
@@ -238,15 +276,22 @@ class BlockExecutor:
         m, L = self.loaded, self.loaded.spec.num_layers
         on = [self.device(phase, j) for j in range(L)]  # each layer's compute device in this phase
         carry = len(live) == 1  # one GPU batch: its hidden states go straight to the next layer
+        prefix = self._prefix if self._prefix is not None and not self._prefix.computed else None
+        if prefix is not None:  # the block's first pass: its shared prefix computes first, at each layer
+            self._begin_prefix(prefix, set(on))
         contexts = [self._begin(b, set(on), carry) for b in live]
         for j, dev in enumerate(on):
             w = m.weights.get(j, dev)
             m.weights.prefetch(*((j + 1, on[j + 1]) if j + 1 < L else (0, self.device("decode", 0))))
+            if prefix is not None:
+                prefix.layer(m.model, w, j, dev)
             for b, ctx in zip(live, contexts):
                 b.acts.store(m.model.layer(w, b.acts.load(dev, carry=carry), ctx[dev], j), dev, carry=carry)
                 if b.refill is not None:
                     b.refill.layer(m.model, w, j, dev, m.devices)
             del w
+        if prefix is not None:
+            prefix.finish_pass(self._head, lambda h, where: m.devices.move(h, where, m.globals_on))
         for b in live:
             if phase == "prefill":
                 self._score_prompts(b.rows, lambda: b.acts.load(m.globals_on, carry=carry))  # noqa: B023
@@ -272,16 +317,26 @@ class BlockExecutor:
 
     def _score_prompts(self, rows: list[RowState], hidden) -> None:
         """The rows that asked for their prompt's log-probabilities get them from the prefill's last-layer hidden
-        states (`hidden()`: [B, S, H] on the head's device, each row's prompt left-padded to S), through the
-        same LM head as generation."""
+        states (`hidden()`: [B, S, H] on the head's device, each row's own tokens left-padded to S), through the
+        same LM head as generation; the shared prefix's part was scored once."""
         wanted = [b for b, r in enumerate(rows) if r.req.params.prompt_logprobs]
         if not wanted:
             return
         h = hidden()
         for b in wanted:
-            r = rows[b]
-            r.prompt_logprobs, r.prompt_greedy = prompt_scores(self._head, h[b, h.shape[1] - len(r.prompt_ids) :],
-                                                               r.prompt_ids)
+            r, own = rows[b], rows[b].own_ids
+            lp, greedy = prompt_scores(self._head, h[b, h.shape[1] - len(own) :], own)
+            if r.shared:
+                shared_lp, shared_greedy = self._prefix.scores_for(own[0])
+                lp, greedy = shared_lp + lp, shared_greedy + greedy
+            r.prompt_logprobs, r.prompt_greedy = lp, greedy
+
+    def _begin_prefix(self, prefix: SharedPrefix, devices: set[str]) -> None:
+        """Start the shared prefix's prefill: its embeddings, and its context on each compute device."""
+        g = self.loaded.globals_on
+        ids, ctx = prefix.inputs(self.loaded.spec.sliding_window)
+        contexts = self._contexts(self.loaded.model.begin_step(ctx), devices | {g})
+        prefix.begin(self._embed(ids, contexts[g]), g, contexts)
 
     def _embed(self, ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Token ids [B, S] (on the CPU) -> hidden states [B, S, H] on the embeddings' device (`ctx.device`)."""
@@ -308,12 +363,15 @@ class BlockExecutor:
                                device=dev)
         return out
 
-    def block_bytes(self, rows: int, S: int, T: int) -> dict[str, int]:
-        """Bytes a block of `rows` rows (prompt length S, total length T) needs per tier for its KV cache and
-        activations, plus the CPU staging of two layers read from disk (the one computing, the one prefetched)."""
+    def block_bytes(self, rows: int, S: int, T: int, shared: int = 0) -> dict[str, int]:
+        """Bytes a block of `rows` rows (prompt length S, total length T, after `shared` prefix tokens) needs per
+        tier for its KV cache and activations, plus the CPU staging of two layers read from disk (the one
+        computing, the one prefetched), plus the shared prefix's K/V (one row, uncompressed)."""
         spec, p, codec = self.loaded.spec, self.policy, self.loaded.kv_codec
         elem = torch.empty((), dtype=self.loaded.dtype).element_size()
         need = dict.fromkeys(("gpu", "cpu", "disk"), 0)
+        if shared:
+            need[self._prefix_home()] += 2 * spec.num_layers * spec.num_kv_heads * shared * spec.head_dim * elem
         for start in range(0, rows, p.gbs):
             B = min(p.gbs, rows - start)
             kv = {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}

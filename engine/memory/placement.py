@@ -17,6 +17,7 @@ import torch
 from engine.compression.int4 import QTensor
 from engine.kernels.attention import attend
 from engine.kernels.cpu_attention import attention
+from engine.kernels.shared_attention import shared_prefix_attention
 from engine.memory.offload import scratch_tensor
 from engine.memory.streams import synchronize
 from engine.memory.tiers import Devices
@@ -167,11 +168,12 @@ class PlacedKV:
     The compute device (where q and the new K/V are) and the phase are arguments of each call."""
 
     def __init__(self, devices: Devices, segments: list[tuple[str, slice, object]], cpu_attention: bool,
-                 prefill_attention=None):
+                 prefill_attention=None, prefix=None):
         self.devices = devices
         self.segments = segments
         self.cpu_attention = cpu_attention
         self.prefill_attention = prefill_attention  # a backend's kernel; None: the caches' own (SDPA)
+        self.prefix = prefix  # the block's shared prefix (engine/loop/shared_prefix.py), seen by every row
         self._queued: list = []  # prefill stores in flight: (event, [(cache slice, pinned staging)])
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None, *, device: str,
@@ -180,6 +182,8 @@ class PlacedKV:
         decode = phase == "decode"
         if decode and self._queued:  # prefill's queued stores land before the host reads the cache
             self._land(keep=0)
+        if self.prefix is not None:
+            return self._attend_with_prefix(layer, q, k_new, v_new, start, mask, scale, device, decode)
         if not decode and self.prefill_attention is not None:
             return self._prefill(layer, q, k_new, v_new, start, mask, scale, device)
         if len(self.segments) == 1 and self.segments[0][0] == device:
@@ -201,6 +205,28 @@ class PlacedKV:
             return mv(o, home, dev)
         k_all, v_all = cache.update(layer, k_home, v_home, start)
         return attention(q[rows], *self._fetch([k_all, v_all], home, dev), mask[rows], scale)
+
+    def _attend_with_prefix(self, layer, q, k_new, v_new, start, mask, scale, dev: str, decode: bool):
+        """Attention over the block's shared prefix and each row's own slots (engine/kernels/shared_attention.py).
+        A prefill stores its new K/V and attends over them on the compute device; a decode attends per segment
+        where `_attend_segment` would, the prefix's K/V brought there."""
+        shared = self.prefix.kv
+        if not decode:
+            for seg in self.segments:
+                self._store(seg, layer, k_new, v_new, start, dev)
+            return shared_prefix_attention(q, k_new, v_new, mask, shared(layer, dev), scale)
+        outs, mv = [], self.devices.move
+        for tier, rows, cache in self.segments:
+            home = "cpu" if tier == "disk" else tier
+            k_all, v_all = cache.update(layer, mv(k_new[rows], dev, home), mv(v_new[rows], dev, home), start)
+            if self.cpu_attention or home == dev:
+                o = shared_prefix_attention(mv(q[rows], dev, home), k_all, v_all, mv(mask[rows], dev, home),
+                                            shared(layer, home), scale)
+                outs.append(mv(o, home, dev))
+            else:
+                k_all, v_all = self._fetch([k_all, v_all], home, dev)
+                outs.append(shared_prefix_attention(q[rows], k_all, v_all, mask[rows], shared(layer, dev), scale))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _prefill(self, layer, q, k_new, v_new, start, mask, scale, dev: str):
         """Store each segment's new K/V rows on its tier, then attend over the new K/V on the compute device

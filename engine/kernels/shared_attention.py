@@ -1,0 +1,62 @@
+"""Attention over a prefix that every row of a block shares, plus each row's own cache (cascade attention, as in
+Hydragen): the shared keys are seen by every query, so the queries of all rows meet them in one matrix product
+per KV head instead of one small product per row, and the shared K/V exist once instead of once per row. The two
+parts are merged exactly by their log-sum-exp: the prefix's (max, sum of exponentials, weighted values) is the
+starting state of the online softmax that then folds in the row's own slots (engine/kernels/cpu_attention.py).
+
+Shapes: q [B, NH, S, D] (S = 1 at decode), the row's own K/V [B, KVH, T, D] (tensors or 4-bit QTensors) under
+mask [B, 1, S, T], the shared K/V [1, KVH, P, D], visible to every query. GQA: the g = NH / KVH query heads of a
+KV head and the S positions are one group of g * S query rows."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.compression.int4 import QTensor
+from engine.kernels.cpu_attention import ChunkBuffers, auto_chunk, chunk_t, fold_chunk
+
+SCORE_BYTES = 64 << 20  # float32 scores of the shared part computed at once (rows are taken in groups to fit)
+
+
+def shared_state(qg: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor):
+    """Online-softmax state of scaled queries qg [B, KVH, n, D] over the shared K/V [1, KVH, P, D]: running max
+    [B, KVH, n, 1], sum of exponentials [B, KVH, n, 1] and weighted values [B, KVH, n, D], float32. Every row's
+    queries of a KV head form one [B * n, D] x [D, P] product."""
+    B, KVH, n, D = qg.shape
+    kT, v = pk[0].float().mT, pv[0].float()  # [KVH, D, P], [KVH, P, D]
+    rows = max(1, SCORE_BYTES // (KVH * n * kT.shape[-1] * 4))
+    parts = []
+    for b0 in range(0, B, rows):
+        q = qg[b0 : b0 + rows]
+        r = q.shape[0]
+        a = torch.matmul(q.transpose(0, 1).reshape(KVH, r * n, D), kT)  # [KVH, r n, P]
+        m = a.amax(-1, keepdim=True)
+        p = a.sub_(m).exp_()
+        parts.append([x.view(KVH, r, n, -1).transpose(0, 1) for x in (m, p.sum(-1, keepdim=True), torch.matmul(p, v))])
+    return tuple(torch.cat(xs) if len(xs) > 1 else xs[0] for xs in zip(*parts))
+
+
+def shared_prefix_attention(q: torch.Tensor, k, v, mask: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor],
+                            scale: float | None = None, chunk: int | None = None) -> torch.Tensor:
+    """softmax over [shared keys ; the row's own keys (masked)] of scale * q k, times the values -> [B, NH, S, D]
+    in q's dtype. `shared` is (K, V) [1, KVH, P, D]; the own part is walked in chunks of slots (None: auto)."""
+    B, NH, S, D = q.shape
+    KVH, T = shared[0].shape[1], k.shape[2]
+    g = NH // KVH
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    qg = q.reshape(B, KVH, g * S, D).float() * scale  # query row j * S + s: head j of the group, position s
+    allowed = mask.unsqueeze(2).expand(B, 1, g, S, T).reshape(B, 1, g * S, T)
+    state = shared_state(qg, *shared)
+    buffers = ChunkBuffers()
+    d_pad = k.buffer_shape[-2] if isinstance(k, QTensor) else D
+    chunk = chunk or auto_chunk(B, KVH, d_pad)
+    buffers.reserve(B * KVH * d_pad * min(chunk, T), q.device)
+    for t0 in range(0, T, chunk):
+        t1 = min(t0 + chunk, T)
+        kt = chunk_t(k, t0, t1, buffers.k, buffers.scratch)
+        vt = chunk_t(v, t0, t1, buffers.v, buffers.scratch)
+        state = fold_chunk(state, qg, kt, vt, allowed[..., t0:t1])
+    _, denom, o = state
+    return (o / denom).reshape(B, NH, S, D).to(q.dtype)
