@@ -225,11 +225,11 @@ def kernel_batches(blk: Block, phase: str, device: str) -> list[bool]:
 
 
 def prefill_attention_s(blk: Block, device: str) -> float:
-    """Prefill attention over the new keys (masked, so all s^2 pairs): sum over batches of
-    4 * b * NH * D * s^2 / prefill_attention_rate(s)."""
+    """Prefill attention over the new keys (masked, so all s^2 pairs) and the shared prefix's p keys: sum over
+    batches of 4 * b * NH * D * s * (s + p) / prefill_attention_rate(s)."""
     spec, s, m = blk.hw.device(device), blk.work.prompt_len, blk.model
     rate = spec.prefill_attention_flop_per_s(s, m.head_dim)
-    return sum(4 * b * m.num_heads * m.head_dim * s * s / rate for b in blk.batches)
+    return sum(4 * b * m.num_heads * m.head_dim * s * (s + blk.work.shared_len) / rate for b in blk.batches)
 
 
 def decode_attention_s(blk: Block, device: str) -> Affine:

@@ -89,8 +89,10 @@ def kv_slot_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool) -> float
 
 
 def kv_block_bytes(model: ModelSpec, work: Workload, rows: int, compressed: bool) -> float:
-    """The KV cache of a block: rows * T * L * kv_slot_bytes, T = max prompt + gen (all slots preallocated)."""
-    return rows * work.total_len * model.num_layers * kv_slot_bytes(model, work.dtype_bytes, compressed)
+    """The KV cache of a block: rows * T * L * kv_slot_bytes, T = max prompt + gen (all slots preallocated), plus
+    the shared prefix's one uncompressed row: shared_len * L * kv_slot_bytes."""
+    shared = work.shared_len * model.num_layers * kv_slot_bytes(model, work.dtype_bytes, False)
+    return rows * work.total_len * model.num_layers * kv_slot_bytes(model, work.dtype_bytes, compressed) + shared
 
 
 def act_block_bytes(model: ModelSpec, work: Workload, rows: int) -> float:

@@ -24,7 +24,9 @@ class Workload:
     or EOS ends it; measured on the first blocks when known; gen_len when not given): without refill a block
     runs until its last row ends, with refill a finished row's slot takes the next row (engine/loop/refill.py).
     block_gen_len: the tokens a block runs for without refill, the mean of the rows' own max_new_tokens (the engine
-    groups rows by it, so a block runs about as long as its rows may)."""
+    groups rows by it, so a block runs about as long as its rows may). shared_len: leading tokens every row shares,
+    computed and cached once per block (engine/loop/shared_prefix.py); prompt_len and max_prompt_len then count each
+    row's own tokens after them."""
 
     prompt_len: int
     gen_len: int
@@ -33,6 +35,7 @@ class Workload:
     dtype: str = "bfloat16"
     expected_gen_len: float | None = None
     block_gen_len: float | None = None  # tokens a block runs for without refill (see below); gen_len when not given
+    shared_len: int = 0
 
     def __post_init__(self) -> None:
         for name in ("prompt_len", "gen_len", "num_prompts"):
@@ -54,6 +57,8 @@ class Workload:
             raise InvalidParamsError(f"block_gen_len={block!r} is invalid: expected a number in [expected_gen_len "
                                      f"= {expected:g}, gen_len = {self.gen_len}]")
         object.__setattr__(self, "block_gen_len", float(block))
+        if isinstance(self.shared_len, bool) or not isinstance(self.shared_len, int) or self.shared_len < 0:
+            raise InvalidParamsError(f"shared_len={self.shared_len!r} is invalid: expected an integer >= 0")
         if self.dtype not in DTYPE_BYTES:
             raise InvalidParamsError(f"dtype={self.dtype!r} is invalid: use one of {', '.join(DTYPE_BYTES)}")
 

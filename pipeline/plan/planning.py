@@ -46,16 +46,34 @@ def job_workload(job: JobSetup, num_prompts: int | None = None) -> Workload | No
                                 num_prompts or sum(f.num_rows for f in job.files))
 
 
-def workload_from_sample(sample: InputSample, spec: ModelSpec, dtype: str, num_prompts: int) -> Workload:
+def workload_from_sample(sample: InputSample, spec: ModelSpec, dtype: str, num_prompts: int,
+                         share_prefix: bool = True) -> Workload:
     """prompt_len: the TYPICAL_QUANTILE of the sampled token lengths; max_prompt_len: the longest sampled, both
     capped at what the context leaves after the longest generation; the sampled rows' own max_new_tokens and
-    stop give the generation lengths (`generation_lengths`); num_prompts: the job's rows, or a worker's share."""
+    stop give the generation lengths (`generation_lengths`); num_prompts: the job's rows, or a worker's share.
+    With `share_prefix`, the leading tokens the sampled prompts share are the workload's shared_len, and the
+    prompt lengths count what is left of each (the engine computes a shared prefix once per block)."""
     rows = list(sample.row_lengths)
     longest, expected = generation_lengths(rows, spec)
     work = workload_from_lengths(sample.prompt_lengths, spec, longest, dtype, num_prompts)
+    shared = shared_tokens(sample, spec, work.total_len) if share_prefix else 0
+    if shared:
+        own = [n - shared for n in sample.prompt_lengths if n]
+        work = dataclasses.replace(workload_from_lengths(own, spec, longest, dtype, num_prompts), shared_len=shared)
     expected = min(expected, work.gen_len)
     block = block_gen_length([min(m, work.gen_len) for m, _ in rows])
     return dataclasses.replace(work, expected_gen_len=expected, block_gen_len=max(expected, block))
+
+
+def shared_tokens(sample: InputSample, spec: ModelSpec, total_len: int) -> int:
+    """The leading tokens the sampled prompts share, as the engine finds them in a block
+    (`engine.loop.schedule.BlockExecutor.shared_tokens`): none where a sliding window would not cover a row."""
+    from engine.loop.shared_prefix import shared_length
+
+    prompts = [ids for ids in sample.prompt_ids.values() if ids]
+    if not prompts or (spec.sliding_window is not None and total_len > spec.sliding_window):
+        return 0
+    return shared_length(prompts)
 
 
 def generation_lengths(rows: list[tuple[int, bool]], spec: ModelSpec) -> tuple[int, float]:
