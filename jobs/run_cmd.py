@@ -110,6 +110,10 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
       flexbatch run --input choices.parquet --output out/ --score   # prompt + continuation log-probabilities
       flexbatch run --input 'data/*.parquet' --output out/ --workers 2 --shard-rows 512
       flexbatch run --address auto --input /shared/prompts/ --output /shared/out/   # join a Ray cluster
+
+    \b
+    lm-evaluation-harness tasks on the same engine, through lm-eval's own command line (docs/SCORING.md):
+      python -m flexbatch.lm_eval --model flexbatch --model_args pretrained=DIR --tasks TASKS
     """
     setup_logging()
     try:

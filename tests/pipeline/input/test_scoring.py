@@ -103,3 +103,20 @@ def test_the_ray_data_stage_scores_rows_as_a_job_does(checkpoint, policy):
         assert out["continuation_is_greedy"][i] == (all(greedy[-len(c_ids):]) if c_ids else None)
     with pytest.raises(ConfigError, match="score='on' is invalid"):
         Processor(model, score="on")
+
+
+def test_the_command_scores_with_score_and_says_so_in_its_help(tmp_path, checkpoint):
+    from click.testing import CliRunner
+
+    from jobs import cli
+
+    model = checkpoint(VARIANT)
+    path = write_parquet(tmp_path / "in.parquet", prompt=PROMPTS[:2], continuation=CONTS[:2])
+    result = CliRunner().invoke(cli.main, ["run", "--model", str(model), "--input", str(path), "--output",
+                                           str(tmp_path / "out"), "--score", "--no-ray", "--no-plan",
+                                           "--dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    out = pq.read_table(tmp_path / "out" / "in.parquet").to_pylist()
+    assert [r["completion"] for r in out] == ["", ""] and all(r["continuation_logprob"] < 0 for r in out)
+    text = " ".join(CliRunner().invoke(cli.main, ["run", "--help"]).output.split())
+    assert "--score" in text and "continuation_logprob" in text and "python -m flexbatch.lm_eval" in text
