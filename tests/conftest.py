@@ -94,6 +94,42 @@ def fixed_hardware_profile():
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session")
+def shared_ray():
+    """One Ray head for the session's tests that only need a cluster to run on (not those of how a local Ray
+    starts, stops or dies, which start their own): 2 CPUs on 127.0.0.1, token authentication with the token a
+    local Ray of flexbatch's would use (`secure_token_file`: Ray caches the token it reads once per process), and
+    its job server (tests/ray_cluster.py). Jobs join it by address: `ray_address` in-process, `--address
+    shared_ray.address` with `shared_ray.env` in a subprocess."""
+    from pipeline.execution.ray_runtime import secure_token_file
+    from tests.ray_cluster import start_head, stop_head
+
+    token_path = secure_token_file(create=True)
+    if token_path is None:  # the token comes from RAY_AUTH_TOKEN: `ray start` reads it from there too
+        token_path = Path(tempfile.mkdtemp(prefix="fb-token-")) / "token"
+        token_path.write_text(os.environ["RAY_AUTH_TOKEN"])
+        token_path.chmod(0o600)
+    head, sid = start_head(2, token_path)
+    yield head
+    stop_head(sid, head, grace_s=2.0)
+
+
+@pytest.fixture
+def ray_address(shared_ray, monkeypatch):
+    """The shared head's address, for a job that joins it from this process (RAY_AUTH_MODE=token set for the
+    test); this process leaves the cluster afterwards."""
+    from ray._raylet import AuthenticationMode, Config, get_authentication_mode
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if get_authentication_mode() != AuthenticationMode.TOKEN:
+        Config.initialize("")  # Ray reads the mode once per process: as its own local start does, read it again
+    yield shared_ray.address
+    import ray
+
+    ray.shutdown()
+
+
 # Tests that start a Ray cluster (or kill the processes of one): with `pytest -n 2` (the Makefile's) they run one
 # after another on one worker, never two clusters at once; the rest of the suite is spread over both workers.
 SERIAL = ("tests/pipeline/execution/", "tests/jobs/test_submit.py", "tests/jobs/helm/test_ray.py",

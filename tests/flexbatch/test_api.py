@@ -77,7 +77,7 @@ def test_a_planned_processor_plans_from_each_rows_own_lengths_and_measures_them(
 
 
 @pytest.mark.slow
-def test_ray_data_pipeline_equals_flexbatch_run(tmp_path, demo_model_dir, demo_prompts):
+def test_ray_data_pipeline_equals_flexbatch_run(tmp_path, demo_model_dir, demo_prompts, ray_address):
     """read_parquet -> map_batches(Processor) -> take_all gives what `flexbatch.run` writes (fp32, greedy)."""
     import ray
 
@@ -88,12 +88,9 @@ def test_ray_data_pipeline_equals_flexbatch_run(tmp_path, demo_model_dir, demo_p
     summary = flexbatch.run(demo_model_dir, str(tmp_path / "in"), tmp_path / "out", max_new_tokens=8,
                             dtype="float32", use_ray=False)
     expected = {r["id"]: r["completion"] for r in pq.read_table(summary.parts[0]).to_pylist()}
-    connect(None)
-    try:
-        ds = ray.data.read_parquet(str(tmp_path / "in"))
-        rows = ds.map_batches(**build_processor(demo_model_dir, concurrency=1, batch_size=6, max_new_tokens=8,
-                                                dtype="float32")).take_all()
-    finally:
-        ray.shutdown()
+    connect(ray_address)  # the suite's shared cluster; left by `ray_address`
+    ds = ray.data.read_parquet(str(tmp_path / "in"))
+    rows = ds.map_batches(**build_processor(demo_model_dir, concurrency=1, batch_size=6, max_new_tokens=8,
+                                            dtype="float32")).take_all()
     assert len(rows) == len(prompts) and all(r["error"] is None for r in rows)
     assert {str(r["id"]): r["generated_text"] for r in rows} == expected

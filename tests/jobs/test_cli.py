@@ -1,5 +1,4 @@
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,12 +128,13 @@ def test_run_prints_a_summary_and_refuses_another_job_unless_overwrite(tmp_path,
     assert invoke(*args, "--seed", "1", "--overwrite").exit_code == 4
 
 
-def test_python_m_jobs_run_end_to_end(tmp_path, tiny_llama_dir):
+def test_python_m_jobs_run_end_to_end(tmp_path, tiny_llama_dir, shared_ray):
     write_parquet(tmp_path / "in" / "a.parquet", prompt=["hello", "world"], id=["a", "b"])
     write_parquet(tmp_path / "in" / "b.parquet", prompt=["x"] * 3)
     command = [sys.executable, "-m", "jobs.run", "--model", str(tiny_llama_dir), "--input", str(tmp_path / "in"),
-               "--output", str(tmp_path / "out"), "--max-new-tokens", "3", "--logprobs", "--dtype", "float32"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+               "--output", str(tmp_path / "out"), "--max-new-tokens", "3", "--logprobs", "--dtype", "float32",
+               "--address", shared_ray.address]  # on Ray: the suite's shared cluster
+    env = {**shared_ray.env, "PYTHONPATH": str(REPO)}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "rows: 5 in 2 files, 0 with errors" in done.stdout

@@ -1,13 +1,9 @@
 """`flexbatch submit`: its options and errors (fast), and one job on a real Ray head with token auth (slow)."""
 
-import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,7 +18,6 @@ from jobs.submit import (
     load_runtime_env,
     submit_command,
 )
-from pipeline.execution.ray_watchdog import stop_processes
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "examples" / "prompts.parquet"
@@ -130,87 +125,8 @@ def test_follow_polls_on_where_a_broken_log_stream_stopped(monkeypatch, capsys):
     assert "polling" in out.err
 
 
-# ---- end to end: a Ray head on 127.0.0.1 with token auth, the demo job submitted and followed ----
-
-def _session_pids(sid: int) -> list[int]:
-    """Live processes of session `sid` (zombies, which are gone but not yet reaped, left out)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if os.getsid(int(entry.name)) == sid and state != "Z":
-                pids.append(int(entry.name))
-        except (OSError, IndexError):
-            continue
-    return pids
-
-
-def _job_driver_pids(temp: Path) -> list[int]:
-    """Processes working in a job's working_dir copy under `temp`: job drivers, which run in sessions of their
-    own (after a failed test they could outlive the head by a minute)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(temp):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
-def _stop_head(sid: int, temp: Path, grace_s: float = 5.0) -> None:
-    """SIGTERM the head's processes (its session) and any job driver left, then SIGKILL what is left after
-    `grace_s`. Not `ray stop`: that stops every Ray process of the machine, other test runs' too."""
-    def left():
-        return _session_pids(sid) + _job_driver_pids(temp)
-
-    stop_processes(left, grace_s)
-    assert not left(), f"Ray processes left: {left()}"
-
-
-def _wait_for_job_server(url: str, token: str, timeout_s: float = 60.0) -> None:
-    import requests
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{url}/api/jobs/", headers={"Authorization": f"Bearer {token}"}, timeout=2).ok:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"the Ray job server at {url} did not come up in {timeout_s} s")
-
-
-@pytest.fixture
-def ray_head():
-    """A Ray head (1 CPU) on 127.0.0.1 with token auth, its own temp dir, token file and free ports; stopped
-    afterwards. Yields (job server URL, environment a client needs)."""
-    temp = Path(tempfile.mkdtemp(prefix="fb-ray-", dir="/tmp"))  # short: Ray's socket paths have a length limit
-    token = secrets.token_hex(32)
-    (temp / "token").write_text(token)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(temp / "token"), OMP_NUM_THREADS="1",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")  # the job's `python`
-    dashboard_port = free_port()
-    start = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
-         f"--port={free_port()}", f"--dashboard-port={dashboard_port}", "--dashboard-host=127.0.0.1",
-         f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
-         "--num-cpus=1", "--object-store-memory=100000000", f"--temp-dir={temp / 'ray'}", "--disable-usage-stats"],
-        env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = start.communicate(timeout=90)
-        assert start.returncode == 0, out
-        url = f"http://127.0.0.1:{dashboard_port}"
-        _wait_for_job_server(url, token)
-        yield url, env
-    finally:
-        _stop_head(start.pid, temp)
-        shutil.rmtree(temp, ignore_errors=True)
-
+# ---- end to end: the suite's Ray head (tests/ray_cluster.py: 127.0.0.1, token auth), the demo job submitted
+# and followed ----
 
 def _submit(url: str, env: dict, cwd: Path, *run_args) -> subprocess.Popen:
     """`submit_command` in a fresh process (Ray reads RAY_AUTH_MODE once per process); communicate() waits."""
@@ -220,21 +136,23 @@ def _submit(url: str, env: dict, cwd: Path, *run_args) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_submitted_demo_job_writes_one_row_per_input_row(ray_head, tmp_path):
-    url, env = ray_head
+def test_submitted_demo_job_writes_one_row_per_input_row(shared_ray, tmp_path):
+    url, env = shared_ray.url, shared_ray.env
     out = tmp_path / "out"
     run_args = ["--input", "examples/prompts.parquet", "--output", out, "--max-new-tokens", "4", "--workers", "1"]
     no_mode = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
     wrong_token = {**env, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    refusals = [(_submit(url, no_mode, tmp_path, *run_args), "requires a token"),
-                (_submit(url, wrong_token, tmp_path, *run_args), "refused this machine's token")]
-    for process, fragment in refusals:
-        stdout, stderr = process.communicate(timeout=60)
-        assert process.returncode == 2, stdout + stderr
+    refused_args = [[*run_args[:3], tmp_path / f"refused{i}", *run_args[4:]] for i in range(2)]
+    # the job and the two clients without a valid token, at the same time (each client a Python of its own)
+    process = _submit(url, env, tmp_path, *run_args)
+    refusals = [(_submit(url, no_mode, tmp_path, *refused_args[0]), "requires a token"),
+                (_submit(url, wrong_token, tmp_path, *refused_args[1]), "refused this machine's token")]
+    for refused, fragment in refusals:
+        stdout, stderr = refused.communicate(timeout=60)
+        assert refused.returncode == 2, stdout + stderr
         assert stderr.count("flexbatch: error: ") == 1
         assert fragment in stderr and url in stderr and "RAY_AUTH_MODE=token" in stderr
 
-    process = _submit(url, env, tmp_path, *run_args)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stdout + stderr
     assert "submitted job raysubmit_" in stdout and "ray job logs raysubmit_" in stdout
@@ -246,3 +164,4 @@ def test_submitted_demo_job_writes_one_row_per_input_row(ray_head, tmp_path):
     ids = [i for part in parts for i in pq.read_table(part, columns=["id"]).column("id").to_pylist()]
     expected = pq.read_table(PROMPTS, columns=["id"]).column("id").to_pylist()
     assert sorted(ids) == sorted(expected) and len(ids) == len(set(ids))
+    assert not any((tmp_path / f"refused{i}").exists() for i in range(2))

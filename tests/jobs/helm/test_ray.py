@@ -1,8 +1,7 @@
-"""The job end to end on Ray: the bundled addition scenario through two engine actors, which the suite's next run
-(compare) takes over with their models loaded."""
+"""The job end to end on Ray (the suite's shared cluster): the bundled addition scenario through two engine actors,
+which the suite's next run (compare) takes over with their models loaded."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +14,15 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow
-def test_bundled_scenario_through_two_ray_actors(tmp_path):
+def test_bundled_scenario_through_two_ray_actors(tmp_path, shared_ray):
     spec = write_spec(tmp_path / "spec.yaml", [{"scenario": "addition", "adapter": DEMO_ADAPTER,
                                                 "metrics": ["exact_match", "quasi_exact_match"]},
                                                {"scenario": "compare", "adapter": DEMO_ADAPTER}])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**shared_ray.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "jobs.helm", "--spec", str(spec), "--suite", "ray", "--output", str(tmp_path / "out"),
-         "--workers", "2", "--max-eval-instances", "8"], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=120)
+         "--address", shared_ray.address, "--workers", "2", "--max-eval-instances", "8"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "out" / "runs" / "ray" / "addition:model=demo-model"
     info = read_json(run / "flexbatch.json")

@@ -79,9 +79,9 @@ def test_few_shot_prefix_is_seeded_and_holds_no_scored_row(tmp_path, demo_model_
     assert not any(line.startswith(q) for line in shots for q in queries)
 
 
-def _config(tmp_path, task, use_ray=False, workers=None, **kw):
+def _config(tmp_path, task, use_ray=False, workers=None, address=None, **kw):
     kw.setdefault("impute_column", "country" if task == "data_imputation" else None)
-    engine = EngineSettings(dtype="float32", use_ray=use_ray, workers=workers)
+    engine = EngineSettings(dtype="float32", use_ray=use_ray, workers=workers, address=address)
     return WrangleConfig(task=task, data=DATA / task, output=tmp_path / task, model=REPO / "examples" / "demo-model",
                          engine=engine, **kw)
 
@@ -124,13 +124,8 @@ def test_rerun_resumes_and_other_prompts_need_overwrite(tmp_path, demo_model_dir
 
 
 @pytest.mark.slow
-def test_job_on_ray_with_two_actors(tmp_path):
-    import ray
-
-    try:
-        result = run_wrangle(_config(tmp_path, "entity_matching", limit=8, use_ray=True, workers=2))
-    finally:
-        ray.shutdown()
+def test_job_on_ray_with_two_actors(tmp_path, ray_address):
+    result = run_wrangle(_config(tmp_path, "entity_matching", limit=8, use_ray=True, workers=2, address=ray_address))
     assert len(result.summary.workers) == 2 and result.summary.ok
     rows = pq.read_table(result.predictions).to_pylist()
     assert [r["id"] for r in rows] == [f"test:{i}" for i in range(8)]

@@ -57,9 +57,9 @@ def ray_shutdown():
     ray.shutdown()
 
 
-def test_two_actors_over_three_files_match_a_single_process_run(tmp_path, tiny_llama_dir, ray_shutdown):
+def test_two_actors_over_three_files_match_a_single_process_run(tmp_path, tiny_llama_dir, ray_address):
     ids = _inputs(tmp_path / "in")
-    summary = run_job(_config(tmp_path, tiny_llama_dir, workers=2, shard_rows=4))
+    summary = run_job(_config(tmp_path, tiny_llama_dir, address=ray_address, workers=2, shard_rows=4))
     assert summary.ok and len(summary.workers) == 2 and summary.shards == 6
     assert len({w["pid"] for w in summary.workers}) == 2
     # both engines are on this node: each keeps to half its room (below half of all its memory, whatever is free)
@@ -182,10 +182,10 @@ def test_a_two_node_cluster_gets_one_actor_per_node(tmp_path, tiny_llama_dir, ra
         cluster.shutdown()
 
 
-def test_a_user_error_in_an_actors_setup_reaches_the_driver_as_itself(tmp_path, tiny_llama_dir, ray_shutdown):
+def test_a_user_error_in_an_actors_setup_reaches_the_driver_as_itself(tmp_path, tiny_llama_dir, ray_address):
     from planner.errors import PlanInfeasible
 
     _inputs(tmp_path / "in", files=1, rows=2)
     with pytest.raises(PlanInfeasible, match="the cpu tier is short by") as caught:
-        run_job(_config(tmp_path, tiny_llama_dir, workers=1, budgets={"cpu": 1024.0}))
+        run_job(_config(tmp_path, tiny_llama_dir, address=ray_address, workers=1, budgets={"cpu": 1024.0}))
     assert caught.value.tier == "cpu"
