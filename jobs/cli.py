@@ -63,6 +63,7 @@ class _LazyGroup(click.Group):
                                   "pipeline": "jobs.bench.pipeline:pipeline_command",
                                   "gpu": "jobs.bench.gpu:gpu_command",
                                   "workloads": "jobs.bench.workloads:workloads_command",
+                                  "prefix": "jobs.bench.shared_prefix:prefix_command",
                                   "startup": "jobs.bench.startup:startup_command",
                                   "stops": "jobs.bench.stop_strings:stops_command"})
 def bench() -> None:
