@@ -1,6 +1,8 @@
-"""Adaptation by HELM's own adapters (`GenerationAdapter`, `MultipleChoiceJointAdapter`): instances become
-prompts (instructions, few-shot examples from the train split, the evaluated input) and HELM request states,
-fitted to the model's context by the deployment's window service (jobs/helm/fit.py).
+"""Adaptation by HELM's own adapters (`GenerationAdapter`, `MultipleChoiceJointAdapter`,
+`MultipleChoiceSeparateAdapter`, `MultipleChoiceCalibratedAdapter`, `LanguageModelingAdapter`): instances become
+prompts (instructions, few-shot examples from the train split, the evaluated input; for language modelling, the
+document cut into windows) and HELM request states, fitted to the model's context by the deployment's window
+service (jobs/helm/fit.py).
 
 flexbatch checks the instances first, so that a scenario HELM would adapt into useless requests (nothing to
 evaluate, few-shot examples asked of a scenario without any, a multiple-choice question without choices) is a
@@ -13,7 +15,7 @@ import dataclasses
 import random
 
 from jobs.helm.errors import SpecError
-from jobs.helm.fit import register_deployment
+from jobs.helm.fit import register_deployment, scoring_window
 from jobs.helm.helm_objects import kept_random_state, to_instance, to_json
 from jobs.helm.scenarios import CORRECT_TAG
 from jobs.helm.spec import AdapterSpec
@@ -34,6 +36,9 @@ def adapt(adapter: AdapterSpec, instances: list[dict], model: str, model_dir=Non
     service = register_deployment(adapter.model_deployment, model_dir)
     helm = AdapterFactory.get_adapter(adapter, service)
     train_instances, eval_instances = [to_instance(i) for i in train], [to_instance(i) for i in evals]
+    if adapter.method == "language_modeling":  # HELM's `adapt` of it maps `_generate_requests` over the documents
+        helm.window_service = scoring_window(adapter.model_deployment, helm.window_service)
+        return [to_json(rs) for inst in eval_instances for rs in helm._generate_requests(inst)]
     states = []
     # HELM's `adapt` does this loop too, but through `parallel_map`, which draws a progress bar and logs every
     # line of the first prompt
@@ -74,9 +79,9 @@ def _check(adapter: AdapterSpec, train: list[dict], evals: list[dict]) -> None:
         if right and not right[0]["output"]["text"]:
             raise SpecError(f"train instance {inst['id']!r}: its first correct reference is empty; HELM's few-shot "
                             "sampling stops at an empty answer: give it an answer or remove the instance")
-    if adapter.method == "multiple_choice_joint":
+    if adapter.method.startswith("multiple_choice"):
         for inst in evals:
             if len(inst["references"]) < 2:
                 raise SpecError(f"instance {inst['id']!r} has {len(inst['references'])} reference; "
-                                "multiple_choice_joint needs the choices (a choices column, or every option as a "
+                                f"{adapter.method} needs the choices (a choices column, or every option as a "
                                 "reference with the right ones tagged correct)")

@@ -59,12 +59,14 @@ def helm_batch_command(ctx, suite, helm_output, local_path, store, model, **engi
                        f"--suite {suite} --dry-run (ENTRY with model={name},model_deployment={name}), then this "
                        "command again")
             return
-        total, ran, summary = run_pending(helm_output, suite, store, model, engine)
+        total, ran, summaries = run_pending(helm_output, suite, store, model, engine)
     except FlexbatchError as e:
         fail(e)
     click.echo(f"suite {suite}: {total} distinct requests, {ran} computed now, {total - ran} already stored")
-    if summary is not None and not summary.ok:
+    failed = [s for s in summaries if not s.ok]
+    for summary in failed:
         click.echo(f"{len(summary.failed_shards)} shards failed every try (see {summary.output}); rerun to retry")
+    if failed:
         sys.exit(FAILED_RUNS_EXIT)
     click.echo(f"next: helm-run --run-entries ENTRY --suite {suite}, the same entries without --dry-run (HELM's "
                "metrics on these results)")

@@ -1,6 +1,9 @@
 """The stats of a run, as HELM's `BasicGenerationMetric` and `InstancesPerSplitMetric` write them to
 per_instance_stats.json and stats.json: each request state's stats by HELM's own code (jobs/helm/metrics.py),
-aggregated as HELM's `Metric.evaluate` aggregates them.
+aggregated as HELM's `Metric.evaluate` aggregates them. The scoring methods take HELM's metric of their run
+specs: `language_modeling` HELM's `LanguageModelingMetric` (per request state: one entry per document window, as
+HELM writes it), `multiple_choice_separate_*` HELM's `BasicReferenceMetric` (per instance and trial, over its
+choices' request states: the chosen choice, `exact_match`, `max_prob`).
 
 Aggregation: per train trial, the instances' stats are merged; HELM's `compute_perplexity_metrics` derives
 `perplexity`, `bits_per_byte` and `logprob_per_byte` per context; each trial then contributes its means.
@@ -19,7 +22,7 @@ from collections import defaultdict
 from helm.benchmark.metrics.statistic import Stat
 
 from jobs.helm.helm_objects import to_adapter_spec
-from jobs.helm.metrics import basic_metrics, request_state_stats, stat_json, with_context
+from jobs.helm.metrics import basic_metrics, reference_stats, request_state_stats, stat_json, with_context
 
 
 def evaluate(states: list[dict], names: tuple[str, ...], adapter_spec: dict, model_dir=None) -> tuple[list, list]:
@@ -29,11 +32,15 @@ def evaluate(states: list[dict], names: tuple[str, ...], adapter_spec: dict, mod
 
     spec = to_adapter_spec(adapter_spec)
     service = register_deployment(spec.model_deployment, model_dir)
-    metric = basic_metrics().BasicGenerationMetric(list(names))
     by_trial: dict[int, list[tuple[dict, list[Stat]]]] = defaultdict(list)
-    for state in states:
-        by_trial[state.get("train_trial_index", 0)].append(
-            (state["instance"], request_state_stats(state, metric, spec, service)))
+    if spec.method.startswith("multiple_choice_separate"):
+        for (trial, _), group in _by_instance(states).items():
+            by_trial[trial].append((group[0]["instance"], reference_stats(group, spec, service)))
+    else:
+        metric = _generation_metric(spec.method, names)
+        for state in states:
+            by_trial[state.get("train_trial_index", 0)].append(
+                (state["instance"], request_state_stats(state, metric, spec, service)))
     per_instance, overall = [], {}
     for trial in sorted(by_trial):
         trial_stats: dict[str, Stat] = {}
@@ -50,6 +57,26 @@ def evaluate(states: list[dict], names: tuple[str, ...], adapter_spec: dict, mod
     for s in instances_per_context(states):
         merge(overall, s)
     return per_instance, [stat_json(s) for s in overall.values()]
+
+
+def _generation_metric(method: str, names):
+    """HELM's metric that scores one request state at a time for this adapter method."""
+    if method == "language_modeling":
+        from helm.benchmark.metrics.language_modeling_metrics import LanguageModelingMetric
+
+        basic_metrics()  # its import, quiet (the language-modelling metrics import it)
+        return LanguageModelingMetric(list(names))
+    return basic_metrics().BasicGenerationMetric(list(names))
+
+
+def _by_instance(states: list[dict]) -> dict[tuple, list[dict]]:
+    """The request states of each (train trial, instance), in order (a choice's original and calibration
+    requests among them)."""
+    groups: dict[tuple, list[dict]] = {}
+    for state in states:
+        key = (state.get("train_trial_index", 0), _key(state["instance"]))
+        groups.setdefault(key, []).append(state)
+    return groups
 
 
 def derived_stats(trial_stats: dict[str, Stat]) -> list[Stat]:

@@ -2,7 +2,9 @@
 
 Each HELM request becomes `num_completions` rows of `<run>/requests.parquet` (id `<request index>.<output
 index>`, the prompt, and the per-row `max_new_tokens`, `temperature`, `top_p`, `stop` and a distinct `seed`),
-completed by one pipeline job into `<run>/completions/`. The requests file is rewritten only when its
+completed by one pipeline job into `<run>/completions/`. Scoring requests (`echo_prompt`, `max_tokens` 0:
+jobs/helm/scoring.py) are one row each, run as a scoring job (`score=True`: each row's `prompt_logprobs`); a job
+holds requests of one kind. The requests file is rewritten only when its
 content changes, so that rerunning an interrupted run resumes its job: committed shards are skipped.
 """
 
@@ -17,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.request import SamplingParams
+from jobs.helm.scoring import echo_completion, is_scoring
 from pipeline import JobSummary, RunConfig, run_job
 from pipeline.execution.driver import WorkerPool
 from pipeline.input.requests import derive_seed
@@ -45,7 +48,9 @@ def request_rows(states: list[dict]) -> list[dict]:
             row_id = f"{i}.{k}"
             rows.append({
                 "id": row_id, "instance_id": str(state["instance"].get("id")), "prompt": request["prompt"],
-                "max_new_tokens": request.get("max_tokens", 100), "temperature": float(request.get("temperature", 1)),
+                # a scored row makes one token (dropped): the prompt's scores come from its prefill
+                "max_new_tokens": 1 if is_scoring(request) else request.get("max_tokens", 100),
+                "temperature": float(request.get("temperature", 1)),
                 "top_p": float(request.get("top_p", 1)), "stop": list(request.get("stop_sequences") or []),
                 "seed": derive_seed(0, f"{request.get('random') or ''}\x00{request['prompt']}\x00{k}"),
             })
@@ -75,22 +80,31 @@ def run_requests(run_dir: Path, states: list[dict], model: Path, engine: EngineS
     rows = request_rows(states)
     if write_requests(run_dir / REQUESTS_FILE, rows):
         log.info("%s: %d requests, %d rows written to %s", run_dir.name, len(states), len(rows), REQUESTS_FILE)
-    params = SamplingParams(max_new_tokens=max(r["max_new_tokens"] for r in rows), logprobs=True)
+    score = scoring_job(states)
+    params = SamplingParams(max_new_tokens=max(r["max_new_tokens"] for r in rows), logprobs=not score)
     config = RunConfig.for_job(engine, input=str(run_dir / REQUESTS_FILE), output=run_dir / COMPLETIONS_DIR,
-                               model=model, params=params,
+                               model=model, params=params, score=score,
                                overwrite=True)  # same config: resume; changed requests or options: redo the run's job
     return run_job(config, pool)
+
+
+def scoring_job(states: list[dict]) -> bool:
+    """Whether the requests are scoring requests (a job holds one kind: the caller splits a mixed batch)."""
+    kinds = {is_scoring(s["request"]) for s in states}
+    assert len(kinds) == 1, "a job's requests are all scoring requests or all generation requests"
+    return kinds.pop()
 
 
 def read_completions(summary: JobSummary) -> dict[str, dict]:
     """Each row's completion by id, with the batch it ran in: its part's rows and generating seconds (a shard
     is the unit a worker completes in one go) and the part's commit time."""
-    columns = ["id", "completion", "completion_tokens", "finish_reason", "error", "logprobs",
-               "token_ids"]
+    wanted = ["id", "completion", "completion_tokens", "finish_reason", "error", "logprobs", "token_ids",
+              "prompt_logprobs"]
     batches = _batches(summary.output)
     rows = {}
     for part in summary.parts:
         batch = batches.get(Path(part).name, {})
+        columns = [c for c in wanted if c in pq.read_schema(part).names]
         for row in pq.read_table(part, columns=columns).to_pylist():
             rows[row["id"]] = {**row, "batch": batch}
     return rows
@@ -116,8 +130,10 @@ def attach_results(states: list[dict], rows: dict[str, dict], tokenizer=None) ->
     """The request states with HELM results.
 
     `rows` maps `<request index>.<output index>` to a completion row: `completion`, `finish_reason`, `error`,
-    and optionally `token_ids` and `logprobs` (then `tokenizer` names the tokens) and `batch` (its manifest record: `rows`, `seconds`, `committed_at`). A request with a failed row gets
-    HELM's non-fatal failure: `success` false, the `error`, and one empty completion."""
+    and optionally `token_ids` and `logprobs` (then `tokenizer` names the tokens), `prompt_logprobs` (a scoring
+    request's, echoed with the prompt's tokens) and `batch` (its manifest record: `rows`, `seconds`,
+    `committed_at`). A request with a failed row gets HELM's non-fatal failure: `success` false, the `error`, and
+    one empty completion."""
     out = []
     for i, state in enumerate(states):
         got = [rows[f"{i}.{k}"] for k in range(state["request"].get("num_completions", 1))]
@@ -127,6 +143,9 @@ def attach_results(states: list[dict], rows: dict[str, dict], tokenizer=None) ->
         if errors:
             result.update(error=errors[0], error_flags={"is_retriable": False, "is_fatal": False},
                           completions=[{"text": "", "logprob": 0.0, "tokens": []}])
+        elif is_scoring(state["request"]):
+            result["completions"] = [echo_completion(state["request"]["prompt"], r["prompt_logprobs"], tokenizer)
+                                     for r in got]
         else:
             result["completions"] = [helm_completion(r, tokenizer) for r in got]
         out.append({**state, "result": result})

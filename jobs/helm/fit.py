@@ -27,16 +27,23 @@ CLIENT = "jobs.helm.client.FlexbatchClient"  # never built in this process: HELM
 WINDOW = "jobs.helm.fit.CheckpointWindowService"
 
 
+PLAIN = "+plain"  # a tokenizer name with this suffix: the text's own tokens, without the special ones added
+
+
 class CheckpointTokenizers(TokenizerService):
-    """HELM's tokenizer service answered by the tokenizers of registered checkpoints, by tokenizer name."""
+    """HELM's tokenizer service answered by the tokenizers of registered checkpoints, by tokenizer name. Encoding
+    counts the special tokens the tokenizer adds (as the engine runs them), except for a name ending in `+plain`;
+    tokenizing into strings (HELM's `tokenize`, which its multiple-choice metric counts a choice's tokens with)
+    gives the text's own tokens only, as HELM's HuggingFace tokenizer does."""
 
     def __init__(self) -> None:
         super().__init__(context=None)
         self.tokenizers: dict[str, object] = {}
 
     def tokenize(self, request: TokenizationRequest) -> TokenizationRequestResult:
-        tokenizer = self.tokenizers[request.tokenizer]
-        ids = tokenizer(request.text)["input_ids"]
+        tokenizer = self.tokenizers[request.tokenizer.removesuffix(PLAIN)]
+        special = request.encode and not request.tokenizer.endswith(PLAIN)
+        ids = tokenizer(request.text, add_special_tokens=special)["input_ids"]
         if request.truncation:
             ids = ids[:max(request.max_length, 0)]
         values = ids if request.encode else tokenizer.convert_ids_to_tokens(ids)
@@ -44,7 +51,7 @@ class CheckpointTokenizers(TokenizerService):
                                          tokens=[TokenizationToken(v) for v in values])
 
     def decode(self, request: DecodeRequest) -> DecodeRequestResult:
-        text = self.tokenizers[request.tokenizer].decode(
+        text = self.tokenizers[request.tokenizer.removesuffix(PLAIN)].decode(
             request.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=request.clean_up_tokenization_spaces)
         return DecodeRequestResult(success=True, cached=False, text=text)
 
@@ -96,3 +103,16 @@ def register_deployment(name: str, model_dir: Path | None) -> CheckpointTokenize
             register_model_deployment(deployment)
     return SERVICE
 
+
+
+def scoring_window(name: str, window):
+    """The window service HELM's `language_modeling` adapter cuts documents with: it counts a window's own tokens
+    (HELM's `num_conditioning_tokens` index them), and leaves room for the special tokens the engine adds before
+    them and the one token a scored row asks for, so that every window runs."""
+    tokenizer = SERVICE.tokenizers.get(name)
+    if tokenizer is None:  # a deployment without a checkpoint: HELM's own window
+        return window
+    added = len(tokenizer("a")["input_ids"]) - len(tokenizer("a", add_special_tokens=False)["input_ids"])
+    room = window.max_sequence_length - max(added, 0) - 1
+    return CheckpointWindowService(SERVICE, tokenizer_name=name + PLAIN, max_sequence_length=room,
+                                   max_request_length=room)

@@ -62,6 +62,17 @@ def helm_request_state(state: dict):
     return helm
 
 
+def reference_stats(states: list[dict], adapter_spec, service) -> list[Stat]:
+    """HELM's stats of one instance of a `multiple_choice_separate_*` run, by HELM's `BasicReferenceMetric`: each
+    choice scored from its request's echoed tokens (the mean log-probability of the choice's tokens, or with the
+    calibrated method its log-probability less that of its calibration request), the best one chosen
+    (`predicted_index`, `exact_match`, `max_prob`) and the request states' basic stats summed; named in the
+    instance's context."""
+    metric = basic_metrics().BasicReferenceMetric()
+    stats = metric.evaluate_references(adapter_spec, [helm_request_state(s) for s in states], service, "")
+    return [with_context(Stat({"name": s.name.name}).merge(s), states[0]["instance"]) for s in stats]
+
+
 def request_state_stats(state: dict, metric, adapter_spec, service) -> list[Stat]:
     """HELM's stats of one request state (`metric`: HELM's BasicGenerationMetric of the run's metric names), each
     named in the instance's context as HELM's `add_context` names it."""

@@ -48,9 +48,13 @@ class RunSummary:
 BASIC_METRICS = "helm.benchmark.metrics.basic_metrics."
 
 
-def helm_metric_specs(names) -> list[dict]:
+def helm_metric_specs(names, method: str = "generation") -> list[dict]:
     """run_spec.json's `metric_specs` for HELM's basic metrics with these reference metrics (HELM's
-    `get_basic_metric_specs` + `get_generic_metric_specs`: what jobs/helm/evaluate.py computes)."""
+    `get_basic_metric_specs` + `get_generic_metric_specs`: what jobs/helm/evaluate.py computes); for
+    `language_modeling`, HELM's `get_language_modeling_metric_specs`."""
+    if method == "language_modeling":
+        return [{"class_name": "helm.benchmark.metrics.language_modeling_metrics.LanguageModelingMetric",
+                 "args": {"names": list(names)}}]
     return [{"class_name": BASIC_METRICS + "BasicGenerationMetric", "args": {"names": list(names)}},
             {"class_name": BASIC_METRICS + "BasicReferenceMetric", "args": {}},
             {"class_name": BASIC_METRICS + "InstancesPerSplitMetric", "args": {}}]

@@ -73,10 +73,11 @@ def scenario_path(scenario: str) -> Path:
     return BUILTIN[scenario].path if scenario in BUILTIN else Path(scenario)
 
 
-def load_instances(scenario: str) -> list[dict]:
-    """The instances of a built-in scenario or a scenario file, checked, in file order."""
+def load_instances(scenario: str, answers: bool = True) -> list[dict]:
+    """The instances of a built-in scenario or a scenario file, checked, in file order. With `answers` false (the
+    documents of language modelling), an evaluated instance needs no correct reference."""
     path = scenario_path(scenario)
-    instances = [_instance(row, f"{path} {where}") for where, row in _read_rows(path)]
+    instances = [_instance(row, f"{path} {where}", answers) for where, row in _read_rows(path)]
     ids = [inst["id"] for inst in instances]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
@@ -127,7 +128,7 @@ def _check_columns(path: Path, columns: list[str], what: str) -> None:
                             f"{', '.join(REQUIRED_COLUMNS)}")
 
 
-def _instance(row: dict, where: str) -> dict:
+def _instance(row: dict, where: str, answers: bool = True) -> dict:
     if not isinstance(row["id"], (str, int)) or row["id"] == "":
         raise SpecError(f"{where}: id {row['id']!r} is invalid; expected a non-empty string")
     if not isinstance(row["input"], str):
@@ -139,7 +140,7 @@ def _instance(row: dict, where: str) -> dict:
     choices = row.get("choices")
     if choices is not None:
         references = _choice_references(choices, references, f"{where} (id {row['id']!r})")
-    if row["split"] in EVAL_SPLITS and not any(CORRECT_TAG in r["tags"] for r in references):
+    if answers and row["split"] in EVAL_SPLITS and not any(CORRECT_TAG in r["tags"] for r in references):
         raise SpecError(f"{where} (id {row['id']!r}): no reference is tagged {CORRECT_TAG!r}; an evaluated "
                         "instance needs at least one right answer")
     return {"input": {"text": row["input"]}, "references": references, "split": row["split"], "id": str(row["id"])}

@@ -39,7 +39,8 @@ def suite_schema(groups: dict[str, str]) -> dict:
 
 
 def run_groups(run_dirs: list[Path]) -> dict[str, str]:
-    """The groups named by the runs' run_spec.json, each with the run's first metric (exact_match if none)."""
+    """The groups named by the runs' run_spec.json, each with the run's first metric (exact_match if none;
+    bits_per_byte for language modelling)."""
     import json
 
     groups: dict[str, str] = {}
@@ -49,8 +50,9 @@ def run_groups(run_dirs: list[Path]) -> dict[str, str]:
         except (OSError, ValueError):
             continue  # a failed run writes no HELM files
         names = [n for m in spec.get("metric_specs") or [] for n in (m.get("args") or {}).get("names") or []]
+        scored = (spec.get("adapter_spec") or {}).get("method") == "language_modeling"
         for group in spec.get("groups") or []:
-            groups.setdefault(group, names[0] if names else "exact_match")
+            groups.setdefault(group, names[0] if names else "bits_per_byte" if scored else "exact_match")
     return groups
 
 

@@ -27,8 +27,9 @@ from helm.benchmark.adaptation import adapter_spec as helm_adapter_spec
 from jobs.helm.errors import SpecError
 from jobs.helm.metrics import METRICS
 from jobs.helm.scenarios import BUILTIN, EVAL_SPLITS, resolve_scenario
+from jobs.helm.scoring import SCORING_METHODS
 
-METHODS = ("generation", "multiple_choice_joint")
+METHODS = ("generation", "multiple_choice_joint", *SCORING_METHODS)
 DEMO_MODEL = "demo"
 ENTRY_FIELDS = ("name", "scenario", "scenario_state", "model", "adapter", "metrics", "chance", "compress_weight",
                 "compress_cache")
@@ -44,6 +45,11 @@ class AdapterSpec(helm_adapter_spec.AdapterSpec):
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             _bad("method", self.method, f"one of {', '.join(METHODS)}")
+        if self.method in SCORING_METHODS:  # the prompt is scored, nothing generated (HELM's run specs set these)
+            object.__setattr__(self, "max_tokens", 0)
+            if self.method == "language_modeling":
+                object.__setattr__(self, "max_train_instances", 0)
+                object.__setattr__(self, "num_train_trials", 1)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type in (str, "str") and not isinstance(value, str):
@@ -54,7 +60,8 @@ class AdapterSpec(helm_adapter_spec.AdapterSpec):
             _bad("reference_prefix", self.reference_prefix, "a prefix with a letter, such as \"A. \"")
 
     def _check_numbers(self) -> None:
-        for name, low in (("max_train_instances", 0), ("num_outputs", 1), ("num_train_trials", 1), ("max_tokens", 1)):
+        tokens = 0 if self.method in SCORING_METHODS else 1
+        for name, low in (("max_train_instances", 0), ("num_outputs", 1), ("num_train_trials", 1), ("max_tokens", tokens)):
             if not _is_int(getattr(self, name)) or getattr(self, name) < low:
                 _bad(name, getattr(self, name), f"an integer >= {low}")
         if self.max_eval_instances is not None and (not _is_int(self.max_eval_instances) or self.max_eval_instances < 1):

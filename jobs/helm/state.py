@@ -5,9 +5,9 @@ A scenario_state.json holds `adapter_spec` and `request_states`; each request st
 `reference_index`, `request` (`prompt`, `temperature`, `max_tokens`, `stop_sequences`, `num_completions`,
 `top_p`, ...) and `result` (`success`, `completions[].text` / `logprob` / `tokens`, ...). Everything is kept as
 read, so that writing it back gives the same JSON; re-running replaces `result` and names our model in the
-requests. Only requests that generate from a prompt can be re-run: HELM's `generation` and
-`multiple_choice_joint` methods (not the per-reference scoring of `multiple_choice_separate_*` or
-`language_modeling`, not chat `messages`).
+requests. HELM's `generation` and `multiple_choice_joint` runs (requests that generate from a prompt) and its
+scoring runs, `language_modeling` and `multiple_choice_separate_*` (requests that score their prompt,
+jobs/helm/scoring.py) can be re-run; chat `messages` requests cannot.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 from jobs.helm.errors import SpecError
 from jobs.helm.helm_objects import to_adapter_spec, to_request_state
 from jobs.helm.metrics import EXACT_MATCH_METRICS, METRICS
+from jobs.helm.scoring import SCORING_METHODS, scoring_problem
 
-RERUNNABLE_METHODS = ("generation", "multiple_choice_joint")
+RERUNNABLE_METHODS = ("generation", "multiple_choice_joint", *SCORING_METHODS)
 
 
 def read_scenario_state(path: Path) -> dict:
@@ -33,11 +34,11 @@ def read_scenario_state(path: Path) -> dict:
         raise SpecError(f"{path}: no request_states list; expected the scenario_state.json of a HELM run folder")
     method = (state.get("adapter_spec") or {}).get("method", "generation")
     if method not in RERUNNABLE_METHODS:
-        raise SpecError(f"{path}: adapter_spec.method {method!r} cannot be re-run here (it scores references "
-                        f"instead of generating); supported: {', '.join(RERUNNABLE_METHODS)}")
+        raise SpecError(f"{path}: adapter_spec.method {method!r} cannot be re-run here; supported: "
+                        f"{', '.join(RERUNNABLE_METHODS)}")
     _as_helm(lambda: to_adapter_spec(state.get("adapter_spec") or {}), f"{path}: adapter_spec")
     for i, rs in enumerate(state["request_states"]):
-        _check_request_state(rs, f"{path}: request_states[{i}]")
+        _check_request_state(rs, f"{path}: request_states[{i}]", method)
         _as_helm(lambda rs=rs: to_request_state({k: v for k, v in rs.items() if k != "result"}),
                  f"{path}: request_states[{i}]")
     return state
@@ -54,7 +55,7 @@ def _as_helm(convert, where: str) -> None:
                         "HELM run folder") from e
 
 
-def _check_request_state(rs, where: str) -> None:
+def _check_request_state(rs, where: str, method: str = "generation") -> None:
     if not isinstance(rs, dict):
         raise SpecError(f"{where} is not an object")
     instance, request = rs.get("instance"), rs.get("request")
@@ -63,14 +64,18 @@ def _check_request_state(rs, where: str) -> None:
     refs = instance.get("references")
     if not isinstance(refs, list) or not all(isinstance((r or {}).get("output", {}).get("text"), str) for r in refs):
         raise SpecError(f"{where}: instance.references must be a list of {{output: {{text}}, tags}}")
-    if not any("correct" in (r.get("tags") or []) for r in refs):
+    if method != "language_modeling" and not any("correct" in (r.get("tags") or []) for r in refs):
         raise SpecError(f"{where}: instance {instance.get('id')!r} has no reference tagged 'correct'")
-    if rs.get("reference_index") is not None:
-        raise SpecError(f"{where}: has a reference_index (a per-reference request); only generation requests "
-                        "can be re-run")
+    if rs.get("reference_index") is not None and not method.startswith("multiple_choice_separate"):
+        raise SpecError(f"{where}: has a reference_index (a per-reference request) in a {method} run")
     if not isinstance(request, dict) or not isinstance(request.get("prompt"), str) or not request["prompt"]:
         raise SpecError(f"{where}: missing request.prompt (chat `messages` requests are not supported)")
-    for name, low in (("max_tokens", 1), ("num_completions", 1)):
+    scoring = method in SCORING_METHODS
+    if scoring != bool(request.get("echo_prompt")) or scoring_problem(request):
+        raise SpecError(f"{where}: " + (scoring_problem(request) or f"a {method} run's requests "
+                                        f"{'score' if scoring else 'do not echo'} their prompt (echo_prompt "
+                                        f"{str(scoring).lower()}, max_tokens {0 if scoring else '>= 1'})"))
+    for name, low in (("max_tokens", 0 if scoring else 1), ("num_completions", 1)):
         value = request.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise SpecError(f"{where}: request.{name}={value!r} is invalid; expected an integer >= {low}")

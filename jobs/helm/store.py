@@ -2,7 +2,7 @@
 
 A store folder holds `results.jsonl`, one line `{"key", "request", "result"}` per distinct request (HELM's
 RequestResult as written in scenario_state.json, with tokens, batch timing, and HELM's non-fatal failure for a
-request that failed), and `jobs/<hash>/`, the pipeline job of each batch of pending requests (rerunning the same
+request that failed), and `jobs/<hash>/`, the pipeline job of each batch of pending requests (generation and scoring requests apart) (rerunning the same
 batch resumes its job). The key is the request's content without `model` and `model_deployment`, so a dry run's
 requests and the later real run's requests of the same run entry meet; as in HELM's cache, `random` tells
 identical prompts apart.
@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from jobs.helm.errors import SpecError
+from jobs.helm.scoring import is_scoring, scoring_problem
 
 RESULTS_FILE = "results.jsonl"
 JOBS_DIR = "jobs"
@@ -98,8 +99,11 @@ def _request_states(path: Path) -> list:
 def _check_runnable(request: dict, where: str) -> None:
     if not isinstance(request.get("prompt"), str) or not request["prompt"] or request.get("messages"):
         raise SpecError(f"{where}: no text prompt (chat `messages` and multimodal requests are not supported)")
-    if request.get("echo_prompt") or request.get("embedding"):
-        raise SpecError(f"{where}: echo_prompt/embedding requests score the prompt and are not supported")
+    if request.get("embedding"):
+        raise SpecError(f"{where}: embedding requests are not supported")
+    problem = scoring_problem(request)
+    if problem:
+        raise SpecError(f"{where}: {problem}")
 
 
 def batch_dir(store: Path, states: list[dict]) -> Path:
@@ -108,21 +112,24 @@ def batch_dir(store: Path, states: list[dict]) -> Path:
     return Path(store) / JOBS_DIR / digest
 
 
-def run_pending(helm_output: Path, suite: str, store: Path, model: Path, engine) -> tuple[int, int, object]:
-    """Complete every request of the suite that the store lacks, as one pipeline job, and add the results to
-    the store; returns (requests in the suite, requests run, the job's summary or None when none was pending)."""
+def run_pending(helm_output: Path, suite: str, store: Path, model: Path, engine) -> tuple[int, int, list]:
+    """Complete every request of the suite that the store lacks, as one pipeline job for the generation requests
+    and one scoring job for the scoring requests (jobs/helm/scoring.py), and add the results of each job that
+    completed to the store; returns (requests in the suite, requests run, the jobs' summaries)."""
     from engine.tokenizer import load_tokenizer
     from jobs.helm.execute import attach_results, read_completions, run_requests
 
     states = suite_requests(helm_output, suite)
     stored = read_results(store)
     pending = [s for s in states if request_key(s["request"]) not in stored]
-    if not pending:
-        return len(states), 0, None
-    summary = run_requests(batch_dir(store, pending), pending, model, engine)
-    if not summary.ok:
-        return len(states), len(pending), summary
-    done = attach_results(pending, read_completions(summary), load_tokenizer(model))
-    add_results(store, [{"key": request_key(s["request"]), "request": s["request"], "result": s["result"]}
-                        for s in done])
-    return len(states), len(pending), summary
+    summaries = []
+    for group in ([s for s in pending if not is_scoring(s["request"])], [s for s in pending if is_scoring(s["request"])]):
+        if not group:
+            continue
+        summary = run_requests(batch_dir(store, group), group, model, engine)
+        summaries.append(summary)
+        if summary.ok:
+            done = attach_results(group, read_completions(summary), load_tokenizer(model))
+            add_results(store, [{"key": request_key(s["request"]), "request": s["request"], "result": s["result"]}
+                                for s in done])
+    return len(states), len(pending), summaries

@@ -35,6 +35,7 @@ from jobs.helm.output import (
 )
 from jobs.helm.scenarios import BUILTIN, CORRECT_TAG, downsample_eval, load_instances, scenario_path
 from jobs.helm.schema import run_groups, write_suite_schema
+from jobs.helm.scoring import SCORING_METHODS
 from jobs.helm.spec import HelmSpec, RunEntry, check_suite
 from jobs.helm.state import (
     downsample_states,
@@ -125,9 +126,11 @@ def _prepare_from_scenario(entry: RunEntry, run_dir: Path) -> PreparedRun:
     label = entry.model.name
     adapter = dataclasses.replace(entry.adapter, model=entry.adapter.model or label,
                                   model_deployment=entry.adapter.model_deployment or label)
-    instances = downsample_eval(load_instances(entry.scenario), adapter.max_eval_instances, adapter.splits_evaluated)
+    documents = adapter.method == "language_modeling"  # the input is scored, its references are not used
+    instances = downsample_eval(load_instances(entry.scenario, answers=not documents), adapter.max_eval_instances,
+                                adapter.splits_evaluated)
     states = adapt(adapter, instances, label, entry.model)
-    metrics = entry.metrics or EXACT_MATCH_METRICS
+    metrics = entry.metrics or default_metrics(adapter.method)
     path = scenario_path(entry.scenario)
     builtin = BUILTIN.get(entry.scenario)
     class_name = "jobs.helm.scenarios.BuiltinScenario" if builtin else "jobs.helm.scenarios.FileScenario"
@@ -146,7 +149,8 @@ def _prepare_from_state(entry: RunEntry, run_dir: Path) -> PreparedRun:
     path = entry.scenario_state
     state = renamed_model(downsample_states(read_scenario_state(path), entry.adapter.max_eval_instances),
                           entry.model.name)
-    metrics = entry.metrics or source_metrics(path)
+    method = state["adapter_spec"].get("method", "generation")
+    metrics = entry.metrics or (default_metrics(method) if method in SCORING_METHODS else source_metrics(path))
     source = source_file(path, "run_spec.json")
     scenario_spec = source.get("scenario_spec") or {"class_name": "jobs.helm.state.ScenarioStateFile",
                                                     "args": {"path": str(path)}}
@@ -154,16 +158,26 @@ def _prepare_from_state(entry: RunEntry, run_dir: Path) -> PreparedRun:
         "name": entry.scenario_label, "description": f"the requests of the HELM run in {path.parent}", "tags": [],
         "definition_path": str(path)}
     head = {k: v for k, v in state.items() if k != "request_states"}
-    method = head["adapter_spec"].get("method", "generation")
     return PreparedRun(entry=entry, run_dir=run_dir, states=state["request_states"], state_head=head,
                        metrics=metrics, run_spec=_run_spec(entry, scenario_spec, head["adapter_spec"], metrics,
                                                            source.get("groups") or []),
                        scenario=scenario, chance=_chance(entry, method, state["request_states"]))
 
 
+def default_metrics(method: str) -> tuple[str, ...]:
+    """The metrics a run shows when its entry names none: HELM's exact-match set; none for language modelling
+    (its stats are HELM's logprob, perplexity and bits per byte); exact_match for the choices of
+    `multiple_choice_separate_*` (HELM's reference metric computes it)."""
+    if method == "language_modeling":
+        return ()
+    return ("exact_match",) if method.startswith("multiple_choice_separate") else EXACT_MATCH_METRICS
+
+
 def _run_spec(entry: RunEntry, scenario_spec: dict, adapter_spec: dict, metrics, groups: list) -> dict:
+    method = adapter_spec.get("method", "generation")
+    reference_metric = method.startswith("multiple_choice_separate")  # HELM's BasicReferenceMetric scores them
     return {"name": entry.run_name, "scenario_spec": scenario_spec, "adapter_spec": adapter_spec,
-            "metric_specs": helm_metric_specs(metrics),
+            "metric_specs": helm_metric_specs(() if reference_metric else metrics, method),
             "groups": list(groups)}
 
 
@@ -172,7 +186,7 @@ def _chance(entry: RunEntry, method: str, states: list[dict]) -> float | None:
     recorded chance; else unknown."""
     if entry.chance is not None:
         return float(entry.chance)
-    if method == "multiple_choice_joint" and states:
+    if method.startswith("multiple_choice") and states:
         shares = [sum(CORRECT_TAG in r.get("tags", []) for r in refs) / len(refs)
                   for refs in (s["instance"]["references"] for s in states)]
         return sum(shares) / len(shares)
