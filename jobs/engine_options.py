@@ -22,7 +22,7 @@ _E = {f.name: f.default for f in fields(EngineSettings)}
 _GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 _PINNABLE = ("gbs", "num_gb", "compress_weight", "compress_cache", "cpu_attention", "prefill_device",
              "decode_device", "prefill_split_layer", "decode_split_layer")
-_POLICY_OPTIONS = (*_PINNABLE, "batch_size", "percent", "refill")
+_POLICY_OPTIONS = (*_PINNABLE, "batch_size", "percent", "refill", "prefix_sharing")
 _JOB_ONLY = ("plan", "use_ray", "address", "workers")
 
 
@@ -99,6 +99,11 @@ def _policy_options() -> list:
                      help="Finished rows' slots take waiting rows: auto lets the planner decide from the rows' "
                           "max_new_tokens and stop strings, then from what rows really generate; off with "
                           "--no-plan unless on."),
+        click.option("--prefix-sharing", type=click.Choice(("auto", "off")), default="auto", show_default=True,
+                     help="The leading tokens every row of a block shares (a few-shot prompt's instructions and "
+                          "examples, a chat's system prompt) are computed and cached once, and each row holds only "
+                          "its own tokens: blocks hold more rows and prefill skips the repeats. auto: where rows "
+                          "share at least 32 tokens; off: every row's prompt is computed whole."),
         click.option("--cpu-attention/--no-cpu-attention", default=_P["cpu_attention"], show_default=True,
                      help="Decode attention runs where the KV cache lives."),
         click.option("--prefill-device", type=click.Choice(PHASE_DEVICES), default=_P["prefill_device"],
@@ -129,6 +134,8 @@ def _pins(ctx: click.Context, options: dict) -> Pins:
         pins.update(compress_weight=True, weight_format=o["compress_weight"])
     if o["refill"] != "auto":
         pins["refill"] = o["refill"] == "on"
+    if o["prefix_sharing"] == "off":
+        pins["share_prefix"] = False
     if "batch_size" in given and o["batch_size"] is not None:
         if "gbs" in pins or "num_gb" in pins:
             raise click.UsageError("--batch-size is shorthand for --gbs N --num-gb 1; give one or the other")

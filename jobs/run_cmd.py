@@ -197,6 +197,9 @@ def _print_summary(s: JobSummary) -> None:
     for f in s.failed_shards:
         click.echo(f"  failed shard {f['shard']} ({f['part']}, {f['rows']} rows) after {f['tries']} tries: {f['error']}")
     click.echo(f"tokens: {s.prompt_tokens} prompt, {s.completion_tokens} completion")
+    if s.saved_tokens:
+        click.echo(f"shared prefixes: {s.saved_tokens} prompt tokens ({s.shared_prefix['saved_share']:.0%}) computed "
+                   f"once per block instead of once per row")
     click.echo(f"speed: {s.job_tokens_per_s:.1f} completion tokens/s with {len(s.workers)} engines "
                f"({s.wall_seconds:.2f} s)")
     if s.predicted_seconds is not None:

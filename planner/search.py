@@ -105,13 +105,13 @@ def modes(model: ModelSpec, hw: HardwareSpec, pins: Mapping, allow_compression: 
     for w in cw:  # last layer computes on the GPU, so the embeddings and head live there (globals_tier)
         fit = int(room // layer_bytes(model, dtype_bytes, w, fmt)) if hw.has_gpu else None
         pre, dec = (device_choices(model, hw, pins, phase, fit) for phase in ("prefill", "decode"))
-        out += _modes_for(w, cc, attn, pre, dec, fmt)
+        out += _modes_for(w, cc, attn, pre, dec, fmt, pins.get("share_prefix", Policy.share_prefix))
     return out
 
 
-def _modes_for(w, cc, attn, pre, dec, weight_format: str) -> list[dict]:
+def _modes_for(w, cc, attn, pre, dec, weight_format: str, share_prefix: bool) -> list[dict]:
     return [dict(compress_weight=w, weight_format=weight_format, compress_cache=c, cpu_attention=a, prefill_device=p[0],
-                 prefill_split_layer=p[1], decode_device=d[0], decode_split_layer=d[1])
+                 prefill_split_layer=p[1], decode_device=d[0], decode_split_layer=d[1], share_prefix=share_prefix)
             for c, a, p, d in itertools.product(cc, attn, pre, dec)]
 
 

@@ -153,9 +153,10 @@ class BlockExecutor:
         self.loaded, self.policy = loaded, policy
         self.seconds = {"prefill": 0.0, "decode": 0.0}  # wall time of each phase's steps, over every block run
         # layer passes, rows computed over them, and refill work, likewise
-        # and the shared prefixes: their tokens (once per block) and the rows that used them
+        # and the shared prefixes: their tokens (once per block), the rows that used them, and the prompt tokens
+        # those rows did not compute (each row but one of a block: the prefix's tokens)
         self.counts = {"steps": 0, "row_steps": 0, "refilled_rows": 0, "shifts": 0, "shared_tokens": 0,
-                       "shared_rows": 0}
+                       "shared_rows": 0, "saved_tokens": 0}
         self._held: list[tuple[str, int]] = []  # (tier, bytes) reserved for the running block's buffers
         self._prefix: SharedPrefix | None = None  # the running block's shared prefix
 
@@ -197,8 +198,10 @@ class BlockExecutor:
             self._held.clear()
             self._prefix = None
         if P:
+            ran = len(rows) + queued - len(waiting or [])
             self.counts["shared_tokens"] += P
-            self.counts["shared_rows"] += len(rows) + queued - len(waiting or [])
+            self.counts["shared_rows"] += ran
+            self.counts["saved_tokens"] += P * (ran - 1)
 
     def shared_tokens(self, rows: list[RowState]) -> int:
         """Leading prompt tokens that `rows` (a block and the rows waiting to refill it) share and compute once

@@ -213,7 +213,8 @@ def _commit(folder: Folder, config_hash: str, shard: Shard, result) -> dict:
     record = {"config_hash": config_hash, "shard": shard.index, "part": result.part, "bytes": result.bytes,
               "sha256": result.sha256,
               "rows": result.rows, "error_rows": result.error_rows, "prompt_tokens": result.prompt_tokens,
-              "completion_tokens": result.completion_tokens, "seconds": round(result.seconds, 4),
+              "completion_tokens": result.completion_tokens, "shared_tokens": result.shared_tokens,
+              "saved_tokens": result.saved_tokens, "seconds": round(result.seconds, 4),
               "wall_seconds": round(result.wall_seconds, 4), "worker": result.worker,
               "committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     append_manifest(folder, record)
@@ -240,6 +241,8 @@ def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, inf
         predicted_seconds=max(predictions) if predictions else None,
         workers=tuple(infos), shards=len(shards), skipped_shards=len(committed), failed_shards=tuple(failed),
         wall_seconds=seconds, run_completion_tokens=sum(r["completion_tokens"] for r in new.values()),
+        shared_tokens=sum(r.get("shared_tokens", 0) for r in done.values()),
+        saved_tokens=sum(r.get("saved_tokens", 0) for r in done.values()),
     )
     write_success(folder, success_record(summary, new))
     log.info("done: %d rows (%d with errors) in %d shards, %d failed; %.1f completion tokens/s", summary.rows,
@@ -261,7 +264,7 @@ def success_record(s: JobSummary, new: dict) -> dict:
               else "row_errors" if s.error_rows else "complete")
     return {
         "ok": s.ok, "status": status, "rows": s.rows, "error_rows": s.error_rows, "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.completion_tokens, "shards": s.shards, "skipped_shards": s.skipped_shards,
+        "completion_tokens": s.completion_tokens, "shared_prefix": s.shared_prefix, "shards": s.shards, "skipped_shards": s.skipped_shards,
         "new_shards": len(new), "failed_shards": list(s.failed_shards),
         "tokens_per_s": s.job_tokens_per_s, "measured_seconds": s.wall_seconds,
         "generate_seconds": s.generate_seconds, "predicted_seconds": s.predicted_seconds,

@@ -46,6 +46,8 @@ class ShardResult:
     seconds: float  # spent generating
     wall_seconds: float  # reading + generating + writing
     worker: int
+    shared_tokens: int = 0  # shared prefixes' tokens, computed once per block (engine/loop/shared_prefix.py)
+    saved_tokens: int = 0  # prompt tokens rows did not compute because their block's prefix was shared
 
 
 class ShardWorker:
@@ -101,8 +103,9 @@ class ShardWorker:
         log.info("worker %d (pid %d) starts shard %d: %s rows %d-%d", self.worker_id, os.getpid(), shard.index,
                  os.path.basename(shard.path), shard.row_start, shard.row_stop)
         run = self._batch_part if self.job.format == "openai" else self._parquet_part
+        self._sharing = {"shared_tokens": 0, "saved_tokens": 0}
         (size, sha256), rows, seconds = run(shard)
-        return ShardResult(
+        return ShardResult(**self._sharing,
             shard=shard.index, part=shard.part_name, bytes=size, sha256=sha256, rows=len(rows),
             error_rows=sum(any(c.finish_reason == "error" for c in row) for row in rows),
             prompt_tokens=sum(row[0].prompt_tokens for row in rows),
@@ -163,6 +166,8 @@ class ShardWorker:
             began = time.perf_counter()
             out = self.host.generate([items[i] for i in chunk], truncate=self.job.config.truncate)
             seconds += time.perf_counter() - began
+            for name in self._sharing:
+                self._sharing[name] += self.engine.schedule_counts.get(name, 0)
             for i, completion in zip(chunk, out):
                 done[i] = completion
             start += len(chunk)

@@ -43,7 +43,8 @@ def job_workload(job: JobSetup, num_prompts: int | None = None) -> Workload | No
     if job.sample is None:
         raise ValueError("a planned job needs its input sample; prepare it with prepare_job")
     return workload_from_sample(job.sample, job.spec, workload_dtype(job.config.dtype),
-                                num_prompts or sum(f.num_rows for f in job.files))
+                                num_prompts or sum(f.num_rows for f in job.files),
+                                share_prefix=job.config.pinned("share_prefix"))
 
 
 def workload_from_sample(sample: InputSample, spec: ModelSpec, dtype: str, num_prompts: int,
