@@ -125,7 +125,8 @@ def _scores(run):
 
 
 @pytest.mark.parametrize("change, fragment", [
-    (lambda s: s["adapter_spec"].update(method="multiple_choice_separate_original"), "cannot be re-run here"),
+    (lambda s: s["adapter_spec"].update(method="ranking_binary"), "cannot be re-run here"),
+    (lambda s: s["adapter_spec"].update(method="multiple_choice_separate_original"), "score their prompt"),
     (lambda s: s["request_states"][1]["request"].pop("prompt"), "request_states[1]: missing request.prompt"),
     (lambda s: s["request_states"][0].update(reference_index=2), "per-reference request"),
     (lambda s: s["request_states"][2]["instance"]["references"][0].update(tags=[]), "no reference tagged"),

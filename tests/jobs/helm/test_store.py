@@ -36,13 +36,21 @@ def test_suite_requests_are_distinct_across_runs(tmp_path):
     assert [s["instance"]["id"] for s in states] == ["i0", "i1", "i1"]
 
 
-@pytest.mark.parametrize("change, fragment", [({"echo_prompt": True}, "echo_prompt"),
+@pytest.mark.parametrize("change, fragment", [({"echo_prompt": True}, "echo_prompt with max_tokens=8"),
+                                              ({"embedding": True}, "embedding"),
                                               ({"prompt": "", "messages": [{"role": "user"}]}, "no text prompt")])
-def test_requests_that_only_score_or_chat_are_refused_by_name(tmp_path, change, fragment):
+def test_requests_that_generate_after_an_echo_embed_or_chat_are_refused_by_name(tmp_path, change, fragment):
     _suite(tmp_path, {"a": [REQUEST, {**REQUEST, **change}]})
     with pytest.raises(SpecError, match=fragment) as e:
         suite_requests(tmp_path, "S")
     assert "request_states[1]" in str(e.value)
+
+
+def test_scoring_requests_are_taken(tmp_path):
+    """HELM's language_modeling and multiple_choice_separate requests: echo_prompt with max_tokens 0."""
+    scoring = {**REQUEST, "echo_prompt": True, "max_tokens": 0, "num_completions": 1}
+    _suite(tmp_path, {"a": [REQUEST, scoring]})
+    assert [s["request"]["echo_prompt"] for s in suite_requests(tmp_path, "S")] == [False, True]
 
 
 def test_a_missing_suite_names_the_dry_run(tmp_path):
