@@ -1,0 +1,145 @@
+"""`flexbatch bench score`: scoring prompts (every token's log-probability given the ones before it: HELM's
+language_modeling requests, lm-eval's loglikelihood), which is prefill only, side by side:
+
+    flexbatch     the engine's prompt scores (`SamplingParams(prompt_logprobs=True)`, one token asked for)
+    transformers  the model's forward over the batch, then log_softmax gathered at the next tokens
+
+Both in one process on one loaded checkpoint, interleaved round by round (median quoted). Per line: scored tokens/s
+and model FLOP/s (layers at every position, the LM head at every position, causal attention) as a fraction of a
+GEMM microbenchmark of the dtype (the widest layer shape at 1024 rows). Every line's scores are checked against
+the first's (float32: 1e-3 per token)."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+import torch
+
+from engine.engine import Engine
+from engine.policy import Policy
+from engine.request import Request, SamplingParams
+from engine.spec import load_model_spec
+from jobs.bench import models as bm
+from jobs.bench.report import run_and_save
+from jobs.bench.table import Column, format_table
+from jobs.bench.workloads import cpu_flags, gemm_peak_gflops
+from jobs.common import setup_logging
+from planner.microbench import timed_call
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    rows: int = 4096
+    length: int = 256
+    preset: str = "110m"
+    dtype: str = "float32"
+    batch: int = 32  # transformers' batch, and the engine's GPU batch (blocks of batch x 2 rows)
+    repeats: int = 2
+    cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
+
+
+def engine_scorer(model_dir: Path, dtype: str, batch: int):
+    eng = Engine.load(model_dir, dtype=dtype, policy=Policy(gbs=batch, num_gb=2))
+
+    def score(prompts: list[list[int]]) -> list[list[float]]:
+        reqs = [Request(f"r{i}", "", SamplingParams(max_new_tokens=1, prompt_logprobs=True), prompt_ids=tuple(p))
+                for i, p in enumerate(prompts)]
+        return [c.prompt_logprobs for c in eng.generate(reqs)]
+
+    return score
+
+
+def hf_scorer(model_dir: Path, dtype: str, batch: int):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+
+    def score(prompts: list[list[int]]) -> list[list[float]]:
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(prompts), batch):
+                ids = torch.tensor(prompts[i : i + batch])  # equal lengths: no padding
+                logits = model(ids).logits[:, :-1].float()
+                out += logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0].tolist()
+        return out
+
+    return score
+
+
+def run_score(cfg: ScoreConfig) -> dict:
+    model_dir = bm.build_checkpoint(cfg.preset, cfg.cache_dir)
+    spec = load_model_spec(model_dir)
+    prompts = bm.prompt_ids(cfg.rows, cfg.length, spec.vocab_size)
+    dtype = cfg.dtype if cfg.dtype != "auto" else str(Engine.load(model_dir, dtype="auto").dtype).split(".")[-1]
+    scorers = {"flexbatch": engine_scorer(model_dir, dtype, cfg.batch), "transformers": hf_scorer(model_dir, dtype,
+                                                                                               cfg.batch)}
+    for fn in scorers.values():  # warm-up: one batch
+        fn(prompts[: cfg.batch])
+    seconds: dict[str, list[float]] = {k: [] for k in scorers}
+    scores: dict[str, list] = {}
+    for r in range(cfg.repeats):
+        for name, fn in scorers.items():
+            scores[name], s = timed_call(lambda fn=fn: fn(prompts))
+            seconds[name].append(s)
+            log.info("repeat %d %s: %.2f s", r + 1, name, s)
+    first = torch.tensor(scores["flexbatch"])
+    worst = {k: float((torch.tensor(v) - first).abs().max()) for k, v in scores.items()}
+    peak = gemm_peak_gflops(spec, getattr(torch, dtype))
+    f = bm.model_flops(spec, cfg.length, 1, cfg.rows)
+    flops = f["linear"] + f["attention"] + f["head"] * cfg.length  # the head runs at every position
+    tokens = cfg.rows * (cfg.length - 1)
+    lines = [{"line": k, "seconds": statistics.median(v), "tokens_per_s": tokens / statistics.median(v),
+              "gemm_fraction": flops / statistics.median(v) / 1e9 / peak, "max_abs_diff": worst[k],
+              "runs_seconds": v} for k, v in seconds.items()]
+    base = lines[1]["tokens_per_s"]
+    for ln in lines:
+        ln["vs_transformers"] = ln["tokens_per_s"] / base
+    return {"config": asdict(cfg), "dtype": dtype, "gemm_peak_gflops": peak,
+            "machine": bm.machine_info() | {"cpu_flags": cpu_flags()}, "lines": lines}
+
+
+COLUMNS = tuple(Column(t) for t in ("line", "scored tokens/s", "vs transformers", "fraction of GEMM peak",
+                                     "max |diff| vs flexbatch"))
+
+
+def table_text(report: dict) -> str:
+    c = report["config"]
+    rows = [(ln["line"], f"{ln['tokens_per_s']:.0f}", f"{ln['vs_transformers']:.2f}x", f"{ln['gemm_fraction']:.2f}",
+             f"{ln['max_abs_diff']:.1e}") for ln in report["lines"]]
+    return format_table(COLUMNS, rows, markdown=True, above=[
+        f"CPU flags: {report['machine']['cpu_flags']}",
+        f"{c['rows']} rows x {c['length']} tokens, {report['dtype']}, batch {c['batch']}; GEMM peak "
+        f"{report['gemm_peak_gflops']:.1f} GFLOP/s; median of {c['repeats']} rounds after a warm-up:"])
+
+
+@click.command("score")
+@click.option("--rows", type=click.IntRange(min=1), default=ScoreConfig.rows, show_default=True)
+@click.option("--length", type=click.IntRange(min=2), default=ScoreConfig.length, show_default=True,
+              help="Tokens per row.")
+@click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=ScoreConfig.preset, show_default=True,
+              help="Model shape (a random-weight Llama built once and cached).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default=ScoreConfig.dtype,
+              show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=ScoreConfig.batch, show_default=True,
+              help="transformers' batch and the engine's GPU batch (blocks of 2 GPU batches).")
+@click.option("--repeats", type=click.IntRange(min=1), default=ScoreConfig.repeats, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]")
+@click.option("--cache-dir", default=ScoreConfig.cache_dir, show_default=True, help="Checkpoints.")
+@click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/score.json"), show_default=True)
+def score_command(threads, output: Path, **kw):
+    """Scoring prompts (prefill only): flexbatch's prompt scores vs transformers' forward + log_softmax.
+
+    \b
+    Example:
+      flexbatch bench score --rows 256 --threads 2
+    """
+    setup_logging()
+    if threads:
+        torch.set_num_threads(threads)
+    click.echo(table_text(run_and_save(run_score, ScoreConfig(**kw), output)))
