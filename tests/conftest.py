@@ -116,22 +116,25 @@ def shared_ray():
 
 @pytest.fixture
 def ray_address(shared_ray, monkeypatch):
-    """The shared head's address, for a job that joins it from this process (RAY_AUTH_MODE=token set for the
-    test); this process leaves the cluster afterwards."""
+    """The shared head's address, for a job that joins it from this process; this process leaves the cluster
+    afterwards. Token authentication stays on in this process and those it starts (RAY_AUTH_MODE=token), as a
+    local Ray started here turns it on: Ray reads the mode once per process, and a cluster this process starts
+    later (ray.cluster_utils) must use the mode it keeps."""
     from ray._raylet import AuthenticationMode, Config, get_authentication_mode
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    os.environ["RAY_AUTH_MODE"] = "token"
     if get_authentication_mode() != AuthenticationMode.TOKEN:
-        Config.initialize("")  # Ray reads the mode once per process: as its own local start does, read it again
+        Config.initialize("")  # read the mode again, as Ray's own local start does
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     yield shared_ray.address
     import ray
 
     ray.shutdown()
 
 
-# Tests that start a Ray cluster (or kill the processes of one): with `pytest -n 2` (the Makefile's) they run one
-# after another on one worker, never two clusters at once; the rest of the suite is spread over both workers.
+# Tests that start a Ray cluster (or kill the processes of one), and those that join the shared one (`shared_ray`):
+# with `pytest -n 2` (the Makefile's) they run one after another on one worker, never two clusters or two jobs on
+# the shared one at once; the rest of the suite is spread over both workers.
 SERIAL = ("tests/pipeline/execution/", "tests/jobs/test_submit.py", "tests/jobs/helm/test_ray.py",
           "tests/jobs/test_cli.py::test_python_m_jobs_run_end_to_end",
           "tests/jobs/wrangle/test_command.py::test_job_on_ray_with_two_actors",
@@ -144,7 +147,7 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     for item in items:
-        if item.nodeid.startswith(SERIAL):
+        if item.nodeid.startswith(SERIAL) or "shared_ray" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("serial"))
 
     if not torch.cuda.is_available():
