@@ -18,6 +18,7 @@ from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
 from engine.kernels.backend import DEFAULT_BACKEND, load_kernels
 from engine.kernels.native import int8_head
+from engine.loop.grammar import Grammars, GuidedError
 from engine.loop.loaded import LoadedModel
 from engine.loop.row_state import RowState
 from engine.loop.schedule import BlockExecutor
@@ -115,8 +116,9 @@ class Engine:
         policy = self.call_policy(policy, batch_size)
         results: list[Completion | None] = [None] * len(requests)
         ready: list[tuple[int, RowState]] = []
+        grammars = self.grammars()  # each distinct constraint compiled once in this call
         for n, req in enumerate(requests):
-            row = self._prepare(req, truncate)
+            row = self._prepare(req, truncate, grammars)
             if isinstance(row, Completion):
                 results[n] = row
             else:
@@ -185,7 +187,11 @@ class Engine:
         except PromptError as e:
             return str(e)
 
-    def _prepare(self, req: Request, truncate: str) -> RowState | Completion:
+    def grammars(self) -> Grammars:
+        """An empty cache of compiled constraints for one call (nothing is compiled until a row needs it)."""
+        return Grammars(self.tokenizer, self.spec.vocab_size, self.eos_ids)
+
+    def _prepare(self, req: Request, truncate: str, grammars: Grammars | None = None) -> RowState | Completion:
         ids = self._prompt_ids(req)
         if isinstance(ids, str):
             return Completion.failed(req.id, ids)
@@ -201,7 +207,16 @@ class Engine:
                     f"exceeds the model's context of {context}; shorten it, lower max_new_tokens, or truncate left",
                     len(ids))
             ids = ids[-room:]
-        return RowState(req, ids, self.eos_ids)
+        matcher = None
+        if req.params.guided is not None:
+            if req.forced_ids is not None:
+                return Completion.failed(req.id, "a request with forced_ids cannot also be guided: drop one of "
+                                         "them", len(ids))
+            try:
+                matcher = (grammars or self.grammars()).matcher(req.params.guided)
+            except GuidedError as e:
+                return Completion.failed(req.id, str(e), len(ids))
+        return RowState(req, ids, self.eos_ids, matcher)
 
 
 def _eos_ids(model_dir: str | Path, spec: ModelSpec) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidParamsError
+from engine.guided import Guided
 
 FINISH_REASONS = ("stop", "length", "eos", "error")
 TRUNCATE_CHOICES = ("error", "left")
@@ -17,7 +18,9 @@ class SamplingParams:
     """Decoding options for one request. `temperature == 0` means greedy; `top_k == 0` and `top_p == 1` disable
     those filters. `seed` makes sampling reproducible per request, independent of the batch it runs in.
     `prompt_logprobs` scores the prompt in the same forward pass as its prefill (with max_new_tokens=1 a request
-    is scored and nothing more is decoded)."""
+    is scored and nothing more is decoded). `guided` constrains the answer while decoding (engine/guided.py: one
+    of some choices, a regex, a JSON schema, any JSON object, an EBNF grammar); a dict is read by
+    `Guided.from_mapping`."""
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
@@ -27,9 +30,12 @@ class SamplingParams:
     seed: int = 0
     logprobs: bool = False
     prompt_logprobs: bool = False  # also score the prompt: each token's log-probability given the ones before
+    guided: Guided | None = None  # what the answer must match, enforced while decoding (engine/loop/grammar.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
+        if self.guided is not None and not isinstance(self.guided, Guided):
+            object.__setattr__(self, "guided", Guided.from_mapping(self.guided))
         _check_int("max_new_tokens", self.max_new_tokens, low=1, hint="use a positive integer such as 64")
         _check_float("temperature", self.temperature, ok=lambda v: v >= 0, hint="use 0 for greedy or a value > 0")
         _check_float("top_p", self.top_p, ok=lambda v: 0 < v <= 1, hint="use a value in (0, 1]; 1 disables it")

@@ -8,8 +8,11 @@ from engine.request import Completion, Request
 
 
 class RowState:
-    def __init__(self, req: Request, prompt_ids: list[int], eos_ids: tuple[int, ...]):
+    def __init__(self, req: Request, prompt_ids: list[int], eos_ids: tuple[int, ...], matcher=None):
         self.req = req
+        self.matcher = matcher  # the row's grammar state where its request is constrained (engine/loop/grammar.py)
+        self.error: str | None = None  # why the row failed while decoding (finish "error")
+        self.cut = False  # its text was cut at a stop string
         self.prompt_ids = prompt_ids
         self.shared = 0  # leading prompt tokens its block computes once for all its rows (engine/loop/shared_prefix.py)
         self.eos_ids = eos_ids
@@ -54,10 +57,16 @@ class RowState:
     def _stop(self, kept: int, text: str) -> None:
         """Finish at a stop string: the row keeps its first `kept` tokens (all but where a check came late)."""
         self.tokens, self.logprobs = self.tokens[:kept], self.logprobs[:kept]
-        self.text, self.finish = text, "stop"
+        self.text, self.finish, self.cut = text, "stop", True
+
+    def fail(self, message: str) -> None:
+        """End the row as an error (its Completion carries `message`); the batch's other rows go on."""
+        self.finish, self.error = "error", message
 
     def completion(self, tokenizer) -> Completion:
-        if self.finish != "stop":
+        if self.finish == "error":
+            return Completion.failed(self.req.id, self.error or "failed", len(self.prompt_ids))
+        if not self.cut:
             body = self.tokens[:-1] if self.finish == "eos" else self.tokens
             self.text = tokenizer.decode(body, skip_special_tokens=True)
             hit = self.stops and self.stops.settle(body, self.text)

@@ -11,6 +11,7 @@ from dataclasses import replace
 import torch
 
 from engine.kernels.attention import decode_mask, prefill_mask
+from engine.loop.grammar import advance, mask_logits
 from engine.loop.loaded import LoadedModel
 from engine.loop.prompt_scores import prompt_scores
 from engine.loop.refill import Refill, choose_refill
@@ -125,7 +126,8 @@ class GpuBatch:
 
     def choose(self, logits: torch.Tensor, tokenizer) -> None:
         rows = self.rows
-        tokens = next_tokens(logits, [r.req.params for r in rows], [r.generator for r in rows])
+        allowed = mask_logits(logits, rows)  # constrained rows: what their grammar allows (else `logits` itself)
+        tokens = next_tokens(allowed, [r.req.params for r in rows], [r.generator for r in rows])
         for b, r in enumerate(rows):
             forced = r.req.forced_ids
             if forced is not None and len(r.tokens) < len(forced):
@@ -133,7 +135,10 @@ class GpuBatch:
         want = any(r.req.params.logprobs for r in rows)
         lps = chosen_logprobs(logits, tokens).tolist() if want else [None] * len(rows)
         for r, t, lp in zip(rows, tokens.tolist(), lps):
+            live = not r.done
             r.push(t, lp, tokenizer)
+            if live and r.matcher is not None:
+                advance(r, t)
         self.last = tokens
         if self.slot < 0:
             self.slot = self.S - 1

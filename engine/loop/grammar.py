@@ -1,0 +1,181 @@
+"""Constrained decoding through xgrammar: each distinct constraint (engine/guided.py) is compiled once per engine
+call, each constrained row gets its own matcher, and at every sampling step the rows' token bitmasks set the
+logits of the tokens their grammar forbids to -inf before a token is chosen; the chosen token then advances the
+row's matcher. The grammar allows the end-of-sequence tokens only where the answer may end, so a row ends with
+EOS once its answer is complete (or at max_new_tokens, cut short, like any row).
+
+The logits are on the CPU when tokens are chosen (engine/loop/schedule.py `_head`), whatever the policy, so the
+mask is applied there by xgrammar's CPU kernel. xgrammar is imported only when a call has a constrained row."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import torch
+
+from engine.guided import Guided
+
+# xgrammar's C++ errors start with a timestamp and a source location, and checks with their condition
+_NOISE = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+class GuidedError(ValueError):
+    """A constraint that cannot be enforced (the row's error message)."""
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer_info(tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
+    """xgrammar's view of the tokenizer (each token's bytes), built once per tokenizer; the grammar's stop
+    tokens are the engine's end-of-sequence ids."""
+    import xgrammar as xgr
+
+    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_ids) or None)
+
+
+def choice_grammar(choices: tuple[str, ...]) -> str:
+    """An EBNF grammar whose sentences are exactly `choices` (JSON string escapes are EBNF's too)."""
+    if not choices:
+        raise GuidedError("guided choice is an empty list: give at least one choice")
+    empty = [c for c in choices if c == ""]
+    if empty:
+        raise GuidedError(f"guided choice {list(choices)!r} holds an empty string: every choice needs text")
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+class Grammars:
+    """The compiled constraints of one engine call, by their text; a constraint that does not compile is kept
+    as its error, so every row that carries it fails with the same message."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
+        self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, tuple(eos_ids)
+        self._compiler = None
+        self._compiled: dict[tuple[str, str], object] = {}
+
+    def compiled(self, guided: Guided):
+        """The constraint's xgrammar CompiledGrammar (compiled on first use), or GuidedError saying why it cannot
+        be used."""
+        key = guided.key
+        if key not in self._compiled:
+            self._compiled[key] = self._compile(guided)
+        compiled = self._compiled[key]
+        if isinstance(compiled, GuidedError):
+            raise compiled
+        return compiled
+
+    def matcher(self, guided: Guided):
+        """A fresh matcher for one row, or GuidedError."""
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(self.compiled(guided), terminate_without_stop_token=not self.eos_ids)
+
+    def _compile(self, guided: Guided):
+        import xgrammar as xgr
+
+        if self._compiler is None:
+            info = tokenizer_info(self.tokenizer, self.vocab_size, self.eos_ids)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        c = self._compiler
+        try:
+            if guided.kind == "choice":
+                compiled = c.compile_grammar(choice_grammar(guided.choice))
+            elif guided.kind == "regex":
+                compiled = c.compile_regex(guided.regex)
+            elif guided.kind == "json_schema":
+                schema = bounded_strings_as_patterns(_load_schema(guided.json_schema))
+                compiled = c.compile_json_schema(json.dumps(schema), any_whitespace=False)
+            elif guided.kind == "json_object":
+                compiled = c.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+            else:
+                compiled = c.compile_grammar(guided.grammar)
+        except GuidedError as e:
+            return e
+        except (RuntimeError, ValueError) as e:
+            return GuidedError(f"guided {guided.describe()} does not compile: {_clean(e)}; {_FIX[guided.kind]}")
+        return _check_start(compiled, guided, self.vocab_size)
+
+
+_FIX = {
+    "choice": "give a list of non-empty strings",
+    "regex": "fix the regular expression",
+    "json_schema": "give a valid JSON schema (draft 2020-12 keywords that xgrammar supports)",
+    "json_object": "",
+    "grammar": "fix the EBNF grammar (xgrammar's syntax, start rule root)",
+}
+
+
+def _load_schema(text: str):
+    try:
+        schema = json.loads(text)
+    except ValueError as e:
+        raise GuidedError(f"guided json_schema {text[:80]!r} is not JSON ({e}): give a JSON schema object") from None
+    if not isinstance(schema, (dict, bool)):
+        raise GuidedError(f"guided json_schema {text[:80]!r} is not a schema: give a JSON object such as "
+                          '{"type": "object", "properties": {...}}')
+    return schema
+
+
+def bounded_strings_as_patterns(schema):
+    """The schema with each string that only bounds its length (minLength/maxLength, no pattern, format, enum or
+    const) bounded by an equivalent `pattern` instead. xgrammar 0.2 compiles a length-bounded string to a
+    character class that admits raw control characters, which is not JSON (mlc-ai/xgrammar#800); its pattern
+    path follows JSON's string rules. The bounded string then holds no escapes (no quote, backslash, newline)."""
+    if isinstance(schema, list):
+        return [bounded_strings_as_patterns(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bounded_strings_as_patterns(v) for k, v in schema.items()}
+    bounded = ("minLength" in out or "maxLength" in out) and not {"pattern", "format", "enum", "const"} & out.keys()
+    if out.get("type") == "string" and bounded:
+        low, high = out.pop("minLength", 0), out.pop("maxLength", "")
+        out["pattern"] = f"^.{{{low},{high}}}$"
+    return out
+
+
+def _clean(e: Exception) -> str:
+    return _NOISE.sub("", str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+
+
+def _check_start(compiled, guided: Guided, vocab_size: int):
+    """The compiled grammar, or GuidedError when no token of the vocabulary can start an answer."""
+    import xgrammar as xgr
+
+    matcher = xgr.GrammarMatcher(compiled)
+    mask = xgr.allocate_token_bitmask(1, vocab_size)
+    matcher.fill_next_token_bitmask(mask, 0)
+    if not bool(mask.any()):
+        return GuidedError(f"guided {guided.describe()}: no token of this model's vocabulary can start such an "
+                           "answer; use text that the tokenizer can produce")
+    return compiled
+
+
+def mask_logits(logits: torch.Tensor, rows) -> torch.Tensor:
+    """logits [B, V] -> the same logits where no row is constrained, else a copy with each live constrained
+    row's forbidden tokens at -inf (the original stays the model's, for logprobs). A row whose grammar allows no
+    token at all is failed here, before a token is drawn for it."""
+    guided = [b for b, r in enumerate(rows) if r.matcher is not None and not r.done]
+    if not guided:
+        return logits
+    import xgrammar as xgr
+
+    B, V = logits.shape
+    mask = xgr.allocate_token_bitmask(B, V)
+    for b in guided:
+        rows[b].matcher.fill_next_token_bitmask(mask, b)
+    dead = [b for b in guided if not bool(mask[b].any())]
+    for b in dead:
+        rows[b].fail("the constraint allows no next token here (the grammar cannot be completed with this "
+                     "tokenizer)")
+    masked = logits.clone()
+    xgr.apply_token_bitmask_inplace(masked, mask, indices=[b for b in guided if b not in dead])
+    return masked
+
+
+def advance(row, token: int) -> None:
+    """Feed the row's matcher the token just chosen for it; a token the grammar refuses (a forced token) fails
+    the row, and a grammar that has ended ends the row."""
+    if not row.matcher.accept_token(token):
+        row.fail(f"token {token} breaks the row's constraint")
+    elif row.matcher.is_terminated() and not row.done:
+        row.finish = "stop"
