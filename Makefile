@@ -7,15 +7,15 @@ HELM_VERSION ?= 0.5.16
 
 .PHONY: venv demo test lint bench clean
 
-# torch is installed first and pinned: on this kind of machine 2.13.0 is a CPU build already on disk,
-# while an unpinned torch would pull a multi-GB CUDA build from the registry. crfm-helm (the HELM tests run
+# torch is pinned in the project's own resolve (one pass; a torch-only install before it resolved torch twice):
+# on this kind of machine 2.13.0 is a CPU build already on disk, while an unpinned torch would pull a multi-GB
+# CUDA build from the registry. crfm-helm (the HELM tests run
 # its helm-run and helm-summarize) comes without its own requirements, which would pull torchvision and with
 # it another torch: the `helm` extra lists the packages those two commands import. The `lm-eval` extra (the
 # lm-evaluation-harness backend and its tests) adds ~25 s to a fresh install.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install -q -e ".[test,helm,lm-eval]" "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install -q --no-deps "crfm-helm==$(HELM_VERSION)"
 	touch $(STAMP)
