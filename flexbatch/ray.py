@@ -3,7 +3,8 @@ concurrency=N, batch_size=B)` runs one engine per actor over the batches of an e
 
 Columns follow Ray Data LLM's processors. In: `prompt` (a string) or `messages` (a list of {role, content},
 rendered by the checkpoint's chat template), and optionally `sampling_params`, a dict per row with vLLM's names
-(max_tokens, temperature, top_p, top_k, stop, seed). Out: every input column plus `generated_text`,
+(max_tokens, temperature, top_p, top_k, stop, seed, and guided_decoding or structured_outputs: {"json": schema},
+{"choice": [...]}, {"regex": ...}, {"grammar": ...}, enforced while decoding). Out: every input column plus `generated_text`,
 `generated_tokens`, `num_generated_tokens`, `num_input_tokens`, `finish_reason` and `error` (a bad row fails
 alone, with its reason there). With `score=True` each row is scored instead of completed, as a `--score` job
 scores it (pipeline/input/scoring.py): its prompt and an optional `continuation` column, and three more columns,
@@ -27,7 +28,11 @@ from pipeline.input.requests import prompt_problem, row_params
 from pipeline.input.scoring import CONTINUATION_COLUMN, SCORE_COLUMNS, score_columns, scored, scoring_items
 
 VLLM_NAMES = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-              "stop": "stop", "seed": "seed"}
+              "stop": "stop", "seed": "seed",
+              # the answer constraint, as vLLM's GuidedDecodingParams (guided_decoding, up to vLLM 0.10) or
+              # StructuredOutputsParams (structured_outputs) spell it: {"json": schema}, {"choice": [...]},
+              # {"regex": ...}, {"grammar": ...}, {"json_object": True} (engine/guided.py)
+              "guided_decoding": "guided", "structured_outputs": "guided"}
 OUTPUT_COLUMNS = ("generated_text", "generated_tokens", "num_generated_tokens", "num_input_tokens", "finish_reason",
                   "error")
 

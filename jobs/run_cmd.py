@@ -20,6 +20,7 @@ from engine.errors import FlexbatchError
 from engine.request import TRUNCATE_CHOICES, SamplingParams
 from jobs.common import default_model, fail, job_exit_code, setup_logging
 from jobs.engine_options import engine_options, engine_settings
+from jobs.guided_options import guided_from_options, guided_options
 from pipeline.input.ids import id_text
 from pipeline.input.parquet import CHAT_CHOICES, FORMAT_CHOICES, MESSAGES_COLUMN
 from pipeline.input.utf8 import NotUtf8, column_values
@@ -59,6 +60,7 @@ _RC = {f.name: f.default for f in fields(RunConfig)}
 @click.option("--stop", multiple=True, metavar="TEXT",
               help="Stop string, repeatable; the completion is cut before it (per-row column: stop, a list "
                    "of strings).  [default: none]")
+@guided_options
 @click.option("--seed", type=int, default=_SP["seed"], show_default=True,
               help="Job seed; a row without its own seed gets one derived from this and its id, so rows "
                    "differ and reruns are identical (per-row column: seed).")
@@ -84,7 +86,7 @@ _RC = {f.name: f.default for f in fields(RunConfig)}
 @engine_options
 @click.pass_context
 def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop,
-        seed, logprobs, score, truncate, show, overwrite, shard_rows, max_shard_retries, **engine_opts) -> None:
+        choice, regex, json_schema, seed, logprobs, score, truncate, show, overwrite, shard_rows, max_shard_retries, **engine_opts) -> None:
     """Complete every prompt (or request) of the input and write parts with the completions.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
@@ -95,6 +97,11 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
     Formats: parquet, or openai: an OpenAI Batch input file (*.jsonl, one {custom_id, method, url, body}
     request per line, url /v1/chat/completions or /v1/completions) gives JSONL parts of Batch API output lines,
     one per input line, in order; a bad line gets an error object and the job goes on.
+
+    Answers that parse: --choice, --regex or --json-schema constrain every row's answer while decoding; a
+    guided column constrains its row ({"choice": [...]}, {"regex": ...}, {"json_schema": ...}, {"json_object":
+    true}, {"grammar": ...}), and a Batch line its own (response_format json_object or json_schema, or vLLM's
+    guided_choice, guided_regex, guided_json, guided_grammar). A constraint that does not compile fails its rows.
 
     The job runs on Ray, one engine per GPU or per CPU node, each planning its own policy. Work is cut into
     shards (row ranges of the input files); each shard's part is committed in _manifest.jsonl, and _SUCCESS
@@ -107,6 +114,8 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
     Examples:
       flexbatch run --input prompts.parquet --output out/ --max-new-tokens 32
       flexbatch run --input requests.jsonl --output out/   # an OpenAI Batch file
+      flexbatch run --input pairs.parquet --output out/ --choice ' Yes' --choice ' No'
+      flexbatch run --input people.parquet --output out/ --json-schema person.json --max-new-tokens 128
       flexbatch run --input choices.parquet --output out/ --score   # prompt + continuation log-probabilities
       flexbatch run --input 'data/*.parquet' --output out/ --workers 2 --shard-rows 512
       flexbatch run --address auto --input /shared/prompts/ --output /shared/out/   # join a Ray cluster
@@ -118,10 +127,11 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
     setup_logging()
     try:
         settings = engine_settings(ctx, engine_opts)
+        guided = guided_from_options(choice, regex, json_schema)
         summary = flexbatch.run(
             model or default_model(), input_, output, format=format_, chat=chat, prompt_column=prompt_column,
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=tuple(stop),
-            seed=seed, logprobs=logprobs, score=score, truncate=truncate, overwrite=overwrite, shard_rows=shard_rows,
+            seed=seed, guided=guided, logprobs=logprobs, score=score, truncate=truncate, overwrite=overwrite, shard_rows=shard_rows,
             max_shard_retries=max_shard_retries, **settings.settings())
     except FlexbatchError as e:
         fail(e)

@@ -242,9 +242,11 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
 
 
 def _params_record(params: SamplingParams) -> dict:
-    """The decoding options as hashed: prompt_logprobs only when set, so that jobs made before it keep their
+    """The decoding options as hashed: prompt_logprobs and guided only when set, so that jobs made before them keep their
     hashes (and resume)."""
     record = dataclasses.asdict(params)
     if not record.get("prompt_logprobs"):
         record.pop("prompt_logprobs", None)
+    if record.get("guided") is None:
+        record.pop("guided", None)
     return record

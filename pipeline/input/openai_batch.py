@@ -26,19 +26,20 @@ from engine.request import Completion, Request, SamplingParams
 from pipeline.errors import InputError
 from pipeline.input.parquet import SUFFIXES, InputFile, part_names
 from pipeline.input.requests import derive_seed
+from pipeline.input.response_format import BODY_FIELDS as GUIDED_FIELDS
+from pipeline.input.response_format import body_guided
 from pipeline.input.utf8 import BOM, NotUtf8, decode
 from pipeline.storage import filesystem, is_uri
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 LINE_FIELDS = ("custom_id", "method", "url", "body")
-_COMMON = ("model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "logprobs", "user")
+_COMMON = ("model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "logprobs", "user", *GUIDED_FIELDS)
 BODY_FIELDS = {CHAT_URL: ("messages", "max_completion_tokens", "top_logprobs", *_COMMON),
                COMPLETIONS_URL: ("prompt", "echo", *_COMMON)}
 # accepted only at the value that changes nothing; any other value is refused rather than silently ignored
 NEUTRAL_FIELDS = {"stream": False, "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "echo": False,
-                  "best_of": 1, "suffix": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None,
-                  "response_format": None}
+                  "best_of": 1, "suffix": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None}
 MAX_CHOICES = 128
 PARQUET_MAGIC = b"PAR1"
 _SHOWN = 3  # repeated custom_ids named in the refusal
@@ -256,6 +257,9 @@ def body_params(body: dict, url: str, defaults: SamplingParams) -> SamplingParam
         changes["stop"] = (stop,) if isinstance(stop, str) else stop
         if not isinstance(changes["stop"], (list, tuple)) or len(changes["stop"]) > 4:
             raise InvalidParamsError(f"stop={stop!r} is invalid: give a string or a list of up to 4 strings")
+    guided = body_guided(body)  # response_format and vLLM's guided_* fields; absent: the job's constraint
+    if guided is not None:
+        changes["guided"] = guided
     changes["logprobs"] = _wants_logprobs(body, url)
     if echo and changes["logprobs"]:  # the prompt's tokens are scored in its prefill
         changes["prompt_logprobs"] = True

@@ -24,7 +24,9 @@ from pipeline.input.utf8 import NotUtf8, column_values
 __all__ = ["ROW_PARAM_COLUMNS", "build_requests", "derive_seed", "prompt_problem", "row_ids", "row_params"]
 
 # Optional input columns that override the job's options row by row; a null means "use the option".
-ROW_PARAM_COLUMNS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "seed")
+# guided: the row's answer constraint, a struct or JSON text ({"choice": [...]}, {"regex": ...}, {"json_schema": ...},
+# {"json_object": true}, {"grammar": ...}: engine/guided.py), read by SamplingParams
+ROW_PARAM_COLUMNS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "seed", "guided")
 _INT_PARAMS = ("max_new_tokens", "top_k", "seed")
 _SEED_BITS = 63
 
