@@ -21,6 +21,7 @@ import pyarrow as pa
 from click.core import ParameterSource
 
 from engine.errors import FlexbatchError
+from engine.guided import Guided
 from engine.request import SamplingParams
 from jobs.common import FAILED_SHARDS_EXIT, default_model, fail, setup_logging
 from jobs.engine_options import engine_options, engine_settings
@@ -66,6 +67,7 @@ class WrangleConfig:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     overwrite: bool = False
     engine: EngineSettings = field(default_factory=EngineSettings)
+    constrain: bool = True  # closed answer sets (matching, error detection): only the template's two words
 
     def __post_init__(self) -> None:
         check_task(self.task)
@@ -120,6 +122,15 @@ def build_prompts(config: WrangleConfig) -> tuple[Template, list[Example], list[
     return template, examples[:n], [prefix + q for q in queries[:n]], prefix
 
 
+def answer_constraint(config: WrangleConfig, template: Template) -> Guided | None:
+    """For a task whose answer is one of two words (entity matching, error detection), with `constrain`: the
+    answer is " <positive>" or " <negative>", enforced while decoding; None otherwise (imputation's values are
+    open)."""
+    if not config.constrain or config.task == "data_imputation":
+        return None
+    return Guided(choice=(f" {template.positive}", f" {template.negative}"))
+
+
 def _prediction_rows(examples, prompts, completions, template) -> list[dict]:
     rows = []
     for example, prompt in zip(examples, prompts):
@@ -143,6 +154,7 @@ def _record(config: WrangleConfig, template: Template, prefix: str, metrics: dic
         "template": template.name, "template_prompt": template.prompt, "serialization": template.style,
         "k_shot": config.k_shot, "prefix_file": str(config.prefix) if config.prefix else None,
         "seed": config.seed, "impute_column": config.target, "limit": config.limit, "prefix": prefix,
+        "constrained": answer_constraint(config, template) is not None,
         **metrics, "error_rows": summary.error_rows, "failed_shards": len(summary.failed_shards),
         "completion_tokens_per_s": summary.job_tokens_per_s, "workers": len(summary.workers),
     }
@@ -157,7 +169,8 @@ def run_wrangle(config: WrangleConfig) -> WrangleResult:
              template.name, prompts_path)
     summary = run_job(RunConfig.for_job(
         config.engine, input=str(prompts_path), output=config.output / COMPLETIONS_DIR, model=config.model,
-        params=SamplingParams(max_new_tokens=config.max_new_tokens, temperature=0.0, stop=STOP),
+        params=SamplingParams(max_new_tokens=config.max_new_tokens, temperature=0.0, stop=STOP,
+                              guided=answer_constraint(config, template)),
         overwrite=config.overwrite))
     rows = _prediction_rows(examples, prompts, read_completions(summary), template)
     metrics = score(config.task, rows)
@@ -213,6 +226,11 @@ _TEMPLATE_HELP = ("Prompt template: paper (the paper's wording, rows as 'attr: v
 @click.option("--model", type=click.Path(path_type=Path), default=None,
               help="Checkpoint folder.  [default: the demo model in examples/demo-model]")
 @click.option("--overwrite", is_flag=True, help="Replace the completions of another job in --output.")
+@click.option("--constrain/--no-constrain", default=True, show_default=True,
+              help="Entity matching and error detection: the answer is one of the template's two words (' Yes' "
+                   "or ' No'), enforced while decoding, so every answer parses; --no-constrain lets the model "
+                   "write anything (an answer that is neither word counts as wrong). Imputation is never "
+                   "constrained.")
 @paper_options
 @engine_options
 def wrangle_command(**opts) -> None:
@@ -245,7 +263,8 @@ def wrangle_command(**opts) -> None:
         sys.exit(FAILED_SHARDS_EXIT)
 
 
-_TABLE_ONLY = ("task", "data", "split", "template", "k_shot", "prefix", "impute_column", "limit", "max_new_tokens")
+_TABLE_ONLY = ("task", "data", "split", "template", "k_shot", "prefix", "impute_column", "limit", "max_new_tokens",
+               "constrain")
 _DATASET_ONLY = tuple(name for name in PAPER_OPTIONS if name != "data_dir")
 
 
@@ -276,7 +295,7 @@ def _run_tables(opts: dict, model: Path, engine: EngineSettings) -> bool:
                            k_shot=opts["k_shot"], prefix=opts["prefix"], seed=opts["seed"] or 0,
                            impute_column=opts["impute_column"], limit=opts["limit"],
                            max_new_tokens=opts["max_new_tokens"], overwrite=opts["overwrite"], model=model,
-                           engine=engine)
+                           engine=engine, constrain=opts["constrain"])
     result = run_wrangle(config)
     for line in metrics_lines(task, split, get_template(task, template).name, result.metrics):
         click.echo(line)
