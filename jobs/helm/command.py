@@ -33,10 +33,14 @@ FAILED_RUNS_EXIT = 1
 @click.option("--skip-completed-runs", is_flag=True,
               help="Skip runs whose folder already holds all of HELM's output files (their results still appear "
                    "in the summary).")
+@click.option("--constrain/--no-constrain", default=True, show_default=True,
+              help="multiple_choice_joint runs: the answer is one of the request's letters (' A', ' B', ...), "
+                   "enforced while decoding, so every answer names a choice; --no-constrain lets the model write "
+                   "anything (an answer that is no letter scores 0).")
 @engine_options
 @click.pass_context
 def helm_command(ctx, spec, scenario_states, suite, output, max_eval_instances, model, skip_completed_runs,
-                 **engine_opts) -> None:
+                 constrain, **engine_opts) -> None:
     """Run the benchmark runs of --spec (and of each --scenario-state), score them with HELM's metrics, and
     write HELM's run folders, OUTPUT/runs/SUITE/<run>/ with run_spec.json, scenario.json, scenario_state.json,
     per_instance_stats.json and stats.json. Prints the suite summary (metric means with counts, chance, tokens/s
@@ -56,7 +60,8 @@ def helm_command(ctx, spec, scenario_states, suite, output, max_eval_instances, 
     setup_logging()
     try:
         engine = engine_settings(ctx, engine_opts)
-        options = HelmOptions(output=output, suite=suite, skip_completed_runs=skip_completed_runs, engine=engine)
+        options = HelmOptions(output=output, suite=suite, skip_completed_runs=skip_completed_runs, engine=engine,
+                              constrain=constrain)
         runs = _load(spec, scenario_states, model, max_eval_instances, engine.pinned("compress_weight"),
                      engine.pinned("compress_cache"))
         result = run_suite(runs, options)

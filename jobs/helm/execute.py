@@ -33,14 +33,27 @@ FINISH_REASONS = {"eos": "endoftext"}  # the engine's name -> HELM's
 REQUEST_SCHEMA = pa.schema([
     ("id", pa.string()), ("instance_id", pa.string()), ("prompt", pa.string()), ("max_new_tokens", pa.int64()),
     ("temperature", pa.float64()), ("top_p", pa.float64()), ("stop", pa.list_(pa.string())), ("seed", pa.int64()),
+    ("guided", pa.string()),
 ])
 
 
-def request_rows(states: list[dict]) -> list[dict]:
+def answer_letters(state: dict) -> str | None:
+    """A `multiple_choice_joint` request's answer constraint (the row's `guided` column): one of its letters,
+    with or without a leading space (HELM strips the completion before mapping it to a choice); None for other
+    requests."""
+    mapping = state.get("output_mapping")
+    if not mapping or is_scoring(state["request"]):
+        return None
+    letters = list(mapping)
+    return json.dumps({"choice": [f" {k}" for k in letters] + letters})
+
+
+def request_rows(states: list[dict], constrain: bool = True) -> list[dict]:
     """One row per (request, output index). Each output of a request gets its own seed, derived from the
     request's content (prompt and `random`) and the output index: as in HELM, where identical requests share
     one cached result, the same request gets the same outputs wherever it is run (`flexbatch helm` or
-    `helm-batch`)."""
+    `helm-batch`). With `constrain`, a multiple-choice request's answer is one of its letters, enforced while
+    decoding."""
     rows = []
     for i, state in enumerate(states):
         request = state["request"]
@@ -53,6 +66,7 @@ def request_rows(states: list[dict]) -> list[dict]:
                 "temperature": float(request.get("temperature", 1)),
                 "top_p": float(request.get("top_p", 1)), "stop": list(request.get("stop_sequences") or []),
                 "seed": derive_seed(0, f"{request.get('random') or ''}\x00{request['prompt']}\x00{k}"),
+                "guided": answer_letters(state) if constrain else None,
             })
     return rows
 
@@ -74,10 +88,10 @@ def write_requests(path: Path, rows: list[dict]) -> bool:
 
 
 def run_requests(run_dir: Path, states: list[dict], model: Path, engine: EngineSettings,
-                 pool: WorkerPool | None = None) -> JobSummary:
+                 pool: WorkerPool | None = None, constrain: bool = True) -> JobSummary:
     """Complete every request of the run with the pipeline (resuming an interrupted job of the same requests), on
-    `pool`'s engines where given (the suite's runs share them)."""
-    rows = request_rows(states)
+    `pool`'s engines where given (the suite's runs share them); `constrain`: see `request_rows`."""
+    rows = request_rows(states, constrain)
     if write_requests(run_dir / REQUESTS_FILE, rows):
         log.info("%s: %d requests, %d rows written to %s", run_dir.name, len(states), len(rows), REQUESTS_FILE)
     score = scoring_job(states)

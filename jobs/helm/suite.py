@@ -56,6 +56,7 @@ class HelmOptions:
     suite: str
     engine: EngineSettings = field(default_factory=EngineSettings)
     skip_completed_runs: bool = False
+    constrain: bool = True  # multiple_choice_joint answers are one of the letters, enforced while decoding
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output", Path(self.output).expanduser().resolve())
@@ -106,7 +107,7 @@ def run_suite(spec: HelmSpec, options: HelmOptions) -> SuiteResult:
             todo.append(prepare_run(entry, run_dir))
     with _ray_session(options.engine, bool(todo)), WorkerPool() as pool:
         for prepared in todo:
-            done[prepared.entry.run_name] = execute_run(prepared, options.engine, pool)
+            done[prepared.entry.run_name] = execute_run(prepared, options.engine, pool, options.constrain)
     runs = tuple(done[e.run_name] for e in spec.entries)
     table, md, js = write_summary(options.suite_dir, options.suite, list(runs))
     schema = write_suite_schema(options.suite_dir, run_groups([options.suite_dir / e.run_name for e in spec.entries]))
@@ -194,14 +195,15 @@ def _chance(entry: RunEntry, method: str, states: list[dict]) -> float | None:
     return builtin.chance if builtin else None
 
 
-def execute_run(run: PreparedRun, engine: EngineSettings, pool: WorkerPool | None = None) -> RunSummary:
+def execute_run(run: PreparedRun, engine: EngineSettings, pool: WorkerPool | None = None,
+                constrain: bool = True) -> RunSummary:
     """Complete the run's requests (on `pool`'s engines, shared by the suite's runs), score them, write its HELM
     files; a run with failed shards writes none."""
     entry = run.entry
     engine = dataclasses.replace(engine, pins=engine.pins.with_(compress_weight=entry.compress_weight,
                                                                compress_cache=entry.compress_cache))
     log.info("run %s: %d requests of %s on %s", entry.run_name, len(run.states), entry.scenario_label, entry.model)
-    summary = run_requests(run.run_dir, run.states, entry.model, engine, pool)
+    summary = run_requests(run.run_dir, run.states, entry.model, engine, pool, constrain)
     tokens_per_s, plan = summary.job_tokens_per_s, plan_text(summary.workers)
     if not summary.run_completion_tokens:  # every shard was committed earlier: keep what that run measured
         tokens_per_s, plan = _earlier_measure(run.run_dir, tokens_per_s, plan)
