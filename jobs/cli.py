@@ -64,6 +64,7 @@ class _LazyGroup(click.Group):
                                   "gpu": "jobs.bench.gpu:gpu_command",
                                   "workloads": "jobs.bench.workloads:workloads_command",
                                   "prefix": "jobs.bench.shared_prefix:prefix_command",
+                                  "guided": "jobs.bench.guided:guided_command",
                                   "score": "jobs.bench.scoring:score_command",
                                   "startup": "jobs.bench.startup:startup_command",
                                   "stops": "jobs.bench.stop_strings:stops_command"})
