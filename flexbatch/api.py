@@ -17,7 +17,8 @@ JOB_OPTIONS = tuple(f.name for f in fields(RunConfig) if f.name not in ("model",
 def run_config(model, input, output, **options) -> RunConfig:
     """A job's configuration from keyword options: any `RunConfig` field (chat, format, prompt_column, dtype,
     truncate, policy, budgets, use_ray, workers, shard_rows, ...) and the decoding options max_new_tokens,
-    temperature, top_p, top_k, stop, seed and logprobs (or `params=SamplingParams(...)`)."""
+    temperature, top_p, top_k, stop, seed, logprobs and guided (an answer constraint such as {"choice": [...]},
+    engine/guided.py) (or `params=SamplingParams(...)`)."""
     unknown = sorted(set(options) - set(JOB_OPTIONS) - set(SAMPLING_OPTIONS))
     if unknown:
         raise ConfigError(f"unknown options {unknown}: use the job options {', '.join(JOB_OPTIONS)} or the "

@@ -13,6 +13,7 @@ import functools
 import json
 import re
 
+import numpy as np
 import torch
 
 from engine.guided import Guided
@@ -150,26 +151,37 @@ def _check_start(compiled, guided: Guided, vocab_size: int):
     return compiled
 
 
-def mask_logits(logits: torch.Tensor, rows) -> torch.Tensor:
-    """logits [B, V] -> the same logits where no row is constrained, else a copy with each live constrained
-    row's forbidden tokens at -inf (the original stays the model's, for logprobs). A row whose grammar allows no
-    token at all is failed here, before a token is drawn for it."""
+def mask_logits(logits: torch.Tensor, rows, keep: bool = True) -> torch.Tensor:
+    """logits [B, V] -> the same logits where no row is constrained, else (a copy of them with `keep`, so that
+    the original stays the model's for logprobs) with each live constrained row's forbidden tokens at -inf. A row
+    whose grammar allows no token at all is failed here, before a token is drawn for it."""
     guided = [b for b, r in enumerate(rows) if r.matcher is not None and not r.done]
     if not guided:
         return logits
     import xgrammar as xgr
 
     B, V = logits.shape
-    mask = xgr.allocate_token_bitmask(B, V)
-    for b in guided:
-        rows[b].matcher.fill_next_token_bitmask(mask, b)
-    dead = [b for b in guided if not bool(mask[b].any())]
-    for b in dead:
-        rows[b].fail("the constraint allows no next token here (the grammar cannot be completed with this "
-                     "tokenizer)")
-    masked = logits.clone()
-    xgr.apply_token_bitmask_inplace(masked, mask, indices=[b for b in guided if b not in dead])
-    return masked
+    mask = xgr.allocate_token_bitmask(len(guided), V)  # [G, ceil(V / 32)] int32, bit j of word w: token 32w + j
+    for i, b in enumerate(guided):
+        rows[b].matcher.fill_next_token_bitmask(mask, i)
+    alive = (mask != 0).any(-1).tolist()
+    for b, ok in zip(guided, alive):
+        if not ok:
+            rows[b].fail("the constraint allows no next token here (the grammar cannot be completed with this "
+                         "tokenizer)")
+    out = logits.clone() if keep else logits
+    blocked = blocked_tokens(mask, V)
+    for i, b in enumerate(guided):
+        out[b].masked_fill_(blocked[i], float("-inf"))  # in place, row by row: no gather and scatter of the rows
+    return out
+
+
+def blocked_tokens(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """xgrammar's bitmask [G, W] int32 (bit set: allowed) -> blocked [G, vocab_size] bool. numpy unpacks the
+    inverted bits of every row at once (little-endian bytes, low bit first: token 32w + 8k + j is bit j of byte k
+    of word w), about twice as fast as xgrammar's own CPU kernel at a 32k vocabulary (`flexbatch bench guided`)."""
+    bits = np.unpackbits((~mask.numpy()).view(np.uint8), axis=-1, bitorder="little")
+    return torch.from_numpy(bits[:, :vocab_size]).view(torch.bool)
 
 
 def advance(row, token: int) -> None:

@@ -126,13 +126,13 @@ class GpuBatch:
 
     def choose(self, logits: torch.Tensor, tokenizer) -> None:
         rows = self.rows
-        allowed = mask_logits(logits, rows)  # constrained rows: what their grammar allows (else `logits` itself)
+        want = any(r.req.params.logprobs for r in rows)
+        allowed = mask_logits(logits, rows, keep=want)  # constrained rows: only what their grammar allows
         tokens = next_tokens(allowed, [r.req.params for r in rows], [r.generator for r in rows])
         for b, r in enumerate(rows):
             forced = r.req.forced_ids
             if forced is not None and len(r.tokens) < len(forced):
                 tokens[b] = forced[len(r.tokens)]
-        want = any(r.req.params.logprobs for r in rows)
         lps = chosen_logprobs(logits, tokens).tolist() if want else [None] * len(rows)
         for r, t, lp in zip(rows, tokens.tolist(), lps):
             live = not r.done
