@@ -141,3 +141,14 @@ def test_guided_is_read_from_the_ways_callers_spell_it():
         Guided.from_mapping({"choice": ["a"], "regex": "b"})
     with pytest.raises(ValueError, match="not supported"):
         Guided.from_mapping({"choices": ["a"]})
+
+
+def test_a_constrained_rows_logprobs_are_the_models_own(tiny):
+    """The mask decides the token, not its reported log-probability: the same tokens forced without a
+    constraint have the same logprobs."""
+    params = SamplingParams(max_new_tokens=12, logprobs=True, guided={"choice": CHOICES})
+    (guided,) = tiny.generate([Request("g", PROMPTS[0], params)])
+    (forced,) = tiny.generate([Request("f", PROMPTS[0], SamplingParams(max_new_tokens=12, logprobs=True),
+                                       forced_ids=tuple(guided.token_ids))])
+    assert guided.text in CHOICES and forced.token_ids == guided.token_ids
+    assert forced.logprobs == pytest.approx(guided.logprobs, abs=1e-5)
