@@ -5,7 +5,7 @@ row's matcher. The grammar allows the end-of-sequence tokens only where the answ
 EOS once its answer is complete (or at max_new_tokens, cut short, like any row).
 
 The logits are on the CPU when tokens are chosen (engine/loop/schedule.py `_head`), whatever the policy, so the
-mask is applied there by xgrammar's CPU kernel. xgrammar is imported only when a call has a constrained row."""
+mask is applied there (`blocked_tokens`). xgrammar is imported only when a call has a constrained row."""
 
 from __future__ import annotations
 
