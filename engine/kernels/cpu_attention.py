@@ -83,17 +83,26 @@ def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torc
     scale = 1 / math.sqrt(D) if scale is None else scale
     qg = q.reshape(B, KVH, NH // KVH, D).float() * scale  # [B, KVH, g, D]
     state = (qg.new_full((*qg.shape[:3], 1), -math.inf), qg.new_zeros((*qg.shape[:3], 1)), torch.zeros_like(qg))
+    _, denom, o = fold_cache(state, qg, k, v, mask, chunk, buffers)
+    return (o / denom).reshape(B, NH, 1, D).to(q.dtype)
+
+
+def fold_cache(state, qg: torch.Tensor, k: CacheTensor, v: CacheTensor, allowed: torch.Tensor,
+               chunk: int | None = None, buffers: ChunkBuffers | None = None):
+    """Fold every slot of k, v [B, KVH, T, D] (tensors or QTensors) into the online-softmax state of scaled
+    queries qg [B, KVH, n, D], chunk by chunk (None: auto_chunk); allowed [B, 1, n or 1, T] bool."""
+    B, KVH, _, D = qg.shape
+    T = k.shape[2]
     buffers = buffers or ChunkBuffers()
     d_pad = k.buffer_shape[-2] if isinstance(k, QTensor) else D
     chunk = chunk or auto_chunk(B, KVH, d_pad)
-    buffers.reserve(B * KVH * d_pad * min(chunk, T), q.device)
+    buffers.reserve(B * KVH * d_pad * min(chunk, T), qg.device)
     for t0 in range(0, T, chunk):
         t1 = min(t0 + chunk, T)
         kt = chunk_t(k, t0, t1, buffers.k, buffers.scratch)
         vt = chunk_t(v, t0, t1, buffers.v, buffers.scratch)
-        state = fold_chunk(state, qg, kt, vt, mask[..., t0:t1])
-    _, denom, o = state
-    return (o / denom).reshape(B, NH, 1, D).to(q.dtype)
+        state = fold_chunk(state, qg, kt, vt, allowed[..., t0:t1])
+    return state
 
 
 def attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor, scale=None, chunk=None):

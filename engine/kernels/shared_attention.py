@@ -14,8 +14,7 @@ import math
 
 import torch
 
-from engine.compression.int4 import QTensor
-from engine.kernels.cpu_attention import ChunkBuffers, auto_chunk, chunk_t, fold_chunk
+from engine.kernels.cpu_attention import fold_cache
 
 SCORE_BYTES = 64 << 20  # float32 scores of the shared part computed at once (rows are taken in groups to fit)
 
@@ -48,15 +47,5 @@ def shared_prefix_attention(q: torch.Tensor, k, v, mask: torch.Tensor, shared: t
     scale = 1 / math.sqrt(D) if scale is None else scale
     qg = q.reshape(B, KVH, g * S, D).float() * scale  # query row j * S + s: head j of the group, position s
     allowed = mask.unsqueeze(2).expand(B, 1, g, S, T).reshape(B, 1, g * S, T)
-    state = shared_state(qg, *shared)
-    buffers = ChunkBuffers()
-    d_pad = k.buffer_shape[-2] if isinstance(k, QTensor) else D
-    chunk = chunk or auto_chunk(B, KVH, d_pad)
-    buffers.reserve(B * KVH * d_pad * min(chunk, T), q.device)
-    for t0 in range(0, T, chunk):
-        t1 = min(t0 + chunk, T)
-        kt = chunk_t(k, t0, t1, buffers.k, buffers.scratch)
-        vt = chunk_t(v, t0, t1, buffers.v, buffers.scratch)
-        state = fold_chunk(state, qg, kt, vt, allowed[..., t0:t1])
-    _, denom, o = state
+    _, denom, o = fold_cache(shared_state(qg, *shared), qg, k, v, allowed, chunk)
     return (o / denom).reshape(B, NH, S, D).to(q.dtype)

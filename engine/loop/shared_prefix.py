@@ -17,7 +17,10 @@ MIN_SHARED = 32  # fewer shared tokens are prefilled with each row: one more pas
 
 def shared_length(prompts: list[list[int]]) -> int:
     """Leading token ids every prompt shares, leaving each at least one token of its own (its first logits come
-    from its own last position); 0 when that is fewer than MIN_SHARED."""
+    from its own last position); 0 when that is fewer than MIN_SHARED, or for a single prompt (nothing to share
+    with)."""
+    if len(prompts) < 2:
+        return 0
     first, n = prompts[0], min(len(p) for p in prompts) - 1
     for p in prompts[1:]:
         if n < MIN_SHARED:

@@ -33,6 +33,7 @@ def test_shared_length_is_the_common_start_leaving_each_row_a_token():
     assert shared_length([a[:50], a[:50]]) == 49  # each row keeps its last token
     assert shared_length([a, a[: MIN_SHARED - 1] + [0, 1]]) == 0  # too short to be worth a pass
     assert shared_length([a, [5] + a]) == 0
+    assert shared_length([a]) == 0  # a block of one row has nothing to share
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -63,7 +64,8 @@ def test_sharing_under_every_policy(checkpoint, unshared, tmp_path, name):
     engine = Engine.load(checkpoint(VARIANT), dtype="float32", policy=POLICIES[name], simulate_gpu=True,
                          offload_dir=tmp_path)
     assert _tokens(engine) == unshared
-    assert engine.schedule_counts["shared_tokens"] >= MIN_SHARED
+    one_row_blocks = POLICIES[name].block_size == 1  # nothing to share within a block of one row
+    assert (engine.schedule_counts["shared_tokens"] == 0) == one_row_blocks, engine.schedule_counts
     engine.weights.close()
 
 

@@ -89,4 +89,6 @@ def test_the_planner_sees_rendered_chat_prompt_lengths(tmp_path, chat_checkpoint
     job = prepare_job(_config(tmp_path, model))
     tok = load_tokenizer(model)
     work = workload_from_input(job.files, job.column, tok, job.spec, 4, "float32")
-    assert work.prompt_len == len(chat_prompt_ids(tok, GOOD[1])) > 20 and work.num_prompts == 3
+    # three copies of one conversation: all but its last token is a prefix the rows share, computed once
+    assert work.shared_len + work.prompt_len == len(chat_prompt_ids(tok, GOOD[1])) > 20 and work.num_prompts == 3
+    assert work.prompt_len == 1
