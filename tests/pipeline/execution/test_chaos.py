@@ -71,7 +71,7 @@ def test_random_kills_of_actors_and_the_driver_never_lose_or_duplicate_a_row(tmp
     rng = random.Random(SEED)
     ids = _inputs(tmp_path / "in", files=3, rows=2 * SHARDS // 3)
     out = tmp_path / "out"
-    args = ("--workers", "2", "--shard-rows", "2", "--max-new-tokens", "16", "--max-shard-retries", "5")
+    args = ("--workers", "2", "--shard-rows", "2", "--max-new-tokens", "4", "--max-shard-retries", "5")
     done, kills, runs = None, [], 0
     while done is None and runs < KILLS + 3:
         proc, lines = _start_job(tmp_path, tiny_llama_dir, *args)
