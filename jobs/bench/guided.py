@@ -22,6 +22,7 @@ from engine.guided import Guided
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from jobs.bench import models as bm
+from jobs.bench.options import bench_options
 from jobs.bench.report import run_and_save
 from jobs.bench.runs import side_by_side
 from jobs.bench.table import Column, format_table
@@ -107,16 +108,7 @@ def table_text(report: dict) -> str:
 @click.option("--gen", type=click.IntRange(min=2), default=GuidedConfig.gen, show_default=True,
               help="Tokens generated per row on both lines (a choice is gen - 1 tokens, then EOS).")
 @click.option("--choices", type=click.IntRange(min=1), default=GuidedConfig.choices, show_default=True)
-@click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=GuidedConfig.preset, show_default=True,
-              help="Model shape (a random-weight Llama built once and cached).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default=GuidedConfig.dtype,
-              show_default=True, help="Compute dtype (auto: bfloat16 where the CPU has AVX512-BF16 or AMX).")
-@click.option("--gbs", type=click.IntRange(min=1), default=GuidedConfig.gbs, show_default=True)
-@click.option("--num-gb", type=click.IntRange(min=1), default=GuidedConfig.num_gb, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=GuidedConfig.repeats, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]")
-@click.option("--cache-dir", default=GuidedConfig.cache_dir, show_default=True, help="Checkpoints.")
-@click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/guided.json"), show_default=True)
+@bench_options(GuidedConfig, "guided.json", block=True)
 def guided_command(threads, output: Path, **kw):
     """A bulk workload with a choice constraint vs without, side by side (same tokens per row).
 

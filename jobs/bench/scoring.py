@@ -24,6 +24,7 @@ from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
+from jobs.bench.options import bench_options
 from jobs.bench.report import run_and_save
 from jobs.bench.table import Column, format_table
 from jobs.bench.workloads import cpu_flags, gemm_peak_gflops
@@ -122,16 +123,9 @@ def table_text(report: dict) -> str:
 @click.option("--rows", type=click.IntRange(min=1), default=ScoreConfig.rows, show_default=True)
 @click.option("--length", type=click.IntRange(min=2), default=ScoreConfig.length, show_default=True,
               help="Tokens per row.")
-@click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=ScoreConfig.preset, show_default=True,
-              help="Model shape (a random-weight Llama built once and cached).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default=ScoreConfig.dtype,
-              show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=ScoreConfig.batch, show_default=True,
               help="transformers' batch and the engine's GPU batch (blocks of 2 GPU batches).")
-@click.option("--repeats", type=click.IntRange(min=1), default=ScoreConfig.repeats, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]")
-@click.option("--cache-dir", default=ScoreConfig.cache_dir, show_default=True, help="Checkpoints.")
-@click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/score.json"), show_default=True)
+@bench_options(ScoreConfig, "score.json")
 def score_command(threads, output: Path, **kw):
     """Scoring prompts (prefill only): flexbatch's prompt scores vs transformers' forward + log_softmax.
 

@@ -24,6 +24,7 @@ from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from jobs.bench import models as bm
+from jobs.bench.options import bench_options
 from jobs.bench.report import run_and_save
 from jobs.bench.runs import side_by_side
 from jobs.bench.table import Column, format_table
@@ -120,16 +121,7 @@ def table_text(report: dict) -> str:
 @click.option("--rows", type=click.IntRange(min=2), default=PrefixConfig.rows, show_default=True,
               help="Rows of each workload (the run without sharing prefills every row's whole prompt: on a 2-core "
                    "CPU, 128 rows take about a minute a round).")
-@click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=PrefixConfig.preset, show_default=True,
-              help="Model shape (a random-weight Llama built once and cached).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default=PrefixConfig.dtype,
-              show_default=True, help="Compute dtype (auto: bfloat16 where the CPU has AVX512-BF16 or AMX).")
-@click.option("--gbs", type=click.IntRange(min=1), default=PrefixConfig.gbs, show_default=True)
-@click.option("--num-gb", type=click.IntRange(min=1), default=PrefixConfig.num_gb, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=PrefixConfig.repeats, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]")
-@click.option("--cache-dir", default=PrefixConfig.cache_dir, show_default=True, help="Checkpoints.")
-@click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/prefix.json"), show_default=True)
+@bench_options(PrefixConfig, "prefix.json", block=True)
 def prefix_command(workloads, threads, output: Path, **kw):
     """W5 / EM few-shot workloads: a shared prefix computed once vs every row prefilled whole, side by side.
 

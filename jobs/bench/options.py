@@ -1,0 +1,38 @@
+"""The options every single-engine benchmark (`bench prefix`, `score`, `guided`) shares, declared once: the model
+preset, dtype, rounds, threads, checkpoint cache and report path; each command's defaults come from its config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from jobs.bench import models as bm
+
+
+def bench_options(config, report: str, block: bool = False):
+    """--preset, --dtype, [--gbs, --num-gb with `block`], --repeats, --threads, --cache-dir and --output
+    (default out/bench/`report`), defaults from the dataclass `config`."""
+    options = [
+        click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=config.preset, show_default=True,
+                     help="Model shape (a random-weight Llama built once and cached)."),
+        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default=config.dtype,
+                     show_default=True, help="Compute dtype (auto: bfloat16 where the CPU has AVX512-BF16 or AMX)."),
+    ]
+    if block:
+        options += [click.option("--gbs", type=click.IntRange(min=1), default=config.gbs, show_default=True),
+                    click.option("--num-gb", type=click.IntRange(min=1), default=config.num_gb, show_default=True)]
+    options += [
+        click.option("--repeats", type=click.IntRange(min=1), default=config.repeats, show_default=True),
+        click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: torch's]"),
+        click.option("--cache-dir", default=config.cache_dir, show_default=True, help="Checkpoints."),
+        click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench") / report,
+                     show_default=True),
+    ]
+
+    def decorate(fn):
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
