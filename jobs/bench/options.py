@@ -1,5 +1,7 @@
 """The options every single-engine benchmark (`bench prefix`, `score`, `guided`) shares, declared once: the model
-preset, dtype, rounds, threads, checkpoint cache and report path; each command's defaults come from its config."""
+preset, dtype, rounds, threads, checkpoint cache and report path; each command's defaults come from its config.
+Also --vllm-venv, the vLLM line of `bench workloads` and `bench score` (a venv of its own: vLLM pins its own torch
+and transformers)."""
 
 from __future__ import annotations
 
@@ -36,3 +38,26 @@ def bench_options(config, report: str, block: bool = False):
         return fn
 
     return decorate
+
+
+DEFAULT_VLLM_VENV = ".venv-vllm"  # what scripts/setup_vllm_cpu_venv.sh builds
+
+
+def vllm_option(what: str):
+    """--vllm-venv [DIR]: add a vLLM line (`what`) run by DIR/bin/python; the option alone means .venv-vllm."""
+    return click.option("--vllm-venv", type=click.Path(path_type=Path, file_okay=False), is_flag=False,
+                        flag_value=Path(DEFAULT_VLLM_VENV), default=None,
+                        help=f"Add a vLLM line: {what}, run by DIR/bin/python (jobs/bench/vllm_script.py; build the "
+                             f"venv with scripts/setup_vllm_cpu_venv.sh DIR; the option alone: {DEFAULT_VLLM_VENV})."
+                             "  [default: no vLLM line]")
+
+
+def vllm_python(venv: Path | None) -> Path | None:
+    """The python of the vLLM venv `venv` (None: no vLLM line); a clear error where it is missing."""
+    if venv is None:
+        return None
+    python = Path(venv) / "bin" / "python"
+    if not python.is_file():
+        raise click.UsageError(f"no vLLM venv at {venv} ({python} is missing): build it with "
+                               f"scripts/setup_vllm_cpu_venv.sh {venv}, or leave --vllm-venv out")
+    return python.absolute()  # not resolved: a venv's python is a link out of it

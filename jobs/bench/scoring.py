@@ -7,12 +7,19 @@ language_modeling requests, lm-eval's loglikelihood), which is prefill only, sid
 Both in one process on one loaded checkpoint, interleaved round by round (median quoted). Per line: scored tokens/s
 and model FLOP/s (layers at every position, the LM head at every position, causal attention) as a fraction of a
 GEMM microbenchmark of the dtype (the widest layer shape at 1024 rows). Every line's scores are checked against
-the first's (float32: 1e-3 per token)."""
+the first's (float32: 1e-3 per token).
+
+With --vllm-venv DIR a third line, vLLM's `prompt_logprobs` (jobs/bench/vllm_script.py --score, run by DIR/bin/python
+in a process of its own each round, after the in-process lines, with vLLM's CPU settings of the whole-process
+bench): the seconds it spends in `llm.generate` (after an untimed warm-up of one batch of other rows), its process
+from start to exit, and the largest difference of its scores from flexbatch's and from transformers'."""
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,7 +31,8 @@ from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
-from jobs.bench.options import bench_options
+from jobs.bench import whole_process as wp
+from jobs.bench.options import bench_options, vllm_option, vllm_python
 from jobs.bench.report import run_and_save
 from jobs.bench.table import Column, format_table
 from jobs.bench.workloads import cpu_flags, gemm_peak_gflops
@@ -43,6 +51,8 @@ class ScoreConfig:
     batch: int = 32  # transformers' batch, and the engine's GPU batch (blocks of batch x 2 rows)
     repeats: int = 2
     cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
+    threads: int | None = None  # of the vLLM line (the in-process lines: torch's, set by the command)
+    vllm_venv: str | None = None  # a vLLM prompt_logprobs line (options.vllm_option)
 
 
 def engine_scorer(model_dir: Path, dtype: str, batch: int):
@@ -73,6 +83,32 @@ def hf_scorer(model_dir: Path, dtype: str, batch: int):
     return score
 
 
+def check_vllm_scores(stdout: str, logprobs: Path, rows: int, length: int) -> tuple[dict, list[list[float]]]:
+    """The vLLM script's JSON line and its scores, once every row scored its length - 1 tokens."""
+    res = wp.check_vllm_output(stdout, rows, length, 1)
+    scores = json.loads(Path(logprobs).read_text())
+    if res["scored_tokens"] != rows * (length - 1) or {len(s) for s in scores} != {length - 1}:
+        raise click.ClickException(f"the vLLM script scored {res['scored_tokens']} tokens, not {rows * (length - 1)}")
+    return res, scores
+
+
+def vllm_scorer(python: Path, model_dir: Path, prompts: list[list[int]], dtype: str, threads: int, warm_up: int,
+                tmp: Path):
+    """One round of the vLLM line: its script as a process of its own; its seconds in llm.generate, its scores."""
+    input_ = wp.write_prompt_ids(tmp / "prompt_ids.parquet", prompts)
+
+    def run(r: int) -> tuple[dict, list[list[float]]]:
+        workdir = tmp / f"vllm-round{r}"
+        workdir.mkdir()
+        argv = wp.vllm_command(python, model_dir, input_, 1, dtype, score=True, logprobs_out=workdir / "lp.json",
+                               warm_up_rows=warm_up)
+        done = wp.run_process(argv, threads, workdir, wp.vllm_env(python, threads))
+        res, scores = check_vllm_scores(done["stdout"], workdir / "lp.json", len(prompts), len(prompts[0]))
+        return res | {"process_seconds": done["seconds"], "command": argv}, scores
+
+    return run
+
+
 def run_score(cfg: ScoreConfig) -> dict:
     model_dir = bm.build_checkpoint(cfg.preset, cfg.cache_dir)
     spec = load_model_spec(model_dir)
@@ -84,11 +120,21 @@ def run_score(cfg: ScoreConfig) -> dict:
         fn(prompts[: cfg.batch])
     seconds: dict[str, list[float]] = {k: [] for k in scorers}
     scores: dict[str, list] = {}
-    for r in range(cfg.repeats):
-        for name, fn in scorers.items():
-            scores[name], s = timed_call(lambda fn=fn: fn(prompts))
-            seconds[name].append(s)
-            log.info("repeat %d %s: %.2f s", r + 1, name, s)
+    vllm, vllm_runs = vllm_python(cfg.vllm_venv), []
+    with tempfile.TemporaryDirectory(prefix="flexbatch-score-vllm-") as tmp:
+        run_vllm = vllm and vllm_scorer(vllm, model_dir, prompts, dtype, cfg.threads or torch.get_num_threads(),
+                                        cfg.batch, Path(tmp))
+        for r in range(cfg.repeats):
+            for name, fn in scorers.items():
+                scores[name], s = timed_call(lambda fn=fn: fn(prompts))
+                seconds[name].append(s)
+                log.info("repeat %d %s: %.2f s", r + 1, name, s)
+            if run_vllm:
+                res, scores["vllm"] = run_vllm(r)
+                vllm_runs.append(res)
+                seconds.setdefault("vllm", []).append(res["generate_seconds"])
+                log.info("repeat %d vllm: %.2f s in llm.generate, %.2f s start to exit", r + 1,
+                         res["generate_seconds"], res["process_seconds"])
     first = torch.tensor(scores["flexbatch"])
     worst = {k: float((torch.tensor(v) - first).abs().max()) for k, v in scores.items()}
     peak = gemm_peak_gflops(spec, getattr(torch, dtype))
@@ -101,6 +147,12 @@ def run_score(cfg: ScoreConfig) -> dict:
     base = lines[1]["tokens_per_s"]
     for ln in lines:
         ln["vs_transformers"] = ln["tokens_per_s"] / base
+    if vllm_runs:
+        ln = lines[-1]
+        ln["max_abs_diff_vs_transformers"] = float((torch.tensor(scores["vllm"]) - torch.tensor(scores["transformers"]))
+                                                   .abs().max())
+        ln |= {k: statistics.median(r[k] for r in vllm_runs) for k in ("process_seconds", "startup_seconds")}
+        ln["command"] = " ".join(vllm_runs[-1]["command"])
     return {"config": asdict(cfg), "dtype": dtype, "gemm_peak_gflops": peak,
             "machine": bm.machine_info() | {"cpu_flags": cpu_flags()}, "lines": lines}
 
@@ -113,7 +165,10 @@ def table_text(report: dict) -> str:
     c = report["config"]
     rows = [(ln["line"], f"{ln['tokens_per_s']:.0f}", f"{ln['vs_transformers']:.2f}x", f"{ln['gemm_fraction']:.2f}",
              f"{ln['max_abs_diff']:.1e}") for ln in report["lines"]]
-    return format_table(COLUMNS, rows, markdown=True, above=[
+    below = [f"vllm: seconds in llm.generate (after a warm-up batch); its process {ln['process_seconds']:.1f} s start to "
+             f"exit, of which {ln['startup_seconds']:.1f} s to a loaded engine; max |diff| vs transformers "
+             f"{ln['max_abs_diff_vs_transformers']:.1e}" for ln in report["lines"] if ln["line"] == "vllm"]
+    return format_table(COLUMNS, rows, markdown=True, below=below, above=[
         f"CPU flags: {report['machine']['cpu_flags']}",
         f"{c['rows']} rows x {c['length']} tokens, {report['dtype']}, batch {c['batch']}; GEMM peak "
         f"{report['gemm_peak_gflops']:.1f} GFLOP/s; median of {c['repeats']} rounds after a warm-up:"])
@@ -126,14 +181,18 @@ def table_text(report: dict) -> str:
 @click.option("--batch", type=click.IntRange(min=1), default=ScoreConfig.batch, show_default=True,
               help="transformers' batch and the engine's GPU batch (blocks of 2 GPU batches).")
 @bench_options(ScoreConfig, "score.json")
-def score_command(threads, output: Path, **kw):
+@vllm_option("vLLM's prompt_logprobs in a process of its own each round")
+def score_command(threads, vllm_venv, output: Path, **kw):
     """Scoring prompts (prefill only): flexbatch's prompt scores vs transformers' forward + log_softmax.
 
     \b
     Example:
       flexbatch bench score --rows 256 --threads 2
+      flexbatch bench score --rows 256 --threads 2 --vllm-venv .venv-vllm
     """
     setup_logging()
+    vllm_python(vllm_venv)  # a missing venv is an error before any line runs
     if threads:
         torch.set_num_threads(threads)
-    click.echo(table_text(run_and_save(run_score, ScoreConfig(**kw), output)))
+    cfg = ScoreConfig(threads=threads, vllm_venv=vllm_venv and str(vllm_venv), **kw)
+    click.echo(table_text(run_and_save(run_score, cfg, output)))

@@ -7,7 +7,9 @@ policy flexbatch's engine sets for itself; ratios are to the faster of the two. 
 lines run interleaved, round by round, after one untimed round that warms the operating system's caches and the
 hardware profile and kernel rates flexbatch measures on first use (as on a machine that ran a job before); the
 median of the timed rounds is quoted. Both sides get the same threads: OMP_NUM_THREADS for every process, and
-the CTranslate2 generator's intra_threads. Every row of every run must generate exactly G tokens (the bench
+the CTranslate2 generator's intra_threads. With a vLLM venv (--vllm-venv) a vLLM job (jobs/bench/vllm_script.py,
+the same prompts as token ids, the run's dtype) runs too, as vLLM's CPU docs advise: its OpenMP threads bound to
+cores 0..threads-1 with none reserved, tcmalloc and its libiomp5 preloaded. Every row of every run must generate exactly G tokens (the bench
 checkpoints have no EOS; the outputs are read back and checked), so tokens/s counts the same work on each side."""
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from jobs.bench.table import Column, num
 log = logging.getLogger(__name__)
 FORMATS = {"int8": ("--compress-weight", "int8"), "int4": ("--compress-weight", "int4"), "uncompressed": ()}
 SCRIPT = Path(__file__).with_name("ct2_script.py")
+VLLM_SCRIPT = Path(__file__).with_name("vllm_script.py")
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
 CT2_LINE = "ctranslate2 int8 script"
 CT2_HEAP_LINE = "ctranslate2 int8 script, heap reusing freed blocks"
 # glibc's environment equivalents of the engine's reuse_freed_blocks (engine/memory/heap.py): every block from the heap,
@@ -50,6 +54,16 @@ def write_prompts(path: Path, prompts: list[list[int]]) -> Path:
     return path
 
 
+def write_prompt_ids(path: Path, prompts: list[list[int]]) -> Path:
+    """The prompts as token ids (the vLLM script's input: both engines see the same ids)."""
+    pq.write_table(pa.table({"prompt_ids": prompts}), path)
+    return path
+
+
+def vllm_line_name(dtype: str) -> str:
+    return f"vllm {dtype} script"
+
+
 def flexbatch_exe() -> list[str]:
     """The `flexbatch` console script beside this interpreter, else `python -m jobs.cli` (the same CLI)."""
     exe = Path(sys.executable).with_name("flexbatch")
@@ -64,6 +78,43 @@ def flexbatch_command(model_dir: Path, input_: Path, output: Path, gen_len: int,
 def ct2_command(ct2_dir: Path, tokenizer: Path, input_: Path, gen_len: int, threads: int) -> list[str]:
     return [sys.executable, str(SCRIPT), "--model", str(ct2_dir), "--tokenizer", str(tokenizer), "--input",
             str(input_), "--max-new-tokens", str(gen_len), "--threads", str(threads), "--compute-type", "int8"]
+
+
+def vllm_command(python: Path, model_dir: Path, input_: Path, gen_len: int, dtype: str, score: bool = False,
+                 logprobs_out: Path | None = None, warm_up_rows: int = 0) -> list[str]:
+    """The vLLM script run by the vLLM venv's python: generate gen_len tokens per row, or (score) score the prompts."""
+    argv = [str(python), str(VLLM_SCRIPT), "--model", str(model_dir), "--input", str(input_), "--dtype", dtype]
+    argv += ["--score"] if score else ["--max-new-tokens", str(gen_len)]
+    if logprobs_out is not None:
+        argv += ["--logprobs-out", str(logprobs_out)]
+    return argv + (["--warm-up-rows", str(warm_up_rows)] if warm_up_rows else [])
+
+
+def vllm_env(python: Path, threads: int) -> dict[str, str]:
+    """vLLM CPU at its documented best: its OpenMP threads bound to cores 0..threads-1, none reserved for its
+    other work (by default it keeps one back), tcmalloc (where installed) and its bundled libiomp5 preloaded."""
+    venv = Path(python).parent.parent
+    preload = [str(TCMALLOC)] if TCMALLOC.is_file() else []
+    preload += [str(venv / "lib" / "libiomp5.so")] if (venv / "lib" / "libiomp5.so").is_file() else []  # intel-openmp
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload + [p for p in [os.environ.get("LD_PRELOAD")] if p])
+    return env
+
+
+def check_vllm_output(stdout: str, rows: int, prompt_len: int, gen_len: int) -> dict:
+    """The vLLM script's JSON line, once each of `rows` rows kept its whole prompt and generated exactly gen_len."""
+    lines = [ln for ln in stdout.strip().splitlines() if ln.startswith("{")]
+    if not lines:
+        raise click.ClickException(f"the vLLM script printed no JSON line: {stdout.strip()[-300:]!r}")
+    res = json.loads(lines[-1])
+    counts, prompts = res["completion_tokens"], res["prompt_tokens"]
+    if res["rows"] != rows or set(counts) != {gen_len} or set(prompts) != {prompt_len}:
+        raise click.ClickException(f"the vLLM script generated {sorted(set(counts))} tokens from "
+                                   f"{sorted(set(prompts))}-token prompts for {res['rows']} rows, not {gen_len} "
+                                   f"from {prompt_len} for {rows}")
+    return res
 
 
 # Starts the command and measures it from a small process of its own: a child's peak RSS (wait4's ru_maxrss) also
@@ -159,10 +210,23 @@ def ct2_line(ct2_dir: Path, tokenizer: Path, input_: Path, rows: int, prompt_len
     return run
 
 
+def vllm_line(python: Path, model_dir: Path, input_: Path, rows: int, prompt_len: int, gen_len: int, dtype: str,
+              threads: int):
+    def run(workdir: Path) -> dict:
+        argv = vllm_command(python, model_dir, input_, gen_len, dtype)
+        done = run_process(argv, threads, workdir, vllm_env(python, threads))
+        res = check_vllm_output(done["stdout"], rows, prompt_len, gen_len)
+        return done | {"tokens": rows * gen_len, "command": argv, "generate_seconds": res["generate_seconds"],
+                       "startup_seconds": res["startup_seconds"]}
+
+    return run
+
+
 def run_whole_processes(model_dir: Path, ct2_dir: Path | None, prompts: list[list[int]], gen_len: int, dtype: str,
-                        formats: tuple[str, ...], threads: int, repeats: int) -> dict:
-    """Time `flexbatch run` with each weight format and (with ct2_dir) the CTranslate2 int8 script as whole
-    processes: one untimed round, then `repeats` rounds, the lines interleaved in each."""
+                        formats: tuple[str, ...], threads: int, repeats: int, vllm: Path | None = None) -> dict:
+    """Time `flexbatch run` with each weight format, (with ct2_dir) the CTranslate2 int8 script and (with `vllm`,
+    the vLLM venv's python) the vLLM script as whole processes: one untimed round, then `repeats` rounds, the
+    lines interleaved in each."""
     rows, prompt_len, ids = len(prompts), len(prompts[0]), [f"r{i}" for i in range(len(prompts))]
     with tempfile.TemporaryDirectory(prefix="flexbatch-whole-process-") as tmp:
         input_ = write_prompts(Path(tmp) / "prompts.parquet", prompts)
@@ -171,6 +235,10 @@ def run_whole_processes(model_dir: Path, ct2_dir: Path | None, prompts: list[lis
         for name, env in CT2_LINES.items() if ct2_dir is not None else ():
             runners[name] = ct2_line(ct2_dir, model_dir / "tokenizer.json", input_, rows, prompt_len, gen_len,
                                      threads, env)
+        if vllm is not None:
+            ids_input = write_prompt_ids(Path(tmp) / "prompt_ids.parquet", prompts)
+            runners[vllm_line_name(dtype)] = vllm_line(vllm, model_dir, ids_input, rows, prompt_len, gen_len, dtype,
+                                                       threads)
         runs: dict[str, list[dict]] = {name: [] for name in runners}
         for r in range(repeats + 1):
             for i, (name, run) in enumerate(runners.items()):
@@ -197,6 +265,8 @@ def summarize(runs: dict[str, list[dict]]) -> list[dict]:
                       **{k: statistics.median(r[k] for r in timed) for k in ("seconds", "generate_seconds",
                                                                               "cpu_seconds")},
                       "peak_rss_bytes": max(r["peak_rss_bytes"] for r in timed), "block": timed[-1].get("block"),
+                      "startup_seconds": statistics.median(r["startup_seconds"] for r in timed)
+                      if "startup_seconds" in timed[-1] else None,
                       "runs_seconds": [r["seconds"] for r in timed], "warm_up_seconds": rs[0]["seconds"],
                       "command": shlex.join(timed[-1]["command"])})
     return lines
@@ -204,11 +274,11 @@ def summarize(runs: dict[str, list[dict]]) -> list[dict]:
 
 COLUMNS = tuple(Column(t) for t in ("workload", "line", "process start to exit, s (median)", "tokens/s",
                                      "vs the faster CTranslate2 int8 script", "of which generating, s", "CPU s",
-                                     "peak RSS"))
+                                     "peak RSS", "start-up to a loaded engine, s"))
 
 
 def table_rows(workload: str, whole: dict) -> list[tuple[str, ...]]:
     return [(workload, ln["line"], f"{ln['seconds']:.2f}", f"{ln['tokens_per_s']:.1f}",
              f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", num(ln["generate_seconds"], ".2f"),
              num(ln["cpu_seconds"], ".1f"),
-             f"{ln['peak_rss_bytes'] / 2**20:.0f} MiB") for ln in whole["lines"]]
+             f"{ln['peak_rss_bytes'] / 2**20:.0f} MiB", num(ln.get("startup_seconds"), ".1f")) for ln in whole["lines"]]

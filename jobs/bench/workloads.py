@@ -17,7 +17,9 @@ o, gate, up, down) at the decode batch size, the block's rows, through as many d
 
 With --whole-process FORMAT the same prompts are also timed as users compare engines, whole processes from start
 to exit: `flexbatch run --no-ray` with FORMAT weights against a CTranslate2 int8 script doing load + generate
-(jobs/bench/whole_process.py); --no-in-process leaves the in-process lines out."""
+(jobs/bench/whole_process.py); --no-in-process leaves the in-process lines out. --vllm-venv DIR adds a vLLM job
+(jobs/bench/vllm_script.py, run by DIR/bin/python) to the whole processes: its seconds start to exit, and the
+seconds inside it spent in `llm.generate` and before it (start-up: imports, load, compile warm-up)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from engine.spec import load_model_spec
 from jobs.bench import models as bm
 from jobs.bench import whole_process as wp
 from jobs.bench.line_process import LineProcess
+from jobs.bench.options import vllm_option, vllm_python
 from jobs.bench.report import run_and_save
 from jobs.bench.runs import engine_runner, summarize
 from jobs.bench.table import Column, format_table
@@ -60,6 +63,7 @@ class WorkloadConfig:
     in_process: bool = True
     whole_process: tuple[str, ...] = ()  # flexbatch run's weight formats (whole_process.FORMATS)
     threads: int | None = None  # of every line; None: torch's
+    vllm_venv: str | None = None  # a vLLM line among the whole processes (options.vllm_option)
     cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
 
 
@@ -160,10 +164,11 @@ def run_workload(cfg: WorkloadConfig, name: str, model_dir: Path, peak: float | 
     if cfg.in_process:
         out["decode_gemm_gflops"] = layer_gemm_gflops(load_model_spec(model_dir), getattr(torch, cfg.dtype), rows)
         out["lines"] = in_process_lines(cfg, model_dir, prompts, G, peak, out["decode_gemm_gflops"])
-    if cfg.whole_process:
+    if cfg.whole_process or cfg.vllm_venv:
         ct2_dir = ct2_model(model_dir, "int8") if cfg.ctranslate2 else None
         out["whole_process"] = wp.run_whole_processes(model_dir, ct2_dir, prompts, G, cfg.dtype, cfg.whole_process,
-                                                      cfg.threads or torch.get_num_threads(), cfg.repeats)
+                                                      cfg.threads or torch.get_num_threads(), cfg.repeats,
+                                                      vllm_python(cfg.vllm_venv))
     return out
 
 
@@ -274,13 +279,14 @@ def table_text(report: dict) -> str:
                    "generate (jobs/bench/ct2_script.py, with --ctranslate2), on the same prompts written to a "
                    "Parquet file; separate processes, interleaved round by round after a warm-up round; every row "
                    "checked to generate exactly G tokens.  [default: none]")
+@vllm_option("a vLLM job among the whole processes (generation seconds inside it, and start to exit)")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads of every line: torch's here, OMP_NUM_THREADS of the whole processes and the CTranslate2 "
                    "generators' intra_threads.  [default: torch's]")
 @click.option("--cache-dir", default=WorkloadConfig.cache_dir, show_default=True, help="Checkpoints.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/workloads.json"),
               show_default=True)
-def workloads_command(workloads, whole_process, threads, output: Path, **kw):
+def workloads_command(workloads, whole_process, threads, vllm_venv, output: Path, **kw):
     """W1/W2/W3: flexbatch (uncompressed, int4, int8 weights) vs CTranslate2, side by side; with --whole-process
     also as whole processes (`flexbatch run` vs a CTranslate2 script).
 
@@ -288,14 +294,16 @@ def workloads_command(workloads, whole_process, threads, output: Path, **kw):
     Examples:
       flexbatch bench workloads --workload W3 --threads 2
       flexbatch bench workloads --workload W3 --threads 2 --no-in-process --whole-process int8 --whole-process uncompressed
+      flexbatch bench workloads --workload W3 --threads 2 --no-in-process --whole-process uncompressed --vllm-venv .venv-vllm
     """
     setup_logging()
-    if not kw["in_process"] and not whole_process:
+    if not kw["in_process"] and not whole_process and not vllm_venv:
         raise click.UsageError("--no-in-process leaves no line: add --whole-process int8 (or another format)")
+    vllm_python(vllm_venv)  # a missing venv is an error before any line runs
     if threads:
         torch.set_num_threads(threads)
     cfg = WorkloadConfig(workloads=tuple(workloads) or WorkloadConfig.workloads, whole_process=tuple(whole_process),
-                         threads=threads, **kw)
+                         threads=threads, vllm_venv=vllm_venv and str(vllm_venv), **kw)
     report = run_and_save(run_workloads, cfg, output)
     click.echo(table_text(report))
     click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads; json: "
