@@ -37,7 +37,13 @@ from jobs.bench import models as bm
 from jobs.bench.backends import backend_lines, parse_backends
 from jobs.bench.early_stop import EarlyStopConfig, early_stop_lines
 from jobs.bench.heap import heap_line
-from jobs.bench.memory_limit import CgroupUnavailable, MemoryLimitConfig, check_cgroups, memory_limit_lines
+from jobs.bench.memory_limit import (
+    CgroupUnavailable,
+    MemoryLimitConfig,
+    check_cgroups,
+    memory_limit_lines,
+    parse_workload,
+)
 from jobs.bench.report import Line, run_and_save
 from jobs.bench.runs import DTYPE, best, block_name, engine_runner, hf_runner, memory_probe, side_by_side
 from jobs.bench.table import Column, format_table
@@ -157,12 +163,12 @@ def offload_line(cfg: BenchConfig, model_dir: Path, prompts) -> Line:
                 acc_top and theirs[acc_top]["tokens_per_s"], 20.0, detail)
 
 
-def accelerate_model(model_dir: Path, max_cpu_bytes: int, folder: str):
+def accelerate_model(model_dir: Path, max_cpu_bytes: int, folder: str, dtype: str = DTYPE):
     """HF Accelerate's big-model inference on a CPU-only machine: what does not fit max_memory["cpu"] goes to
     "disk" (read from the checkpoint's own safetensors file when it can, else from `folder`)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, device_map="auto",
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), device_map="auto",
                                                  max_memory={"cpu": max_cpu_bytes}, offload_folder=folder,
                                                  trust_remote_code=False)
     device_map = {k: str(v) for k, v in getattr(model, "hf_device_map", {}).items()}
@@ -249,19 +255,26 @@ def table_text(report: dict) -> str:
 _D = BenchConfig()
 
 
-def _memory_limit(text: str | None, batches: tuple[int, ...]) -> MemoryLimitConfig | None:
+def _memory_limit(text: str | None, batches: tuple[int, ...], workloads: tuple[str, ...] = (),
+                  dtype: str = MemoryLimitConfig.dtype,
+                  formats: tuple[str, ...] = MemoryLimitConfig.formats) -> MemoryLimitConfig | None:
     """The --memory-limit config, refused up front where memory groups cannot be made."""
     if text is None:
         return None
     try:
+        parsed = tuple(parse_workload(w) for w in workloads)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--memory-workload") from None
+    more = dict(acc_batches=batches, workloads=parsed, dtype=dtype, formats=formats)
+    try:
         if text.startswith("baseline+") and text.endswith("x"):
             try:
-                cfg = MemoryLimitConfig(model_share=float(text[len("baseline+"):-1]), acc_batches=batches)
+                cfg = MemoryLimitConfig(model_share=float(text[len("baseline+"):-1]), **more)
             except ValueError:
                 raise click.UsageError(f"--memory-limit={text!r}: expected baseline+SHAREx with a share in (0, 1), "
                                        "e.g. baseline+0.4x") from None
         else:
-            cfg = MemoryLimitConfig(int(parse_bytes(text, "--memory-limit")), acc_batches=batches)
+            cfg = MemoryLimitConfig(int(parse_bytes(text, "--memory-limit")), **more)
         check_cgroups()
     except (FlexbatchError, CgroupUnavailable) as e:
         raise click.UsageError(str(e)) from None
@@ -293,6 +306,15 @@ def _memory_limit(text: str | None, batches: tuple[int, ...]) -> MemoryLimitConf
               "of each side's measured baseline plus SHARE of the weights (e.g. baseline+0.4x).")
 @click.option("--memory-limit-batches", default=",".join(map(str, MemoryLimitConfig.acc_batches)), show_default=True,
               help="Accelerate batch sizes under --memory-limit.")
+@click.option("--memory-workload", multiple=True, metavar="ROWSxPROMPT+GEN",
+              help="A workload under --memory-limit instead of decode-heavy 128x16+64 and prefill-heavy 128x128+32 "
+                   "(repeatable), e.g. 256x128+64.")
+@click.option("--memory-limit-dtype", type=click.Choice(["bfloat16", "float32"]), default=MemoryLimitConfig.dtype,
+              show_default=True, help="What both sides compute in under --memory-limit (float32 where the CPU has "
+                                      "no bf16 arithmetic: AVX2 only).")
+@click.option("--memory-limit-formats", type=click.Choice(["int4", "int8"]), multiple=True,
+              default=MemoryLimitConfig.formats, show_default=True,
+              help="flexbatch's compressed runs beside its lossless one under --memory-limit (repeatable).")
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)
 def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, w4_prompts,
@@ -307,7 +329,9 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
     cfg = BenchConfig(blocks=_blocks(blocks), hf_batches=_ints(hf_batches), offload_blocks=_blocks(offload_blocks),
                       accelerate_batches=_ints(accelerate_batches), skip=tuple(skip),
                       backends=parse_backends(kw.pop("backends")),
-                      memory_limit=_memory_limit(memory_limit, _ints(kw.pop("memory_limit_batches"))),
+                      memory_limit=_memory_limit(memory_limit, _ints(kw.pop("memory_limit_batches")),
+                                                 kw.pop("memory_workload"), kw.pop("memory_limit_dtype"),
+                                                 tuple(kw.pop("memory_limit_formats"))),
                       early_stop=dataclasses.replace(_D.early_stop, prompts=w4_prompts, gbs=w4_gbs,
                                                      repeats=kw["repeats"]), **kw)
     report = run_and_save(run_engine_bench, cfg, output)

@@ -109,10 +109,12 @@ class Side:
     hardware: str | None = None
     compress: bool = False
     threads: int = 1
+    weight_format: str = "int4"  # flexbatch's compressed format, with `compress`
+    dtype: str = "bfloat16"  # both sides compute in it
 
     @property
     def name(self) -> str:
-        return f"{self.side}{'-4bit' if self.compress else ''}"
+        return f"{self.side}{({'int4': '-4bit', 'int8': '-int8'}[self.weight_format]) if self.compress else ''}"
 
 
 def side_args(side: Side, baseline: bool = False) -> list[str]:
@@ -156,6 +158,9 @@ class MemoryLimitConfig:
     model_share: float | None = None
     acc_batches: tuple[int, ...] = (4, 8, 16, 32)
     timeout_s: float = 3600.0
+    workloads: tuple[tuple[str, int, int, int], ...] = ()  # (name, rows, prompt, generated); () the two below
+    dtype: str = "bfloat16"
+    formats: tuple[str, ...] = ("int4",)  # flexbatch's compressed sides, beside its lossless one
 
     def __post_init__(self) -> None:
         if (self.limit_bytes is None) == (self.model_share is None):
@@ -178,10 +183,11 @@ def memory_limit_runs(cfg: MemoryLimitConfig, model_dir: Path, rows: int, prompt
     weights, threads = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")), torch.get_num_threads()
     runs, baselines = [], {}
     with tempfile.TemporaryDirectory(prefix="flexbatch-memlimit-") as tmp:
+        ours = [(False, "int4")] + [(True, fmt) for fmt in cfg.formats]
         sides = [Side("flexbatch", str(model_dir), rows, prompt_len, gen_len, 0, weights, str(Path(tmp) / "f"),
-                      hardware, compress, threads) for compress in (False, True)]
+                      hardware, compress, threads, fmt, cfg.dtype) for compress, fmt in ours]
         sides += [Side("accelerate", str(model_dir), rows, prompt_len, gen_len, b, weights, str(Path(tmp) / "a"),
-                       threads=threads) for b in cfg.acc_batches]
+                       threads=threads, dtype=cfg.dtype) for b in cfg.acc_batches]
         for side in sides:
             if side.side not in baselines:
                 baselines[side.side] = baseline_bytes(side) if cfg.limit_bytes is None else 0
@@ -200,23 +206,44 @@ def memory_limit_runs(cfg: MemoryLimitConfig, model_dir: Path, rows: int, prompt
 MEMORY_WORKLOADS = {"decode-heavy": (128, 16, 64, 5.0), "prefill-heavy": (128, 128, 32, None)}  # rows, P, G, target
 
 
+def parse_workload(text: str) -> tuple[str, int, int, int]:
+    """`ROWSxPROMPT+GEN` (e.g. 256x128+64) -> (its name, rows, prompt tokens, generated tokens)."""
+    try:
+        shape, gen = text.split("+")
+        rows, prompt = shape.lower().split("x")
+        out = (text, int(rows), int(prompt), int(gen))
+    except ValueError:
+        out = None
+    if out is None or min(out[1:]) < 1:
+        raise ValueError(f"{text!r}: write a memory-limit workload as ROWSxPROMPT+GEN, e.g. 256x128+64")
+    return out
+
+
+def workloads_of(cfg: MemoryLimitConfig) -> dict[str, tuple[int, int, int, float | None]]:
+    return {n: (r, p, g, None) for n, r, p, g in cfg.workloads} if cfg.workloads else MEMORY_WORKLOADS
+
+
 def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
-    """The decode-heavy and prefill-heavy workloads under the limit: flexbatch's planned run (lossless, and with
-    4-bit allowed) vs Accelerate's best surviving batch, generated tokens/s, each a whole process in its own
-    memory group. flexbatch plans with this machine's profile at this process's thread count, loaded (or
-    measured) here, outside the groups."""
+    """The workloads under the limit (by default decode-heavy and prefill-heavy): flexbatch's planned run
+    (lossless, and with each compressed format allowed) vs Accelerate's best surviving batch, generated tokens/s,
+    each a whole process in its own memory group. flexbatch plans with this machine's profile at this process's
+    thread count, loaded (or measured) here, outside the groups; each report carries that profile's cold disk
+    read rate beside the bytes each side read from the disk."""
     from planner.hardware import save_hardware
     from planner.profiler import load_or_profile
 
-    lines = []
+    lines, workloads = [], workloads_of(cfg)
     with tempfile.TemporaryDirectory(prefix="flexbatch-hw-") as tmp:
-        hardware = str(save_hardware(load_or_profile(), Path(tmp) / "hw.json"))
-        reports = {name: memory_limit_runs(cfg, model_dir, rows, P, G, hardware)
-                   for name, (rows, P, G, _) in MEMORY_WORKLOADS.items()}
-    for name, (rows, P, G, target) in MEMORY_WORKLOADS.items():
+        hw = load_or_profile()
+        hardware = str(save_hardware(hw, Path(tmp) / "hw.json"))
+        reports = {name: memory_limit_runs(cfg, model_dir, rows, P, G, hardware) | {
+                   "disk_read_bytes_per_s": hw.disk_read_bytes_per_s} for name, (rows, P, G, _) in workloads.items()}
+    ours_names = ["flexbatch"] + [Side("flexbatch", "", 0, 0, 0, 0, 0, "", compress=True, weight_format=f).name
+                                  for f in cfg.formats]
+    for name, (rows, P, G, target) in workloads.items():
         rep = reports[name]
         theirs = rep["best"].get("accelerate")
-        for ours_name in ("flexbatch", "flexbatch-4bit"):
+        for ours_name in ours_names:
             ours = rep["best"].get(ours_name)
             what = (f"{name} {rows}x{P} gen {G}, limit {cfg.describe()} (weights {rep['weight_bytes'] >> 20} MiB, "
                     f"baselines {({k: v >> 20 for k, v in rep['baseline_bytes'].items()})} MiB): {ours_name} "

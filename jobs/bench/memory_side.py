@@ -12,8 +12,6 @@ from jobs.bench import models as bm
 from jobs.bench.memory_limit import Side
 from planner.microbench import timed_call
 
-DTYPE = "bfloat16"
-
 
 def flexbatch_plan(side: Side):
     """The planner's policy for this side's workload under the room its group leaves (`pipeline.plan.planning`):
@@ -30,8 +28,9 @@ def flexbatch_plan(side: Side):
     room = memory_room()
     hw = planning_process(load_hardware(side.hardware) if side.hardware else load_or_profile(), room)
     budgets = plan_budgets({"cpu": side.cpu_bytes}, room)
-    work = Workload(side.prompt_len, side.gen_len, side.rows, dtype=DTYPE)
-    return search(spec, hw, work, budgets=budgets, allow_compression=side.compress), budgets
+    work = Workload(side.prompt_len, side.gen_len, side.rows, dtype=side.dtype)
+    pins = {"weight_format": side.weight_format} if side.compress else None
+    return search(spec, hw, work, pins=pins, budgets=budgets, allow_compression=side.compress), budgets
 
 
 def run_flexbatch(side: Side, prompts) -> tuple[int, float, dict]:
@@ -40,7 +39,7 @@ def run_flexbatch(side: Side, prompts) -> tuple[int, float, dict]:
 
     plan, budgets = flexbatch_plan(side)
     policy = plan.policy
-    eng = Engine.load(side.model_dir, dtype=DTYPE, policy=policy, budgets=budgets, offload_dir=side.offload_dir)
+    eng = Engine.load(side.model_dir, dtype=side.dtype, policy=policy, budgets=budgets, offload_dir=side.offload_dir)
     reqs = [Request(str(i), bm.prompt_text(ids), SamplingParams(max_new_tokens=side.gen_len))
             for i, ids in enumerate(prompts)]
     comps, gen_s = timed_call(lambda: eng.generate(reqs))
@@ -57,7 +56,7 @@ def run_accelerate(side: Side, prompts) -> tuple[int, float, dict]:
     from jobs.bench.engine import accelerate_model
     from jobs.bench.runs import hf_runner
 
-    model, device_map = accelerate_model(Path(side.model_dir), side.cpu_bytes, side.offload_dir)
+    model, device_map = accelerate_model(Path(side.model_dir), side.cpu_bytes, side.offload_dir, side.dtype)
     rows = prompts[: ACCELERATE_BATCHES * side.batch]
     tokens, gen_s = timed_call(lambda: sum(hf_runner(model, rows[i : i + side.batch], side.batch)(side.gen_len)
                                            for i in range(0, len(rows), side.batch)))
@@ -103,9 +102,21 @@ def main(arg: str, baseline: bool = False) -> None:
     vocab = json.loads((Path(side.model_dir) / "config.json").read_text())["vocab_size"]
     prompts = bm.prompt_ids(side.rows, side.prompt_len, vocab)
     run = run_flexbatch if side.side == "flexbatch" else run_accelerate
+    read_before = disk_read_bytes()
     (tokens, gen_s, info), process_s = timed_call(lambda: run(side, prompts))
+    read = disk_read_bytes() - read_before
     print(json.dumps({"tokens": tokens, "gen_s": gen_s, "tokens_per_s": tokens / gen_s, "cpu_bytes": side.cpu_bytes,
-                      "process_s": process_s, **info}))
+                      "process_s": process_s, "disk_read_bytes": read, "disk_read_bytes_per_token": read / tokens,
+                      **info}))
+
+
+def disk_read_bytes() -> int:
+    """Bytes this process has had read from storage (`read_bytes` of /proc/self/io: page-cache hits not counted),
+    its threads included."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
 
 
 if __name__ == "__main__":

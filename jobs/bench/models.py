@@ -17,6 +17,7 @@ import torch
 from engine.cache_root import CACHE_ROOT
 from engine.dtypes import cpu_info
 from engine.spec import ModelSpec
+from jobs.bench.sharded_checkpoint import checkpoint_bytes, write_sharded_random
 
 log = logging.getLogger(__name__)
 DEFAULT_CACHE_DIR = CACHE_ROOT / "bench"
@@ -70,7 +71,12 @@ PRESETS = {
     "tiny1k": Preset(128, 352, 10, 4, 4, 512, max_position_embeddings=1024),  # W4 (jobs/bench/early_stop.py)
     "110m": Preset(768, 2048, 12, 12, 12, 32000),  # the shape of the workloads W1-W3 (jobs/bench/workloads.py)
     "550m": Preset(1280, 3584, 24, 20, 20, 32000),  # ~1.1 GB in bf16: the memory-limit line (memory_limit.py)
+    # real sizes, written shard by shard (jobs/bench/sharded_checkpoint.py): Llama-3-8B's layers with a 32k
+    # vocabulary (~14.5 GB in bf16), and Llama-2-13B's shape (~26 GB)
+    "7b": Preset(4096, 14336, 32, 32, 8, 32000, tie_word_embeddings=False),
+    "13b": Preset(5120, 13824, 40, 40, 40, 32000, tie_word_embeddings=False),
 }
+STREAM_ABOVE_BYTES = 4 << 30  # a checkpoint larger than this is written a shard at a time, not built in memory
 
 
 def build_checkpoint(preset: str | Preset, cache_dir: str | Path | None = None, folder: str | None = None) -> Path:
@@ -84,7 +90,10 @@ def build_checkpoint(preset: str | Preset, cache_dir: str | Path | None = None, 
     out.mkdir(parents=True, exist_ok=True)
     log.info("building the %s checkpoint in %s", folder or preset, out)
     make_word_tokenizer(out, p.vocab_size)
-    save_random_model(out, p.hf_config(), torch.bfloat16)
+    if p.family == "llama" and checkpoint_bytes(p.hf_config(), torch.bfloat16) > STREAM_ABOVE_BYTES:
+        write_sharded_random(out, p.hf_config(), torch.bfloat16)
+    else:
+        save_random_model(out, p.hf_config(), torch.bfloat16)
     done.write_text(json.dumps(asdict(p)))
     return out
 

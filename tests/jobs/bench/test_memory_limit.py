@@ -39,6 +39,25 @@ def test_the_accelerate_batches_under_a_limit_are_an_option(monkeypatch):
     assert bench_engine._memory_limit("700MiB", (4,)) == ml.MemoryLimitConfig(700 << 20, acc_batches=(4,))
 
 
+def test_memory_limit_workloads_dtype_and_formats_are_options(monkeypatch):
+    from jobs.bench import engine as bench_engine
+
+    monkeypatch.setattr(bench_engine, "check_cgroups", lambda: None)
+    cfg = bench_engine._memory_limit("6GiB", (1, 4), ("256x128+64", "8X16+4"), "float32", ("int4", "int8"))
+    assert cfg.workloads == (("256x128+64", 256, 128, 64), ("8X16+4", 8, 16, 4))
+    assert ml.workloads_of(cfg) == {"256x128+64": (256, 128, 64, None), "8X16+4": (8, 16, 4, None)}
+    assert ml.workloads_of(ml.MemoryLimitConfig(1 << 30)) == ml.MEMORY_WORKLOADS
+    assert (cfg.dtype, cfg.formats) == ("float32", ("int4", "int8"))
+    for bad in ("256x128", "256x128+0", "axb+c", "1x2x3+4"):
+        with pytest.raises(ValueError, match="ROWSxPROMPT\\+GEN"):
+            ml.parse_workload(bad)
+    result = CliRunner().invoke(cli.main, ["bench", "engine", "--memory-limit", "1GiB", "--memory-workload", "8x8"])
+    assert result.exit_code == 2 and "'8x8': write a memory-limit workload as ROWSxPROMPT+GEN" in result.output
+    names = [ml.Side("flexbatch", "", 1, 1, 1, 0, 0, "", compress=c, weight_format=f).name
+             for c, f in ((False, "int8"), (True, "int4"), (True, "int8"))]
+    assert names == ["flexbatch", "flexbatch-4bit", "flexbatch-int8"]
+
+
 def test_a_limit_as_a_share_of_the_model_is_each_sides_baseline_plus_that_share():
     cfg = ml.MemoryLimitConfig(model_share=0.4)
     assert cfg.limit_for(baseline=300 << 20, weight_bytes=1000 << 20) == (300 << 20) + int(0.4 * (1000 << 20))
@@ -64,6 +83,8 @@ def test_each_side_runs_in_its_own_group_and_oom_is_reported(tmp_path):
                    offload_dir=str(tmp_path / "off"), hardware=str(hw))
     ok = ml.run_side(side, 900 << 20, timeout_s=600)
     assert ok["result"]["tokens"] == 16 and not ok["oom_killed"], ok
+    assert ok["result"]["disk_read_bytes"] >= 0
+    assert ok["result"]["disk_read_bytes_per_token"] == ok["result"]["disk_read_bytes"] / 16
     assert 0 < ok["peak_bytes"] <= 900 << 20
     starved = ml.run_side(side, 60 << 20, timeout_s=600)
     assert starved["result"] is None and starved["oom_killed"], starved
