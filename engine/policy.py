@@ -12,7 +12,9 @@ from engine.errors import InvalidParamsError
 
 TIERS = ("gpu", "cpu", "disk")
 PHASE_DEVICES = ("cpu", "gpu", "split")
-WEIGHT_FORMATS = ("int4", "int8")  # compressed weights: FlexGen's group-wise 4-bit, or row-wise 8-bit
+# compressed weights: FlexGen's group-wise 4-bit, row-wise 8-bit, or bfloat16 at rest (computed in the run's dtype:
+# lossless for a bf16 checkpoint computing in float32, half the bytes to store and read)
+WEIGHT_FORMATS = ("int4", "int8", "bf16")
 DEFAULT_GBS = 8
 DEFAULT_NUM_GB = 2
 FRACTION_NAMES = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu", "act_cpu")  # --percent's order

@@ -92,8 +92,9 @@ def _policy_options() -> list:
                           "the cpu; the rest goes to disk.  [default: planned; 0 100 0 100 0 100 with --no-plan]"),
         click.option("--compress-weight", type=click.Choice(WEIGHT_FORMATS), is_flag=False, flag_value="int4",
                      default=None, help="Compressed weights: int4 (the default when given alone: 4-bit group-wise, "
-                                        "group 64) or int8 (row-wise, int8 x int8 GEMMs; the LM head "
-                                        "in int8 too)."),
+                                        "group 64), int8 (row-wise, int8 x int8 GEMMs; the LM head "
+                                        "in int8 too) or bf16 (kept and read in bfloat16, computed in float32: "
+                                        "lossless for a bf16 checkpoint, half the bytes of float32)."),
         click.option("--compress-cache", is_flag=True, help="4-bit group-wise KV cache (group 64)."),
         click.option("--refill", type=click.Choice(("auto", "on", "off")), default="auto", show_default=True,
                      help="Finished rows' slots take waiting rows: auto lets the planner decide from the rows' "

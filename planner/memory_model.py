@@ -43,14 +43,19 @@ def int8_bytes(out: int, inp: int) -> int:
     return out * inp + out * 4
 
 
+def bf16_bytes(out: int, inp: int) -> int:
+    """Bytes of a bfloat16 [out, in] weight (engine/compression/bf16.py)."""
+    return 2 * out * inp
+
+
 def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool, weight_format: str = "int4") -> float:
-    """W: one layer as stored and moved. Dense: params_per_layer * dtype_bytes; compressed: int4_bytes or
-    int8_bytes (by `weight_format`) of each Linear weight plus the norms and biases, which stay dense."""
+    """W: one layer as stored and moved. Dense: params_per_layer * dtype_bytes; compressed: int4_bytes, int8_bytes
+    or bf16_bytes (by `weight_format`) of each Linear weight plus the norms and biases, which stay dense."""
     dense = model.params_per_layer * dtype_bytes
     if not compressed:
         return dense
     other = model.params_per_layer - linear_params(model)
-    size = int8_bytes if weight_format == "int8" else int4_bytes
+    size = {"int8": int8_bytes, "bf16": bf16_bytes}.get(weight_format, int4_bytes)
     return sum(size(o, i) for o, i in linear_shapes(model)) + other * dtype_bytes
 
 

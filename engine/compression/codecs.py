@@ -1,7 +1,8 @@
 """How a policy's compression applies to weights and the KV cache.
 
-Weights: every Linear weight [out, in] is kept compressed (a 4-bit QTensor grouped along `in`, or row-wise
-int8; norms, biases and embeddings stay as they are); compressed tensors are what is stored and moved. On its
+Weights: every Linear weight [out, in] is kept compressed (a 4-bit QTensor grouped along `in`, row-wise int8,
+or bfloat16 for a run computing in float32; norms, biases and embeddings stay as they are); compressed tensors
+are what is stored and moved. On its
 compute device a layer's weights are computed on directly by the compressed kernels where those were measured
 faster (engine/compression/qlinear.py), else decompressed into one of two reused buffer sets (the layer computing, the
 layer being prefetched).
@@ -16,6 +17,7 @@ import threading
 import torch
 
 from engine.checkpoint import LayerWeights
+from engine.compression.bf16 import Bf16Weight
 from engine.compression.int4 import DEFAULT_CONFIG, PARAM_DTYPE, QTensor, QuantConfig, dequantize, quantize
 from engine.compression.int8 import FORMAT as INT8_FORMAT
 from engine.compression.int8 import Int8Weight, dequantize_int8, quantize_int8
@@ -36,7 +38,7 @@ _INT8_PARTS = ("q8", "q8scales")
 class WeightCodec:
     """Encodes a layer to plain tensors + string metadata (what a safetensors file holds) and back, in one of
     WEIGHT_FORMATS: `int4` keeps each Linear weight as a QTensor (data, mins, scales), `int8` as row-wise codes
-    and scales (q8, q8scales)."""
+    and scales (q8, q8scales), `bf16` as a bfloat16 copy (bf16), widened to the compute dtype where it computes."""
 
     def __init__(self, dtype: torch.dtype, config: QuantConfig = DEFAULT_CONFIG, format: str = "int4"):
         if format not in WEIGHT_FORMATS:
@@ -48,8 +50,8 @@ class WeightCodec:
         self._lock = threading.Lock()
 
     def metadata(self) -> dict[str, str]:
-        if self.format == "int8":
-            return {"codec": "flexbatch-weights-int8"}
+        if self.format in ("int8", "bf16"):
+            return {"codec": f"flexbatch-weights-{self.format}"}
         return {"codec": "flexbatch-weights-int4", "group_size": str(self.config.group_size)}
 
     def encode(self, lw: LayerWeights) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -59,6 +61,9 @@ class WeightCodec:
                 # a copy: a tensor read from safetensors may share the mapping of its whole file, and keeping it
                 # would keep every page read from that file resident (the full-precision weights just compressed)
                 tensors[name] = t.clone()
+            elif self.format == "bf16":
+                tensors[f"{name}.bf16"] = t.to(torch.bfloat16).contiguous()
+                meta[name] = "bf16"
             elif self.format == "int8":
                 w8 = quantize_int8(t)
                 tensors[f"{name}.q8"], tensors[f"{name}.q8scales"] = w8.codes, w8.scales
@@ -71,7 +76,8 @@ class WeightCodec:
         return tensors, meta
 
     def split(self, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> tuple[LayerWeights, dict]:
-        """A stored layer -> (its plain tensors, {name: QTensor or Int8Weight} of its compressed weights)."""
+        """A stored layer -> (its plain tensors, {name: QTensor, Int8Weight or Bf16Weight} of its compressed
+        weights)."""
         plain, packed = {}, {}
         for name, t in tensors.items():
             if name.endswith(".data"):
@@ -81,6 +87,8 @@ class WeightCodec:
             elif name.endswith(".q8"):
                 base = name.removesuffix(".q8")
                 packed[base] = Int8Weight(t, tensors[base + ".q8scales"])
+            elif name.endswith(".bf16"):
+                packed[name.removesuffix(".bf16")] = Bf16Weight(t)
             elif not name.endswith((".mins", ".scales", ".q8scales")):
                 plain[name] = t
         return plain, packed
@@ -90,6 +98,8 @@ class WeightCodec:
         if isinstance(w, Int8Weight):
             return dequantize_int8(w, self.dtype, out=_buffer(buffers, name, w.codes.numel(), self.dtype,
                                                                w.codes.device).view(w.codes.shape))
+        if isinstance(w, Bf16Weight):
+            return _buffer(buffers, name, w.values.numel(), self.dtype, w.values.device).view(w.shape).copy_(w.values)
         n = math.prod(w.buffer_shape)
         buf = _buffer(buffers, name, n, self.dtype, w.data.device)
         return dequantize(w, out=buf, scratch=_buffer(buffers, name + "#scratch", n, torch.uint8, w.data.device))

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.checkpoint import LayerWeights
+from engine.compression.bf16 import Bf16Weight
 from engine.compression.int4 import INT4_GROUP_SIZES, PACKED_DTYPE, pack_int4
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
@@ -85,11 +86,13 @@ def int8_head(gw: LayerWeights, tied: bool, dtype: torch.dtype) -> LayerWeights:
 
 
 def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:
-    """A QTensor or Int8Weight as a QWeight: int8 computes on its codes as they are; int4 needs packing
+    """A QTensor, Int8Weight or Bf16Weight as a QWeight: int8 computes on its codes as they are; int4 needs packing
     (`pack`, done once for resident layers) and is packed only where it was measured faster somewhere."""
     if isinstance(w, Int8Weight):
         n, k = w.codes.shape
         return QWeight(w, w, max_rows("int8", n, k, dtype))
+    if isinstance(w, Bf16Weight):  # no kernel of its own: widened, then the dense GEMM
+        return QWeight(w, None, 0)
     n, k = w.shape
     rows = max_rows("int4", n, k, dtype) if pack and w.config.group_size in INT4_GROUP_SIZES else 0
     return QWeight(w, pack_int4(w, PACKED_DTYPE) if rows else None, rows)

@@ -114,7 +114,8 @@ class Side:
 
     @property
     def name(self) -> str:
-        return f"{self.side}{({'int4': '-4bit', 'int8': '-int8'}[self.weight_format]) if self.compress else ''}"
+        suffix = "-4bit" if self.weight_format == "int4" else f"-{self.weight_format}"
+        return f"{self.side}{suffix if self.compress else ''}"
 
 
 def side_args(side: Side, baseline: bool = False) -> list[str]:

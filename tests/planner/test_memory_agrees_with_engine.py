@@ -23,10 +23,12 @@ POLICIES = [
            compress_cache=True, prefill_device="gpu", decode_device="gpu"),
     Policy(gbs=2, num_gb=2, compress_weight=True, weight_format="int8"),
     Policy(gbs=2, num_gb=1, weight_cpu=0.5, compress_weight=True, weight_format="int8"),
+    Policy(gbs=2, num_gb=1, weight_cpu=0.5, compress_weight=True, weight_format="bf16"),
 ]
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=["cpu", "split", "compressed-disk", "int8", "int8-disk"])
+@pytest.mark.parametrize("policy", POLICIES, ids=["cpu", "split", "compressed-disk", "int8", "int8-disk",
+                                                   "bf16-disk"])
 def test_home_bytes_match_the_engine(tmp_path, tiny_llama_dir, policy):
     check_home_bytes(tmp_path, tiny_llama_dir, policy)
 
