@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from jobs.bench.report import Line
@@ -178,23 +179,28 @@ class MemoryLimitConfig:
 
 def memory_limit_runs(cfg: MemoryLimitConfig, model_dir: Path, rows: int, prompt_len: int, gen_len: int,
                       hardware: str) -> dict:
-    """Every side, back to back, each in a fresh group; the best surviving run of each side."""
+    """Every side, back to back, each in a fresh group; the best surviving run of each side. Each side's offloaded
+    copies (flexbatch's converted layers, Accelerate's offload folder) are removed once that side has run: at a
+    7B-class size they would not fit on the disk side by side."""
     import torch
 
     weights, threads = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")), torch.get_num_threads()
     runs, baselines = [], {}
     with tempfile.TemporaryDirectory(prefix="flexbatch-memlimit-") as tmp:
         ours = [(False, "int4")] + [(True, fmt) for fmt in cfg.formats]
-        sides = [Side("flexbatch", str(model_dir), rows, prompt_len, gen_len, 0, weights, str(Path(tmp) / "f"),
-                      hardware, compress, threads, fmt, cfg.dtype) for compress, fmt in ours]
-        sides += [Side("accelerate", str(model_dir), rows, prompt_len, gen_len, b, weights, str(Path(tmp) / "a"),
-                       threads=threads, dtype=cfg.dtype) for b in cfg.acc_batches]
-        for side in sides:
+        sides = [Side("flexbatch", str(model_dir), rows, prompt_len, gen_len, 0, weights, "", hardware, compress,
+                      threads, fmt, cfg.dtype) for compress, fmt in ours]
+        sides += [Side("accelerate", str(model_dir), rows, prompt_len, gen_len, b, weights, "", threads=threads,
+                       dtype=cfg.dtype) for b in cfg.acc_batches]
+        sides = [replace(s, offload_dir=str(Path(tmp) / s.name)) for s in sides]  # one folder per side
+        for k, side in enumerate(sides):
             if side.side not in baselines:
                 baselines[side.side] = baseline_bytes(side) if cfg.limit_bytes is None else 0
             runs.append(run_side(side, cfg.limit_for(baselines[side.side], weights), cfg.timeout_s))
             log.info("memory limit %s batch %d: %s", side.name, side.batch,
                      {k: v for k, v in runs[-1].items() if k != "stderr_tail"})
+            if k + 1 == len(sides) or sides[k + 1].offload_dir != side.offload_dir:
+                shutil.rmtree(side.offload_dir, ignore_errors=True)
     best = {}
     for r in runs:
         ok = r["result"] is not None and not r["oom_killed"]
