@@ -94,24 +94,47 @@ def fixed_hardware_profile():
         torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
+_shared_head: dict = {}  # the shared head while it runs: "head" (tests/ray_cluster.py RayHead) and "sid"
+
+
+@pytest.fixture
 def shared_ray():
     """One Ray head for the session's tests that only need a cluster to run on (not those of how a local Ray
     starts, stops or dies, which start their own): 2 CPUs on 127.0.0.1, token authentication with the token a
     local Ray of flexbatch's would use (`secure_token_file`: Ray caches the token it reads once per process), and
     its job server (tests/ray_cluster.py). Jobs join it by address: `ray_address` in-process, `--address
-    shared_ray.address` with `shared_ray.env` in a subprocess."""
-    from pipeline.execution.ray_runtime import secure_token_file
-    from tests.ray_cluster import start_head, stop_head
+    shared_ray.address` with `shared_ray.env` in a subprocess. Started by the first test that asks for it and
+    stopped after the last one in a row (`pytest_runtest_teardown`; the SERIAL tests that use it run one after
+    another) or at the end of the session: idle, its daemons and Ray Data's actors take a share of a core."""
+    if not _shared_head:
+        from pipeline.execution.ray_runtime import secure_token_file
+        from tests.ray_cluster import start_head
 
-    token_path = secure_token_file(create=True)
-    if token_path is None:  # the token comes from RAY_AUTH_TOKEN: `ray start` reads it from there too
-        token_path = Path(tempfile.mkdtemp(prefix="fb-token-")) / "token"
-        token_path.write_text(os.environ["RAY_AUTH_TOKEN"])
-        token_path.chmod(0o600)
-    head, sid = start_head(2, token_path)
-    yield head
-    stop_head(sid, head, grace_s=2.0)
+        token_path = secure_token_file(create=True)
+        if token_path is None:  # the token comes from RAY_AUTH_TOKEN: `ray start` reads it from there too
+            token_path = Path(tempfile.mkdtemp(prefix="fb-token-")) / "token"
+            token_path.write_text(os.environ["RAY_AUTH_TOKEN"])
+            token_path.chmod(0o600)
+        _shared_head["head"], _shared_head["sid"] = start_head(2, token_path)
+    return _shared_head["head"]
+
+
+def _stop_shared_head() -> None:
+    if _shared_head:
+        from tests.ray_cluster import stop_head
+
+        head, sid = _shared_head.pop("head"), _shared_head.pop("sid")
+        stop_head(sid, head, grace_s=2.0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is None or "shared_ray" not in getattr(nextitem, "fixturenames", ()):
+        _stop_shared_head()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _stop_shared_head()
 
 
 @pytest.fixture
@@ -135,20 +158,34 @@ def ray_address(shared_ray, monkeypatch):
 # Tests that start a Ray cluster (or kill the processes of one), and those that join the shared one (`shared_ray`):
 # with `pytest -n 2` (the Makefile's) they run one after another on one worker, never two clusters or two jobs on
 # the shared one at once; the rest of the suite is spread over both workers.
-SERIAL = ("tests/pipeline/execution/", "tests/jobs/test_submit.py", "tests/jobs/helm/test_ray.py",
+SERIAL = ("tests/pipeline/execution/test_chaos.py", "tests/pipeline/execution/test_driver_ray.py",
+          "tests/pipeline/execution/test_ray_hygiene.py", "tests/jobs/test_submit.py", "tests/jobs/helm/test_ray.py",
           "tests/jobs/test_cli.py::test_python_m_jobs_run_end_to_end",
           "tests/jobs/wrangle/test_command.py::test_job_on_ray_with_two_actors",
           "tests/flexbatch/test_api.py::test_ray_data_pipeline_equals_flexbatch_run")
+# Ray Data leaves actors of its own on the cluster (stats, autoscaling): its test is the shared head's last.
+SHARED_LAST = ("tests/flexbatch/test_api.py::test_ray_data_pipeline_equals_flexbatch_run",)
+
+
+def _serial_order(item) -> int:
+    """The SERIAL tests' order: those on the shared head first, in a row (it is stopped after the last), then
+    those that start a cluster of their own."""
+    if "shared_ray" in getattr(item, "fixturenames", ()):
+        return 1 if item.nodeid.startswith(SHARED_LAST) else 0
+    return 2
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` are skipped without CUDA; tests marked `ipex` where intel-extension-for-pytorch cannot
-    run (it needs torch 2.8); the SERIAL tests share one xdist group."""
+    run (it needs torch 2.8); the SERIAL tests share one xdist group, in `_serial_order`."""
     import torch
 
-    for item in items:
-        if item.nodeid.startswith(SERIAL) or "shared_ray" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("serial"))
+    serial = [item for item in items
+              if item.nodeid.startswith(SERIAL) or "shared_ray" in getattr(item, "fixturenames", ())]
+    for item in serial:
+        item.add_marker(pytest.mark.xdist_group("serial"))
+    chosen = {id(item) for item in serial}
+    items[:] = [item for item in items if id(item) not in chosen] + sorted(serial, key=_serial_order)
 
     if not torch.cuda.is_available():
         for item in items:

@@ -67,14 +67,16 @@ def _disrupt(rng: random.Random, proc, lines, out, shards: int) -> str | None:
     return "driver"
 
 
-def test_random_kills_of_actors_and_the_driver_never_lose_or_duplicate_a_row(tmp_path, tiny_llama_dir):
+def test_random_kills_of_actors_and_the_driver_never_lose_or_duplicate_a_row(tmp_path, tiny_llama_dir, shared_ray):
+    """Every run joins the suite's shared head: a killed driver's actors are stopped by Ray, not by the end of a
+    local Ray of its own."""
     rng = random.Random(SEED)
     ids = _inputs(tmp_path / "in", files=3, rows=2 * SHARDS // 3)
     out = tmp_path / "out"
     args = ("--workers", "2", "--shard-rows", "2", "--max-new-tokens", "4", "--max-shard-retries", "5")
     done, kills, runs = None, [], 0
     while done is None and runs < KILLS + 3:
-        proc, lines = _start_job(tmp_path, tiny_llama_dir, *args)
+        proc, lines = _start_job(tmp_path, tiny_llama_dir, *args, ray=shared_ray)
         runs += 1
         while len(kills) < KILLS and proc.poll() is None:
             what = _disrupt(rng, proc, lines, out, SHARDS)

@@ -77,11 +77,15 @@ def test_two_actors_over_three_files_match_a_single_process_run(tmp_path, tiny_l
     assert success["ok"] and success["rows"] == len(ids) and len(success["workers"]) == 2
 
 
-def _start_job(tmp_path, model, *extra):
-    """`python -m jobs.run` in a subprocess; its output lines are collected by a thread."""
+def _start_job(tmp_path, model, *extra, ray=None):
+    """`python -m jobs.run` in a subprocess, on the Ray head `ray` (tests/ray_cluster.py) if given, else on a
+    local Ray of its own; its output lines are collected by a thread."""
     args = [sys.executable, "-m", "jobs.run", "--model", str(model), "--input", str(tmp_path / "in"), "--output",
             str(tmp_path / "out"), "--dtype", "float32", "--no-plan", "--gbs", "2", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
+    if ray is not None:
+        args += ["--address", ray.address]
+    env = {**(os.environ if ray is None else ray.env), "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0",
+           "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     lines: list[str] = []
@@ -106,10 +110,10 @@ def _started_shard_pid(lines):
     return None
 
 
-def test_an_actor_killed_mid_shard_is_replaced_and_no_row_is_lost(tmp_path, tiny_llama_dir):
+def test_an_actor_killed_mid_shard_is_replaced_and_no_row_is_lost(tmp_path, tiny_llama_dir, shared_ray):
     ids = _inputs(tmp_path / "in", files=3, rows=6)
     proc, lines = _start_job(tmp_path, tiny_llama_dir, "--workers", "2", "--shard-rows", "3",
-                             "--max-new-tokens", "40")
+                             "--max-new-tokens", "40", ray=shared_ray)
     pid = _wait_for(lambda: _started_shard_pid(lines), "a worker to start a shard")
     os.kill(pid, signal.SIGKILL)
     assert proc.wait(timeout=240) == 0, "".join(lines[-40:])
@@ -126,11 +130,14 @@ def _manifest_lines(folder):
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_a_killed_driver_resumes_without_redoing_or_touching_committed_parts(tmp_path, tiny_llama_dir):
+def test_a_killed_driver_resumes_without_redoing_or_touching_committed_parts(tmp_path, tiny_llama_dir,
+                                                                           shared_ray):
+    """On the shared head: the killed driver's actor is stopped by Ray (its owner is gone), and the rerun joins
+    the same cluster."""
     ids = _inputs(tmp_path / "in", files=3, rows=6)
     out = tmp_path / "out"
     args = ("--workers", "1", "--shard-rows", "2", "--max-new-tokens", "24")
-    proc, lines = _start_job(tmp_path, tiny_llama_dir, *args)
+    proc, lines = _start_job(tmp_path, tiny_llama_dir, *args, ray=shared_ray)
     _wait_for(lambda: _manifest_lines(out), "a committed shard")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
@@ -138,7 +145,7 @@ def test_a_killed_driver_resumes_without_redoing_or_touching_committed_parts(tmp
     assert 1 <= len(committed) < 9 and not (out / SUCCESS_FILE).exists()
     before = {c["part"]: ((out / c["part"]).read_bytes(), (out / c["part"]).stat().st_mtime_ns) for c in committed}
 
-    proc, lines = _start_job(tmp_path, tiny_llama_dir, *args)
+    proc, lines = _start_job(tmp_path, tiny_llama_dir, *args, ray=shared_ray)
     assert proc.wait(timeout=240) == 0, "".join(lines[-40:])
     for part, (data, mtime) in before.items():
         assert (out / part).read_bytes() == data and (out / part).stat().st_mtime_ns == mtime
@@ -155,7 +162,8 @@ def test_a_killed_driver_resumes_without_redoing_or_touching_committed_parts(tmp
 def test_a_two_node_cluster_gets_one_actor_per_node(tmp_path, tiny_llama_dir, ray_shutdown):
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # no dashboard: nothing here asks it, and its processes take most of the cluster's start on 2 cores
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
