@@ -97,16 +97,28 @@ def modes(model: ModelSpec, hw: HardwareSpec, pins: Mapping, allow_compression: 
     where the layers that fit SPLIT_FIT_SHARE of the GPU capacity beside the embeddings and head sit on the GPU
     is among them)."""
     lossy = (False, True) if allow_compression else (False,)
-    cw = [pins["compress_weight"]] if "compress_weight" in pins else lossy
     cc = [pins["compress_cache"]] if "compress_cache" in pins else lossy
     attn = [pins["cpu_attention"]] if "cpu_attention" in pins else ((True, False) if hw.has_gpu else (True,))
     out, room = [], max(0.0, gpu_capacity * SPLIT_FIT_SHARE - global_bytes(model, dtype_bytes))  # a split's
-    fmt = pins.get("weight_format", Policy.weight_format)
-    for w in cw:  # last layer computes on the GPU, so the embeddings and head live there (globals_tier)
+    for w, fmt in weight_forms(model, pins, allow_compression, dtype_bytes):
+        # the last layer computes on the GPU, so the embeddings and head live there (globals_tier)
         fit = int(room // layer_bytes(model, dtype_bytes, w, fmt)) if hw.has_gpu else None
         pre, dec = (device_choices(model, hw, pins, phase, fit) for phase in ("prefill", "decode"))
         out += _modes_for(w, cc, attn, pre, dec, fmt, pins.get("share_prefix", Policy.share_prefix))
     return out
+
+
+def weight_forms(model: ModelSpec, pins: Mapping, allow_compression: bool, dtype_bytes: int) -> list[tuple]:
+    """The (compress_weight, weight_format) choices: as pinned; else uncompressed, the (pinned or default) lossy
+    format where compression is allowed, and bfloat16 at rest wherever it loses nothing: a checkpoint stored in
+    bfloat16 computing in float32 (engine/compression/bf16.py)."""
+    fmt = pins.get("weight_format", Policy.weight_format)
+    if "compress_weight" in pins:
+        return [(pins["compress_weight"], fmt)]
+    forms = [(False, fmt)] + ([(True, fmt)] if allow_compression else [])
+    if "weight_format" not in pins and dtype_bytes == 4 and model.checkpoint_dtype == "bfloat16":
+        forms.append((True, "bf16"))
+    return forms
 
 
 def _modes_for(w, cc, attn, pre, dec, weight_format: str, share_prefix: bool) -> list[dict]:
