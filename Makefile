@@ -4,6 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 HELM_VERSION ?= 0.5.16
+XGRAMMAR ?= xgrammar>=0.2.9,<0.3
 
 .PHONY: venv demo test lint bench clean
 
@@ -12,12 +13,16 @@ HELM_VERSION ?= 0.5.16
 # CUDA build from the registry. crfm-helm (the HELM tests run
 # its helm-run and helm-summarize) comes without its own requirements, which would pull torchvision and with
 # it another torch: the `helm` extra lists the packages those two commands import. The `lm-eval` extra (the
-# lm-evaluation-harness backend and its tests) adds ~25 s to a fresh install.
+# lm-evaluation-harness backend and its tests) adds ~25 s to a fresh install. xgrammar (the `grammar` extra) comes
+# without its own requirements too: they pull triton (~1 GB, never imported here); pyproject.toml lists what it
+# imports. pip installs without compiling bytecode, one file after another; compileall then compiles the
+# environment on every core (pip ignores files that do not compile, as -qq and `|| true` do here).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,helm,lm-eval]" "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -q --no-deps "crfm-helm==$(HELM_VERSION)"
+	$(PY) -m pip install -q --no-compile -e ".[test,helm,lm-eval]" "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install -q --no-compile --no-deps "crfm-helm==$(HELM_VERSION)" "$(XGRAMMAR)"
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $(STAMP)
 
 venv: $(STAMP)
