@@ -45,8 +45,10 @@ def kernel_layout_bytes(weights) -> int:
 
 
 def stored_bytes(weights) -> int:
-    """Bytes of weights as kept: tensors at their size, QWeights at their stored form's (the int8 head)."""
-    return sum(w.stored.nbytes if isinstance(w, QWeight) else w.numel() * w.element_size() for w in weights)
+    """Bytes of weights as kept: tensors at their size, QWeights at their stored form's (the int8 head), other
+    kept forms (a weight reordered for oneDNN) at their `nbytes`."""
+    return sum(w.stored.nbytes if isinstance(w, QWeight) else w.numel() * w.element_size()
+               if isinstance(w, torch.Tensor) else w.nbytes for w in weights)
 
 
 def one_call(w: QWeight, dtype: torch.dtype) -> QLinear:

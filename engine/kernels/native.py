@@ -23,6 +23,8 @@ from engine.compression.bf16 import Bf16Weight
 from engine.compression.int4 import INT4_GROUP_SIZES, PACKED_DTYPE, pack_int4
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
+from engine.kernels import onednn_dense
+from engine.kernels.onednn_dense import OnednnWeight
 from engine.kernels.rates import max_rows
 from engine.kernels.rope import apply_rope, cos_sin
 
@@ -37,6 +39,8 @@ class NativeKernels:
     def linear(self, x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(w, QLinear):
             return w(x, b)
+        if isinstance(w, OnednnWeight):
+            return onednn_dense.linear(x, w, b)
         if isinstance(w, QWeight):  # kept outside a layer (the int8 head)
             return one_call(w, x.dtype)(x, b)
         return F.linear(x, w, b)
@@ -53,9 +57,10 @@ class NativeKernels:
     def pack_resident(self, stored: LayerWeights, meta: dict[str, str] | None, codec=None) -> LayerWeights:
         """A layer that stays in CPU memory and only ever computes on the CPU, in the form it is kept in
         (called once at load). Compressed weights become QWeights, 4-bit ones packed for aten's int4 GEMM when
-        that was measured faster at some row count (kept beside the stored form, which the dense path reads)."""
+        that was measured faster at some row count (kept beside the stored form, which the dense path reads);
+        dense ones are reordered for oneDNN where that was measured faster (engine/kernels/onednn_dense.py)."""
         if codec is None or meta is None:
-            return stored
+            return {name: onednn_dense.pack(w) if onednn_dense.worth_packing(w) else w for name, w in stored.items()}
         plain, packed = codec.split(stored, meta)
         return plain | {name: qweight(w, codec.dtype, pack=True) for name, w in packed.items()}
 

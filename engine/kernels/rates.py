@@ -47,8 +47,15 @@ def machine_key() -> str:
 
 
 def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
-    """(compressed call, dense call) for a random [n, k] weight; dense includes the dequantization."""
+    """(compressed call, dense call) for a random [n, k] weight; dense includes the dequantization. Format
+    "onednn" is the dense weight reordered for oneDNN against the plain one (engine/kernels/onednn_dense.py)."""
     w = torch.randn(n, k) * 0.02
+    if fmt == "onednn":
+        from engine.kernels import onednn_dense
+
+        plain = w.to(dtype)
+        packed = onednn_dense.pack(plain)  # RuntimeError where this CPU cannot reorder this dtype
+        return (lambda x: onednn_dense.linear(x, packed)), (lambda x: F.linear(x, plain))
     if fmt == "int8":
         w8 = quantize_int8(w)
         return (lambda x: int8_linear(x, w8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))

@@ -1,0 +1,64 @@
+"""Dense weights reordered for oneDNN (engine/kernels/onednn_dense.py): with every weight packed, greedy fp32 tokens
+equal transformers' for Llama and OPT layers; the choice is a cached measurement per shape; small weights and
+layers that also compute on a GPU stay plain."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.engine import Engine
+from engine.kernels import onednn_dense, rates
+from engine.kernels.onednn_dense import OnednnWeight
+from engine.policy import Policy
+from engine.request import Request, SamplingParams
+from tests.engine.reference import PROMPTS, hf_greedy, hf_model
+
+
+@pytest.fixture
+def pack_everything(monkeypatch):
+    monkeypatch.setattr(onednn_dense, "worth_packing", lambda w: w.dim() == 2 and w.dtype == torch.float32)
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa_llama3", "opt"])
+def test_packed_layers_give_transformers_greedy_tokens(checkpoint, pack_everything, variant):
+    model_dir = checkpoint(variant)
+    engine = Engine.load(model_dir, dtype="float32", policy=Policy(gbs=3, num_gb=2))
+    kept = [w for layer in engine.weights.resident.values() for w in layer.values()]
+    assert sum(isinstance(w, OnednnWeight) for w in kept) >= 4 * engine.spec.num_layers // 2
+    ref = hf_model(model_dir)
+    requests = [Request(str(i), p, SamplingParams(max_new_tokens=10)) for i, p in enumerate(PROMPTS)]
+    got = [c.token_ids for c in engine.generate(requests)]
+    assert got == [hf_greedy(ref, engine.tokenizer, p, 10, engine.eos_ids) for p in PROMPTS]
+
+
+def test_the_packed_linear_equals_the_plain_one():
+    w, b = torch.randn(96, 64), torch.randn(96)
+    packed = onednn_dense.pack(w)
+    for x in (torch.randn(1, 64), torch.randn(3, 5, 64), torch.randn(300, 64)):
+        torch.testing.assert_close(onednn_dense.linear(x, packed, b), torch.nn.functional.linear(x, w, b))
+    assert packed.nbytes == w.numel() * 4 and packed.out_features == 96
+
+
+def test_the_choice_is_measured_once_per_shape_and_small_weights_are_never_measured(monkeypatch, tmp_path):
+    monkeypatch.setattr(rates, "DEFAULT_PATH", tmp_path / "rates.json")
+    calls = []
+
+    def fake_measure(fmt, n, k, dtype, repeats=5, every_row_count=False):
+        calls.append((fmt, n, k))
+        gain = 2.0 if n == 2048 else 1.0
+        return 0, [{"rows": r, "fast_s": 1.0, "dense_s": gain} for r in rates.ROWS]
+
+    monkeypatch.setattr(rates, "measure_max_rows", fake_measure)
+    assert onednn_dense.worth_packing(torch.empty(2048, 1024))
+    assert onednn_dense.worth_packing(torch.empty(2048, 1024))
+    assert not onednn_dense.worth_packing(torch.empty(1024, 1024))  # measured, no faster
+    assert not onednn_dense.worth_packing(torch.empty(64, 64))  # below MIN_PACK_PARAMS: not measured
+    assert calls == [("onednn", 2048, 1024), ("onednn", 1024, 1024)]
+
+
+def test_layers_that_also_compute_on_a_gpu_stay_plain(checkpoint, pack_everything):
+    engine = Engine.load(checkpoint("llama_gqa_llama3"), dtype="float32", simulate_gpu=True,
+                         policy=Policy(gbs=2, num_gb=1, prefill_device="gpu"))
+    kept = [w for layer in engine.weights.resident.values() for w in layer.values()]
+    assert kept and not any(isinstance(w, OnednnWeight) for w in kept)
