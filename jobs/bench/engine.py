@@ -312,10 +312,10 @@ def _memory_limit(text: str | None, batches: tuple[int, ...], workloads: tuple[s
 @click.option("--memory-limit-dtype", type=click.Choice(["bfloat16", "float32"]), default=MemoryLimitConfig.dtype,
               show_default=True, help="What both sides compute in under --memory-limit (float32 where the CPU has "
                                       "no bf16 arithmetic: AVX2 only).")
-@click.option("--memory-limit-formats", type=click.Choice(WEIGHT_FORMATS), multiple=True,
+@click.option("--memory-limit-formats", type=click.Choice(("uncompressed", *WEIGHT_FORMATS)), multiple=True,
               default=MemoryLimitConfig.formats, show_default=True,
-              help="flexbatch's compressed runs beside its uncompressed one under --memory-limit (repeatable; "
-                   "bf16 with --memory-limit-dtype float32).")
+              help="flexbatch's runs under --memory-limit (repeatable): planned without compression, or with "
+                   "weights in a pinned format (bf16 with --memory-limit-dtype float32).")
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)
 def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, w4_prompts,

@@ -162,7 +162,7 @@ class MemoryLimitConfig:
     timeout_s: float = 3600.0
     workloads: tuple[tuple[str, int, int, int], ...] = ()  # (name, rows, prompt, generated); () the two below
     dtype: str = "bfloat16"
-    formats: tuple[str, ...] = ("int4",)  # flexbatch's compressed sides, beside its lossless one
+    formats: tuple[str, ...] = ("uncompressed", "int4")  # flexbatch's sides: planned uncompressed, or pinned format
 
     def __post_init__(self) -> None:
         if (self.limit_bytes is None) == (self.model_share is None):
@@ -187,7 +187,7 @@ def memory_limit_runs(cfg: MemoryLimitConfig, model_dir: Path, rows: int, prompt
     weights, threads = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")), torch.get_num_threads()
     runs, baselines = [], {}
     with tempfile.TemporaryDirectory(prefix="flexbatch-memlimit-") as tmp:
-        ours = [(False, "int4")] + [(True, fmt) for fmt in cfg.formats]
+        ours = [(False, "int4") if fmt == "uncompressed" else (True, fmt) for fmt in cfg.formats]
         sides = [Side("flexbatch", str(model_dir), rows, prompt_len, gen_len, 0, weights, "", hardware, compress,
                       threads, fmt, cfg.dtype) for compress, fmt in ours]
         sides += [Side("accelerate", str(model_dir), rows, prompt_len, gen_len, b, weights, "", threads=threads,
@@ -232,7 +232,7 @@ def workloads_of(cfg: MemoryLimitConfig) -> dict[str, tuple[int, int, int, float
 
 def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
     """The workloads under the limit (by default decode-heavy and prefill-heavy): flexbatch's planned run
-    (lossless, and with each compressed format allowed) vs Accelerate's best surviving batch, generated tokens/s,
+    (uncompressed, and with each compressed format pinned) vs Accelerate's best surviving batch, generated tokens/s,
     each a whole process in its own memory group. flexbatch plans with this machine's profile at this process's
     thread count, loaded (or measured) here, outside the groups; each report carries that profile's cold disk
     read rate beside the bytes each side read from the disk."""
@@ -245,8 +245,8 @@ def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
         hardware = str(save_hardware(hw, Path(tmp) / "hw.json"))
         reports = {name: memory_limit_runs(cfg, model_dir, rows, P, G, hardware) | {
                    "disk_read_bytes_per_s": hw.disk_read_bytes_per_s} for name, (rows, P, G, _) in workloads.items()}
-    ours_names = ["flexbatch"] + [Side("flexbatch", "", 0, 0, 0, 0, 0, "", compress=True, weight_format=f).name
-                                  for f in cfg.formats]
+    ours_names = [Side("flexbatch", "", 0, 0, 0, 0, 0, "", compress=f != "uncompressed", weight_format=f).name
+                  for f in cfg.formats]
     for name, (rows, P, G, target) in workloads.items():
         rep = reports[name]
         theirs = rep["best"].get("accelerate")

@@ -15,7 +15,8 @@ from planner.microbench import timed_call
 
 def flexbatch_plan(side: Side):
     """The planner's policy for this side's workload under the room its group leaves (`pipeline.plan.planning`):
-    the same decision a job makes, with the hardware profile the bench measured."""
+    the same decision a job makes, with the hardware profile the bench measured; a compressed side pins its
+    format, as `--compress-weight FORMAT` does."""
     from engine.memory.room import memory_room
     from engine.spec import load_model_spec
     from pipeline.plan.planning import plan_budgets, planning_process
@@ -29,7 +30,7 @@ def flexbatch_plan(side: Side):
     hw = planning_process(load_hardware(side.hardware) if side.hardware else load_or_profile(), room)
     budgets = plan_budgets({"cpu": side.cpu_bytes}, room)
     work = Workload(side.prompt_len, side.gen_len, side.rows, dtype=side.dtype)
-    pins = {"weight_format": side.weight_format} if side.compress else None
+    pins = {"compress_weight": True, "weight_format": side.weight_format} if side.compress else None
     return search(spec, hw, work, pins=pins, budgets=budgets, allow_compression=side.compress), budgets
 
 

@@ -44,6 +44,7 @@ def test_memory_limit_workloads_dtype_and_formats_are_options(monkeypatch):
 
     monkeypatch.setattr(bench_engine, "check_cgroups", lambda: None)
     cfg = bench_engine._memory_limit("6GiB", (1, 4), ("256x128+64", "8X16+4"), "float32", ("int4", "int8"))
+    assert ml.MemoryLimitConfig(1 << 30).formats == ("uncompressed", "int4")
     assert cfg.workloads == (("256x128+64", 256, 128, 64), ("8X16+4", 8, 16, 4))
     assert ml.workloads_of(cfg) == {"256x128+64": (256, 128, 64, None), "8X16+4": (8, 16, 4, None)}
     assert ml.workloads_of(ml.MemoryLimitConfig(1 << 30)) == ml.MEMORY_WORKLOADS
