@@ -271,10 +271,13 @@ def layer_calls_s(blk: Block, device: str) -> Affine:
 
 def layer_dequant_s(blk: Block, device: str) -> float:
     """One layer's compressed weights decompressed on the compute device:
-    params_per_layer * dtype_bytes / dequant_bytes_per_s + dequant_call_s (0 without compression)."""
+    params_per_layer * dtype_bytes / dequant_bytes_per_s + dequant_call_s (0 without compression). bfloat16
+    weights at rest are widened by a copy, an elementwise op: the same bytes at elementwise_bytes_per_s."""
     if not blk.policy.compress_weight:
         return 0.0
     spec = blk.hw.device(device)
+    if blk.policy.weight_format == "bf16":
+        return blk.model.params_per_layer * blk.elem / spec.elementwise_bytes_per_s
     return blk.model.params_per_layer * blk.elem / spec.dequant_bytes_per_s + spec.dequant_call_s
 
 
