@@ -23,7 +23,7 @@ from engine.compression.bf16 import Bf16Weight
 from engine.compression.int4 import INT4_GROUP_SIZES, PACKED_DTYPE, pack_int4
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
-from engine.kernels import onednn_dense
+from engine.kernels import onednn_dense, rates
 from engine.kernels.onednn_dense import OnednnWeight
 from engine.kernels.rates import max_rows
 from engine.kernels.rope import apply_rope, cos_sin
@@ -60,7 +60,7 @@ class NativeKernels:
         that was measured faster at some row count (kept beside the stored form, which the dense path reads);
         dense ones are reordered for oneDNN where that was measured faster (engine/kernels/onednn_dense.py)."""
         if codec is None or meta is None:
-            return {name: onednn_dense.pack(w) if onednn_dense.worth_packing(w) else w for name, w in stored.items()}
+            return {name: onednn_dense.pack(w) if rates.packs_dense(w) else w for name, w in stored.items()}
         plain, packed = codec.split(stored, meta)
         return plain | {name: qweight(w, codec.dtype, pack=True) for name, w in packed.items()}
 

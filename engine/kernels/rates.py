@@ -1,5 +1,5 @@
-"""Where the compressed kernels beat dequantize + dense GEMM on this machine, measured once per weight shape,
-format and compute dtype, and cached as JSON (~/.cache/flexbatch/kernel_rates.json) under a key of the machine
+"""Where the compressed kernels beat dequantize + dense GEMM on this machine (and where a dense weight reordered for
+oneDNN beats the plain one: format "onednn"), measured once per weight shape, format and compute dtype, and cached as JSON (~/.cache/flexbatch/kernel_rates.json) under a key of the machine
 (CPU model, a hash of its flags, torch version, thread count), so that a run measures only shapes it has not
 seen. `flexbatch profile` measures a few shapes at every row count through `shape_timings` and prices the
 planner's compressed GEMMs from the same entries: the profile and the crossovers are one measurement.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import tempfile
@@ -30,9 +31,12 @@ from engine.cache_root import CACHE_ROOT
 from engine.compression.int4 import DEFAULT_CONFIG, PACKED_DTYPE, dequantize, int4_linear, pack_int4, quantize
 from engine.compression.int8 import dequantize_int8, int8_linear, quantize_int8
 from engine.dtypes import cpu_info
+from engine.kernels import onednn_dense
 
 log = logging.getLogger(__name__)
 ROWS = (1, 4, 16, 64, 256, 1024)
+MIN_PACK_PARAMS = 1 << 20  # out * in of the smallest dense weight considered for reordering
+MIN_PACK_GAIN = 1.1  # geometric-mean speed-up over ROWS that a reordered dense weight must show
 VERSION = 3  # of the kernels measured and the entries' form: entries of another version are measured again
 MAX_AGE_S = 30 * 86400
 DEFAULT_PATH = CACHE_ROOT / "kernel_rates.json"
@@ -51,8 +55,6 @@ def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
     "onednn" is the dense weight reordered for oneDNN against the plain one (engine/kernels/onednn_dense.py)."""
     w = torch.randn(n, k) * 0.02
     if fmt == "onednn":
-        from engine.kernels import onednn_dense
-
         plain = w.to(dtype)
         packed = onednn_dense.pack(plain)  # RuntimeError where this CPU cannot reorder this dtype
         return (lambda x: onednn_dense.linear(x, packed)), (lambda x: F.linear(x, plain))
@@ -94,6 +96,21 @@ def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int 
             if losses == 2 and not every_row_count:
                 break
     return best, timings
+
+
+def packs_dense(w: torch.Tensor) -> bool:
+    """Whether dense weight `w` computes faster reordered for oneDNN (engine/kernels/onednn_dense.py) on this
+    machine: the geometric mean over ROWS of the plain GEMM's time over the reordered one's is at least
+    MIN_PACK_GAIN. Weights below MIN_PACK_PARAMS are left alone (the call costs more than the arithmetic), and so
+    is a dtype the CPU cannot reorder (bfloat16 needs AVX512-BW or AVX-NE-CONVERT)."""
+    if w.dim() != 2 or w.numel() < MIN_PACK_PARAMS or w.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    try:
+        timings = shape_timings("onednn", w.shape[0], w.shape[1], w.dtype, every_row_count=True)["timings"]
+    except RuntimeError:  # the CPU cannot reorder this dtype
+        return False
+    gain = math.exp(sum(math.log(t["dense_s"] / t["fast_s"]) for t in timings) / len(timings))
+    return gain >= MIN_PACK_GAIN
 
 
 def max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, path: Path | None = None) -> int:

@@ -17,7 +17,7 @@ from tests.engine.reference import PROMPTS, hf_greedy, hf_model
 
 @pytest.fixture
 def pack_everything(monkeypatch):
-    monkeypatch.setattr(onednn_dense, "worth_packing", lambda w: w.dim() == 2 and w.dtype == torch.float32)
+    monkeypatch.setattr(rates, "packs_dense", lambda w: w.dim() == 2 and w.dtype == torch.float32)
 
 
 @pytest.mark.parametrize("variant", ["llama_gqa_llama3", "opt"])
@@ -50,10 +50,10 @@ def test_the_choice_is_measured_once_per_shape_and_small_weights_are_never_measu
         return 0, [{"rows": r, "fast_s": 1.0, "dense_s": gain} for r in rates.ROWS]
 
     monkeypatch.setattr(rates, "measure_max_rows", fake_measure)
-    assert onednn_dense.worth_packing(torch.empty(2048, 1024))
-    assert onednn_dense.worth_packing(torch.empty(2048, 1024))
-    assert not onednn_dense.worth_packing(torch.empty(1024, 1024))  # measured, no faster
-    assert not onednn_dense.worth_packing(torch.empty(64, 64))  # below MIN_PACK_PARAMS: not measured
+    assert rates.packs_dense(torch.empty(2048, 1024))
+    assert rates.packs_dense(torch.empty(2048, 1024))
+    assert not rates.packs_dense(torch.empty(1024, 1024))  # measured, no faster
+    assert not rates.packs_dense(torch.empty(64, 64))  # below MIN_PACK_PARAMS: not measured
     assert calls == [("onednn", 2048, 1024), ("onednn", 1024, 1024)]
 
 
