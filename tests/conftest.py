@@ -175,9 +175,22 @@ def _serial_order(item) -> int:
     return 2
 
 
+def _shares_a_module_fixture(item) -> bool:
+    """Whether the test uses a module- or class-scoped fixture (a model loaded once, a HELM workflow run once):
+    with its module's tests spread over both xdist workers, each worker would build it."""
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if defs and defs[-1].scope in ("module", "class"):
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the node ids it schedules by
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` are skipped without CUDA; tests marked `ipex` where intel-extension-for-pytorch cannot
-    run (it needs torch 2.8); the SERIAL tests share one xdist group, in `_serial_order`."""
+    run (it needs torch 2.8); the SERIAL tests share one xdist group, in `_serial_order`; the tests of a module
+    that share a module-scoped fixture share a group of their own (one worker builds the fixture once)."""
     import torch
 
     serial = [item for item in items
@@ -185,6 +198,9 @@ def pytest_collection_modifyitems(config, items):
     for item in serial:
         item.add_marker(pytest.mark.xdist_group("serial"))
     chosen = {id(item) for item in serial}
+    for item in items:
+        if id(item) not in chosen and _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     items[:] = [item for item in items if id(item) not in chosen] + sorted(serial, key=_serial_order)
 
     if not torch.cuda.is_available():
