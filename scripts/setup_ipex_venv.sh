@@ -26,7 +26,7 @@ if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
 fi
 "$VENV/bin/python" -m pip install -q "${PINS[@]}"
 # the pins again, so that resolving flexbatch's dependencies cannot move torch off 2.8
-"$VENV/bin/python" -m pip install -q -e ".[ipex,test]" "${PINS[@]}"
+"$VENV/bin/python" -m pip install -q -e ".[ipex,test,grammar]" "${PINS[@]}"
 
 "$VENV/bin/python" - <<'EOF'
 import torch

@@ -26,11 +26,21 @@ class GuidedError(ValueError):
     """A constraint that cannot be enforced (the row's error message)."""
 
 
+def xgrammar():
+    """The xgrammar module, or the row's error naming how to install it (make's environment has it; a plain
+    `pip install flexbatch` takes it with the `grammar` extra)."""
+    try:
+        import xgrammar as xgr
+    except ImportError as e:
+        raise GuidedError(f"constrained decoding needs xgrammar ({e}): pip install 'flexbatch[grammar]'") from None
+    return xgr
+
+
 @functools.lru_cache(maxsize=8)
 def tokenizer_info(tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
     """xgrammar's view of the tokenizer (each token's bytes), built once per tokenizer; the grammar's stop
     tokens are the engine's end-of-sequence ids."""
-    import xgrammar as xgr
+    xgr = xgrammar()
 
     return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_ids) or None)
 
@@ -67,12 +77,12 @@ class Grammars:
 
     def matcher(self, guided: Guided):
         """A fresh matcher for one row, or GuidedError."""
-        import xgrammar as xgr
+        xgr = xgrammar()
 
         return xgr.GrammarMatcher(self.compiled(guided), terminate_without_stop_token=not self.eos_ids)
 
     def _compile(self, guided: Guided):
-        import xgrammar as xgr
+        xgr = xgrammar()
 
         if self._compiler is None:
             info = tokenizer_info(self.tokenizer, self.vocab_size, self.eos_ids)
@@ -140,7 +150,7 @@ def _clean(e: Exception) -> str:
 
 def _check_start(compiled, guided: Guided, vocab_size: int):
     """The compiled grammar, or GuidedError when no token of the vocabulary can start an answer."""
-    import xgrammar as xgr
+    xgr = xgrammar()
 
     matcher = xgr.GrammarMatcher(compiled)
     mask = xgr.allocate_token_bitmask(1, vocab_size)
@@ -158,7 +168,7 @@ def mask_logits(logits: torch.Tensor, rows, keep: bool = True) -> torch.Tensor:
     guided = [b for b, r in enumerate(rows) if r.matcher is not None and not r.done]
     if not guided:
         return logits
-    import xgrammar as xgr
+    xgr = xgrammar()
 
     B, V = logits.shape
     mask = xgr.allocate_token_bitmask(len(guided), V)  # [G, ceil(V / 32)] int32, bit j of word w: token 32w + j

@@ -152,3 +152,18 @@ def test_a_constrained_rows_logprobs_are_the_models_own(tiny):
                                        forced_ids=tuple(guided.token_ids))])
     assert guided.text in CHOICES and forced.token_ids == guided.token_ids
     assert forced.logprobs == pytest.approx(guided.logprobs, abs=1e-5)
+
+
+def test_without_xgrammar_a_constrained_row_fails_alone_naming_the_extra(tiny, monkeypatch):
+    import sys
+
+    from engine.loop import grammar
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # import xgrammar raises ImportError
+    grammar.tokenizer_info.cache_clear()
+    reqs = [Request("ok", "x", SamplingParams(max_new_tokens=3)),
+            Request("c", "x", SamplingParams(max_new_tokens=3, guided={"choice": ["yes", "no"]}))]
+    got = {c.id: c for c in tiny.generate(reqs)}
+    grammar.tokenizer_info.cache_clear()
+    assert got["ok"].error is None and got["ok"].completion_tokens == 3
+    assert got["c"].finish_reason == "error" and "pip install 'flexbatch[grammar]'" in got["c"].error
