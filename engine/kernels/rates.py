@@ -1,7 +1,7 @@
-"""Where the compressed kernels beat dequantize + dense GEMM on this machine (and where a dense weight reordered for
-oneDNN beats the plain one: format "onednn"), measured once per weight shape, format and compute dtype, and cached as JSON (~/.cache/flexbatch/kernel_rates.json) under a key of the machine
-(CPU model, a hash of its flags, torch version, thread count), so that a run measures only shapes it has not
-seen. `flexbatch profile` measures a few shapes at every row count through `shape_timings` and prices the
+"""Where the compressed kernels beat dequantize + dense GEMM on this machine (and where a dense weight reordered
+for oneDNN beats the plain one: format "onednn"), measured once per weight shape, format and compute dtype, and
+cached as JSON (~/.cache/flexbatch/kernel_rates.json) under a key of the machine (CPU model, a hash of its flags,
+torch version, thread count), so that a run measures only shapes it has not seen. `flexbatch profile` measures a few shapes at every row count through `shape_timings` and prices the
 planner's compressed GEMMs from the same entries: the profile and the crossovers are one measurement.
 
 For each row count of ROWS in turn, the compressed kernel's time is compared with the dense path's: one
