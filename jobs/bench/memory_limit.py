@@ -115,8 +115,12 @@ class Side:
 
     @property
     def name(self) -> str:
-        suffix = "-4bit" if self.weight_format == "int4" else f"-{self.weight_format}"
-        return f"{self.side}{suffix if self.compress else ''}"
+        return side_name(self.side, self.weight_format if self.compress else "uncompressed")
+
+
+def side_name(side: str, fmt: str) -> str:
+    """A side's name in the report: flexbatch, flexbatch-4bit, flexbatch-int8, flexbatch-bf16; accelerate."""
+    return side if fmt == "uncompressed" else f"{side}-{'4bit' if fmt == 'int4' else fmt}"
 
 
 def side_args(side: Side, baseline: bool = False) -> list[str]:
@@ -245,8 +249,7 @@ def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
         hardware = str(save_hardware(hw, Path(tmp) / "hw.json"))
         reports = {name: memory_limit_runs(cfg, model_dir, rows, P, G, hardware) | {
                    "disk_read_bytes_per_s": hw.disk_read_bytes_per_s} for name, (rows, P, G, _) in workloads.items()}
-    ours_names = [Side("flexbatch", "", 0, 0, 0, 0, 0, "", compress=f != "uncompressed", weight_format=f).name
-                  for f in cfg.formats]
+    ours_names = [side_name("flexbatch", f) for f in cfg.formats]
     for name, (rows, P, G, target) in workloads.items():
         rep = reports[name]
         theirs = rep["best"].get("accelerate")

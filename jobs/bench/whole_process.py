@@ -9,8 +9,9 @@ hardware profile and kernel rates flexbatch measures on first use (as on a machi
 median of the timed rounds is quoted. Both sides get the same threads: OMP_NUM_THREADS for every process, and
 the CTranslate2 generator's intra_threads. With a vLLM venv (--vllm-venv) a vLLM job (jobs/bench/vllm_script.py,
 the same prompts as token ids, the run's dtype) runs too, as vLLM's CPU docs advise: its OpenMP threads bound to
-cores 0..threads-1 with none reserved, tcmalloc and its libiomp5 preloaded. Every row of every run must generate exactly G tokens (the bench
-checkpoints have no EOS; the outputs are read back and checked), so tokens/s counts the same work on each side."""
+cores 0..threads-1 with none reserved, tcmalloc and its libiomp5 preloaded. Every row of every run must generate
+exactly G tokens (the bench checkpoints have no EOS; the outputs are read back and checked), so tokens/s counts the
+same work on each side."""
 
 from __future__ import annotations
 
