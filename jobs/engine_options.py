@@ -53,7 +53,8 @@ def _engine_options() -> list:
         click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=_E["dtype"], show_default=True,
                      help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32."),
         click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=_E["backend"], show_default=True,
-                     help="CPU kernels: native (PyTorch); ipex (Intel Extension for PyTorch, in its own torch 2.8 "
+                     help="CPU kernels: native (PyTorch, dense weights reordered for oneDNN where measured faster); "
+                          "aten (native with every dense Linear through aten's F.linear as loaded); ipex (Intel Extension for PyTorch, in its own torch 2.8 "
                           "environment: scripts/setup_ipex_venv.sh); auto (ipex where it imports, else native)."),
         click.option("--hardware", type=click.Path(path_type=Path), default=None,
                      help="Hardware spec for the planner (e.g. infra/hardware/*.json).  [default: this machine, "

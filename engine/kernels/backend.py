@@ -13,18 +13,18 @@ if TYPE_CHECKING:
     from engine.kernels.native import NativeKernels
 
 log = logging.getLogger(__name__)
-BACKEND_CHOICES = ("native", "ipex", "auto")  # importable without torch: the CLI's --help needs none
+BACKEND_CHOICES = ("native", "aten", "ipex", "auto")  # importable without torch: the CLI's --help needs none
 DEFAULT_BACKEND = "native"
 
 
 def load_kernels(backend: str = DEFAULT_BACKEND) -> NativeKernels:
-    """The kernels of `backend` ("native", "ipex" or "auto")."""
+    """The kernels of `backend` ("native", "aten", "ipex" or "auto")."""
     if backend not in BACKEND_CHOICES:
         raise InvalidParamsError(f"backend={backend!r} is invalid: use one of {', '.join(BACKEND_CHOICES)}")
-    from engine.kernels.native import NativeKernels
+    from engine.kernels.native import AtenKernels, NativeKernels
 
-    if backend == "native":
-        return NativeKernels()
+    if backend in ("native", "aten"):
+        return NativeKernels() if backend == "native" else AtenKernels()
     from engine.kernels.ipex import IpexUnavailable, ipex_kernels
 
     try:

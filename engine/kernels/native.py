@@ -5,8 +5,11 @@ ready to compute (dense tensors, compressed ones computed on directly or dequant
 packed form). The Policy, the
 block schedule, placement and the KV caches are the same for every backend.
 
-    native   plain PyTorch (the default): F.linear, engine/kernels/rope.py, the caches' SDPA, and compressed weights
+    native   PyTorch (the default): F.linear, or oneDNN's reordered weights where measured faster
+             (engine/kernels/onednn_dense.py), engine/kernels/rope.py, the caches' SDPA, and compressed weights
              through engine/compression/qlinear.py (int4 / int8 kernels, or dequantize + GEMM, by measured rate)
+    aten     native with every dense Linear through aten's F.linear as loaded (no reordered weights): the
+             baseline the reordering is measured against
     ipex     Intel Extension for PyTorch kernels where they beat these (engine/kernels/ipex.py)
     auto     ipex when intel_extension_for_pytorch imports, else native
 """
@@ -33,6 +36,7 @@ class NativeKernels:
     """Plain PyTorch kernels; every backend falls back to these off the CPU or where it has nothing better."""
 
     name = "native"
+    reorders_dense = True  # dense resident weights reordered for oneDNN where measured faster (rates.packs_dense)
     # full attention of a prefill; None leaves it to the KV caches (SDPA), as they do for decode
     prefill_attention = None
 
@@ -60,7 +64,8 @@ class NativeKernels:
         that was measured faster at some row count (kept beside the stored form, which the dense path reads);
         dense ones are reordered for oneDNN where that was measured faster (engine/kernels/onednn_dense.py)."""
         if codec is None or meta is None:
-            return {name: onednn_dense.pack(w) if rates.packs_dense(w) else w for name, w in stored.items()}
+            return {name: onednn_dense.pack(w) if self.reorders_dense and rates.packs_dense(w) else w
+                    for name, w in stored.items()}
         plain, packed = codec.split(stored, meta)
         return plain | {name: qweight(w, codec.dtype, pack=True) for name, w in packed.items()}
 
@@ -81,6 +86,13 @@ class NativeKernels:
             if q.fast is None:  # dense at every row count: dequantize now (in the prefetch thread)
                 out[name].dense()
         return out, buffers
+
+
+class AtenKernels(NativeKernels):
+    """The native kernels with dense weights kept as loaded: every dense Linear is aten's F.linear."""
+
+    name = "aten"
+    reorders_dense = False
 
 
 def int8_head(gw: LayerWeights, tied: bool, dtype: torch.dtype) -> LayerWeights:

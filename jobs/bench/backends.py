@@ -31,7 +31,7 @@ from jobs.bench.runs import DTYPE, engine_runner, side_by_side
 
 log = logging.getLogger(__name__)
 BASELINE = "native"
-COMPARABLE = ("native", "ipex")
+COMPARABLE = ("native", "aten", "ipex")
 FORMATS = {"": ("plain", False), "_w4": ("4-bit weights", True)}  # line id suffix: (what, compress_weight)
 
 

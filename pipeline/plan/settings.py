@@ -20,7 +20,7 @@ class EngineSettings:
     the rest) and budgets, and where the engines run."""
 
     dtype: str = "auto"
-    backend: str = DEFAULT_BACKEND  # CPU kernels (engine/kernels/native.py): native, ipex or auto
+    backend: str = DEFAULT_BACKEND  # CPU kernels (engine/kernels/native.py): native, aten, ipex or auto
     pins: Pins = field(default_factory=Pins)  # Policy fields the user fixed (a dict is taken too)
     budgets: dict = field(default_factory=dict)
     offload_dir: Path | None = None

@@ -62,3 +62,15 @@ def test_layers_that_also_compute_on_a_gpu_stay_plain(checkpoint, pack_everythin
                          policy=Policy(gbs=2, num_gb=1, prefill_device="gpu"))
     kept = [w for layer in engine.weights.resident.values() for w in layer.values()]
     assert kept and not any(isinstance(w, OnednnWeight) for w in kept)
+
+
+def test_the_aten_backend_keeps_every_dense_weight_as_loaded(checkpoint, pack_everything):
+    model_dir = checkpoint("llama_gqa_llama3")
+    native = Engine.load(model_dir, dtype="float32", policy=Policy(gbs=3, num_gb=1))
+    aten = Engine.load(model_dir, dtype="float32", policy=Policy(gbs=3, num_gb=1), backend="aten")
+    assert aten.kernels.name == "aten"
+    assert any(isinstance(w, OnednnWeight) for layer in native.weights.resident.values() for w in layer.values())
+    kept = [w for layer in aten.weights.resident.values() for w in layer.values()]
+    assert kept and not any(isinstance(w, OnednnWeight) for w in kept)
+    requests = [Request(str(i), p, SamplingParams(max_new_tokens=8)) for i, p in enumerate(PROMPTS)]
+    assert [c.token_ids for c in aten.generate(requests)] == [c.token_ids for c in native.generate(requests)]
