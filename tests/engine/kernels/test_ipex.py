@@ -53,7 +53,7 @@ def test_agreement_counts_the_common_prefix():
 # ---- selection (everywhere) ------------------------------------------------------------------------------
 
 def test_an_unknown_backend_is_refused():
-    with pytest.raises(InvalidParamsError, match="backend='cuda' is invalid: use one of native, ipex, auto"):
+    with pytest.raises(InvalidParamsError, match="backend='cuda' is invalid: use one of native, aten, ipex, auto"):
         load_kernels("cuda")
 
 

@@ -76,7 +76,7 @@ def test_model_flops_counts_linear_head_and_causal_attention(tmp_path):
 @pytest.mark.parametrize("backends", ["ipex", "native,cuda", "native"])
 def test_bench_backends_must_name_native_and_another(backends):
     result = CliRunner().invoke(cli.main, ["bench", "engine", "--backends", backends])
-    assert result.exit_code == 2 and "name native and at least one other of native, ipex" in result.output
+    assert result.exit_code == 2 and "name native and at least one other of native, aten, ipex" in result.output
 
 
 @pytest.mark.ipex
