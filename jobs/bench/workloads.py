@@ -5,7 +5,8 @@ set the compression targets (every row generates exactly G tokens; tokens/s coun
     W2  64 prompts x 64 tokens, generate 256      (long generations: decode-heavy)
     W3  128 prompts x 64 tokens, generate 16      (many short rows)
 
-Lines: flexbatch uncompressed in the run's dtype, with int4 and with int8 weights, and CTranslate2 (the `bench`
+Lines: flexbatch uncompressed in the run's dtype (with --backend aten also without oneDNN's reordered dense weights:
+the line "... aten"), with int4 and with int8 weights, and CTranslate2 (the `bench`
 extra) int8 and in the run's dtype, converted with its Transformers converter. Each line loads in a process of its
 own (jobs/bench/line_process.py: two engines in one process slow each other), and the lines' generations are timed
 inside those processes, interleaved round by round, one at a time (the machine is shared: the median of the rounds
@@ -64,6 +65,7 @@ class WorkloadConfig:
     whole_process: tuple[str, ...] = ()  # flexbatch run's weight formats (whole_process.FORMATS)
     threads: int | None = None  # of every line; None: torch's
     vllm_venv: str | None = None  # a vLLM line among the whole processes (options.vllm_option)
+    backends: tuple[str, ...] = ("native",)  # kernels of the uncompressed lines (engine/kernels/backend.py)
     cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
 
 
@@ -71,11 +73,11 @@ def cpu_flags() -> str:
     return cpu_info("flags") or ""
 
 
-def engine_line(model_dir: Path, prompts, dtype: str, fmt: str | None):
-    """A flexbatch line: the engine with `fmt` weights (None: uncompressed) on one block of every prompt; after a
-    call, `run.phase_seconds` holds its prefill and decode seconds."""
+def engine_line(model_dir: Path, prompts, dtype: str, fmt: str | None, backend: str = "native"):
+    """A flexbatch line: the engine with `fmt` weights (None: uncompressed) and `backend`'s kernels on one block of
+    every prompt; after a call, `run.phase_seconds` holds its prefill and decode seconds."""
     policy = Policy(gbs=len(prompts), num_gb=1, compress_weight=fmt is not None, weight_format=fmt or "int4")
-    eng = Engine.load(model_dir, dtype=dtype, policy=policy)
+    eng = Engine.load(model_dir, dtype=dtype, policy=policy, backend=backend)
     run_block = engine_runner(eng, prompts, len(prompts), 1)
 
     def run(gen_len: int) -> int:
@@ -176,6 +178,9 @@ def line_specs(cfg: WorkloadConfig, model_dir: Path, prompts) -> dict[str, tuple
     """Each line's name and how its process makes it: (function, *arguments)."""
     specs = {f"flexbatch {cfg.dtype}{suffix}": (engine_line, model_dir, prompts, cfg.dtype, fmt)
              for suffix, fmt in ENGINE_FORMATS.items()}
+    for backend in cfg.backends:
+        if backend != "native":
+            specs[f"flexbatch {cfg.dtype} {backend}"] = (engine_line, model_dir, prompts, cfg.dtype, None, backend)
     if cfg.ctranslate2:
         for ct in ("int8", "float32" if cfg.dtype == "float32" else "bfloat16"):
             specs[f"ctranslate2 {ct}"] = (ct2_runner, model_dir, prompts, ct)
@@ -280,19 +285,23 @@ def table_text(report: dict) -> str:
                    "Parquet file; separate processes, interleaved round by round after a warm-up round; every row "
                    "checked to generate exactly G tokens.  [default: none]")
 @vllm_option("a vLLM job among the whole processes (generation seconds inside it, and start to exit)")
+@click.option("--backend", "backends", type=click.Choice(["native", "aten"]), multiple=True,
+              help="Kernels of the uncompressed flexbatch line (repeatable): aten adds a line without oneDNN's "
+                   "reordered dense weights, to measure what the reordering gives.  [default: native]")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads of every line: torch's here, OMP_NUM_THREADS of the whole processes and the CTranslate2 "
                    "generators' intra_threads.  [default: torch's]")
 @click.option("--cache-dir", default=WorkloadConfig.cache_dir, show_default=True, help="Checkpoints.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/workloads.json"),
               show_default=True)
-def workloads_command(workloads, whole_process, threads, vllm_venv, output: Path, **kw):
+def workloads_command(workloads, whole_process, threads, vllm_venv, backends, output: Path, **kw):
     """W1/W2/W3: flexbatch (uncompressed, int4, int8 weights) vs CTranslate2, side by side; with --whole-process
     also as whole processes (`flexbatch run` vs a CTranslate2 script).
 
     \b
     Examples:
       flexbatch bench workloads --workload W3 --threads 2
+      flexbatch bench workloads --workload W2 --dtype bfloat16 --backend aten --no-ctranslate2
       flexbatch bench workloads --workload W3 --threads 2 --no-in-process --whole-process int8 --whole-process uncompressed
       flexbatch bench workloads --workload W3 --threads 2 --no-in-process --whole-process uncompressed --vllm-venv .venv-vllm
     """
@@ -303,7 +312,8 @@ def workloads_command(workloads, whole_process, threads, vllm_venv, output: Path
     if threads:
         torch.set_num_threads(threads)
     cfg = WorkloadConfig(workloads=tuple(workloads) or WorkloadConfig.workloads, whole_process=tuple(whole_process),
-                         threads=threads, vllm_venv=vllm_venv and str(vllm_venv), **kw)
+                         threads=threads, vllm_venv=vllm_venv and str(vllm_venv),
+                         backends=tuple(dict.fromkeys(("native", *backends))), **kw)
     report = run_and_save(run_workloads, cfg, output)
     click.echo(table_text(report))
     click.echo(f"machine: {report['machine']['cpu_model']}, {report['machine']['torch_threads']} threads; json: "

@@ -66,3 +66,11 @@ def test_a_line_runs_in_a_process_of_its_own_and_a_failing_line_names_itself(tmp
     assert not line.proc.is_alive()
     with pytest.raises(RuntimeError, match=r"line 'broken' failed in its process:(.|\n)*no-such-dir"):
         LineProcess("broken", wl.engine_line, tmp_path / "no-such-dir", prompts, "float32", None, threads=1)
+
+
+def test_backend_aten_adds_an_uncompressed_line_without_reordered_weights(tmp_path):
+    cfg = wl.WorkloadConfig(dtype="bfloat16", ctranslate2=False, backends=("native", "aten"))
+    specs = wl.line_specs(cfg, tmp_path, [[1, 2]])
+    assert list(specs) == ["flexbatch bfloat16", "flexbatch bfloat16 int4", "flexbatch bfloat16 int8",
+                           "flexbatch bfloat16 aten"]
+    assert specs["flexbatch bfloat16 aten"][1:] == (tmp_path, [[1, 2]], "bfloat16", None, "aten")
