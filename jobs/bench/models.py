@@ -70,6 +70,7 @@ PRESETS = {
     "300m": Preset(1024, 2816, 20, 16, 16, 32000),
     "tiny1k": Preset(128, 352, 10, 4, 4, 512, max_position_embeddings=1024),  # W4 (jobs/bench/early_stop.py)
     "110m": Preset(768, 2048, 12, 12, 12, 32000),  # the shape of the workloads W1-W3 (jobs/bench/workloads.py)
+    "100m": Preset(1024, 2816, 8, 16, 4, 32000),  # GQA: the shape vLLM's CPU build was measured on (bench workloads)
     "550m": Preset(1280, 3584, 24, 20, 20, 32000),  # ~1.1 GB in bf16: the memory-limit line (memory_limit.py)
     # real sizes, written shard by shard (jobs/bench/sharded_checkpoint.py): Llama-3-8B's layers with a 32k
     # vocabulary (~14.5 GB in bf16), and Llama-2-13B's shape (~26 GB)

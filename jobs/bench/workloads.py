@@ -5,6 +5,9 @@ set the compression targets (every row generates exactly G tokens; tokens/s coun
     W2  64 prompts x 64 tokens, generate 256      (long generations: decode-heavy)
     W3  128 prompts x 64 tokens, generate 16      (many short rows)
 
+and the three on which vLLM's CPU build was first measured against flexbatch (preset 100m, bfloat16 where the CPU
+has native bf16): short 96 x 64 generate 16, gen 32 x 64 generate 64, bulk 512 x 128 generate 32.
+
 Lines: flexbatch uncompressed in the run's dtype (with --backend aten also without oneDNN's reordered dense weights:
 the line "... aten"), with int4 and with int8 weights, and CTranslate2 (the `bench`
 extra) int8 and in the run's dtype, converted with its Transformers converter. Each line loads in a process of its
@@ -50,13 +53,14 @@ from jobs.common import setup_logging
 from planner.microbench import median_seconds
 
 log = logging.getLogger(__name__)
-WORKLOADS = {"W1": (32, 512, 32), "W2": (64, 64, 256), "W3": (128, 64, 16)}  # rows, prompt tokens, generated
+WORKLOADS = {"W1": (32, 512, 32), "W2": (64, 64, 256), "W3": (128, 64, 16),  # rows, prompt tokens, generated
+             "short": (96, 64, 16), "gen": (32, 64, 64), "bulk": (512, 128, 32)}
 ENGINE_FORMATS = {"": None, " int4": "int4", " int8": "int8"}  # line suffix -> compressed weight format
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
-    workloads: tuple[str, ...] = ("W1", "W2", "W3")
+    workloads: tuple[str, ...] = ("W1", "W2", "W3")  # the default; short, gen and bulk by name
     preset: str = "110m"
     dtype: str = "float32"
     repeats: int = 2
@@ -266,7 +270,8 @@ def table_text(report: dict) -> str:
 
 @click.command("workloads")
 @click.option("--workload", "workloads", type=click.Choice(sorted(WORKLOADS)), multiple=True,
-              help="Workloads to run (repeatable).  [default: all]")
+              help="Workloads to run (repeatable): W1-W3, or short, gen and bulk (vLLM's first comparison, "
+                   "with --preset 100m).  [default: W1, W2, W3]")
 @click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=WorkloadConfig.preset, show_default=True,
               help="Model shape (a random-weight Llama built once and cached).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=WorkloadConfig.dtype,
