@@ -18,8 +18,10 @@ seconds."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from engine.kernels.rates import MIN_PACK_GAIN, MIN_PACK_PARAMS, ROWS
 from engine.memory.disk_read import reads_direct
 from engine.memory.weight_store import globals_tier, head_in_int8
 from engine.policy import Policy
@@ -29,6 +31,7 @@ from planner.memory_model import (
     kv_slot_bytes,
     layers_on,
     linear_params,
+    linear_shapes,
     stored_layer_bytes,
 )
 from planner.workload import TIERS, Affine, Workload
@@ -209,6 +212,36 @@ def gemm_s(blk: Block, phase: str, device: str) -> float:
                for b, k in zip(blk.batches, kernel))
 
 
+def reordered_share(model: ModelSpec) -> float:
+    """The share of a layer's Linear parameters in weights large enough for the engine to consider reordering
+    them for oneDNN (engine/kernels/rates.py: packs_dense), with q, k, v and (Llama) gate, up fused as the engine
+    computes them."""
+    shapes = linear_shapes(model)
+    fused = [(sum(o for o, _ in shapes[:3]), shapes[0][1]), shapes[3]]
+    fused += [(2 * shapes[4][0], shapes[4][1]), shapes[6]] if len(shapes) == 7 else shapes[4:]
+    return sum(o * i for o, i in fused if o * i >= MIN_PACK_PARAMS) / linear_params(model)
+
+
+def reorder_s(blk: Block, phase: str, device: str) -> Affine:
+    """The GEMM seconds saved where dense weights kept in CPU memory are reordered for oneDNN (negative), as the
+    engine does for the layers of a run that computes on the CPU only, uncompressed: per GPU batch, the plain
+    GEMM's seconds times (1 - 1 / gain at its rows), over the share of parameters reordered and the fraction
+    of layers kept in CPU memory. The engine decides per weight shape from the same measurement (a geometric-mean
+    gain over the row counts of at least MIN_PACK_GAIN); here the profile's curves at the model's width stand for
+    every weight. Zero without the profile's gains for the workload's dtype."""
+    p, spec = blk.policy, blk.hw.device(device)
+    if device != "cpu" or p.compress_weight or p.prefill_device != "cpu" or p.decode_device != "cpu":
+        return Affine()
+    width, dtype = blk.model.hidden_size, blk.work.dtype
+    gains = [spec.reorder_gain(dtype, rows, width) for rows in ROWS]
+    if gains[0] is None or math.prod(gains) ** (1 / len(gains)) < MIN_PACK_GAIN:
+        return Affine()
+    t, p_lin, hot = tokens(blk.work, phase), linear_params(blk.model), weights_stay_cached(blk, device)
+    saved = sum(2 * b * t * p_lin / spec.matmul_flop_per_s(b * t, width, hot, dtype)
+                * (1 - 1 / spec.reorder_gain(dtype, b * t, width)) for b in blk.batches)
+    return Affine.frac("weight_cpu", -saved * reordered_share(blk.model))
+
+
 def kernel_batches(blk: Block, phase: str, device: str) -> list[bool]:
     """Per GPU batch: whether compressed weights are computed on by their kernel, as the engine chooses (on the
     CPU, where the kernel's measured time beats one dequantization + the dense GEMM; int4 only for layers kept
@@ -287,11 +320,12 @@ def dequant_s(blk: Block, phase: str, device: str) -> float:
 
 
 def compute_s(blk: Block, phase: str, device: str) -> Affine:
-    """Compute on the main thread: GEMMs + attention + elementwise + layer calls."""
+    """Compute on the main thread: GEMMs (less what reordered weights save) + attention + elementwise + layer
+    calls."""
     fixed = gemm_s(blk, phase, device) + elementwise_s(blk, phase, device)
     if phase == "prefill":
-        return layer_calls_s(blk, device) + fixed + prefill_attention_s(blk, device)
-    return decode_attention_s(blk, device) + layer_calls_s(blk, device) + fixed
+        return reorder_s(blk, phase, device) + layer_calls_s(blk, device) + fixed + prefill_attention_s(blk, device)
+    return reorder_s(blk, phase, device) + decode_attention_s(blk, device) + layer_calls_s(blk, device) + fixed
 
 
 def background_cpu_s(blk: Block, phase: str, device: str) -> Affine:

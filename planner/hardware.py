@@ -52,7 +52,9 @@ class DeviceSpec:
     spec: compressed weights are then priced as dequantization + GEMM). The GEMM tables are in the dtype the
     profile measured, the machine's default compute dtype; matmul_f32_gflop_per_s, shaped alike, holds float32
     rates where that default is another (bf16 on CPUs with native bf16), read for float32 work, cached or not
-    (without it float32 work is priced at the main tables' rates).
+    (without it float32 work is priced at the main tables' rates). dense_reorder_gain holds, per dtype
+    ("bfloat16", "float32"), how many times faster a dense weight reordered for oneDNN computes than the plain
+    one, shaped as matmul_gflop_per_s (engine/kernels/rates.py's "onednn" entries; none: priced plain).
     layer_call_s is the fixed cost of one layer call on one GPU batch (the dispatch of its few dozen operations),
     step_call_s that of one step's work outside the layers (masks, embedding, head, token choice); dequant_call_s,
     cache_codec_call_s, disk_layer_call_s and split_call_s what 4-bit weights (per layer per step), a 4-bit
@@ -82,6 +84,7 @@ class DeviceSpec:
     # is converted); 0: priced at the bf16 rate (a spec written before it was measured, or by hand)
     attention_f32_bytes_per_s: float = 0.0
     matmul_f32_gflop_per_s: tuple = ()
+    dense_reorder_gain: dict = field(default_factory=dict)  # dtype -> curves like matmul_gflop_per_s
 
     def __post_init__(self) -> None:
         rows = tuple(int(r) for r in self.matmul_rows)
@@ -108,6 +111,7 @@ class DeviceSpec:
                     raise HardwareSpecError(f"{name} must hold positive rates shaped as matmul_gflop_per_s")
             object.__setattr__(self, name, table if widths or not table else table[0])
         object.__setattr__(self, "kernel_gflop_per_s", self._kernel_tables(curves))
+        object.__setattr__(self, "dense_reorder_gain", self._gain_tables(curves))
         lens = tuple(int(n) for n in self.attention_prefill_lens)
         rates = tuple(float(g) for g in self.attention_prefill_gflop_per_s)
         if lens:
@@ -139,6 +143,24 @@ class DeviceSpec:
                                         "rates shaped as matmul_gflop_per_s")
             out[fmt] = table if self.matmul_widths else table[0]
         return out
+
+    def _gain_tables(self, curves: tuple) -> dict:
+        """dense_reorder_gain checked: per dtype (bfloat16, float32), positive ratios shaped as the GEMM table."""
+        out = {}
+        for dtype, table in (self.dense_reorder_gain or {}).items():
+            table = tuple(tuple(float(g) for g in c) for c in ([table] if not self.matmul_widths else table))
+            if dtype not in ("bfloat16", "float32") or len(table) != len(curves) or any(
+                    len(c) != len(self.matmul_rows) or min(c) <= 0 for c in table):
+                raise HardwareSpecError(f"dense_reorder_gain[{dtype!r}] must name bfloat16 or float32 and hold "
+                                        "positive ratios shaped as matmul_gflop_per_s")
+            out[dtype] = table if self.matmul_widths else table[0]
+        return out
+
+    def reorder_gain(self, dtype: str, rows: float, width: float | None = None) -> float | None:
+        """How many times faster a dense `dtype` GEMM at `rows` rows and input `width` runs on a weight reordered
+        for oneDNN, None where it was not measured (interpolated as `matmul_flop_per_s`)."""
+        table = self.dense_reorder_gain.get(dtype)
+        return None if table is None else self._interp(table, rows, width) / 1e9
 
     def kernel_flop_per_s(self, fmt: str, rows: float, width: float | None = None) -> float | None:
         """FLOP/s of the compressed `fmt` kernel at `rows` rows and input `width`, None where it was not measured

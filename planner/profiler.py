@@ -43,7 +43,7 @@ MATMUL_WIDTHS = (128, 512, 2048)
 MATMUL_SHAPE = (2048, 2048)  # dequantization probe
 PREFILL_LENS = (32, 128, 512)
 DISK_PROBE_BYTES = 128 << 20
-PROFILE_VERSION = 15  # a cached profile of another version is measured again
+PROFILE_VERSION = 16  # a cached profile of another version is measured again
 
 
 def matmul_table(device: torch.device, dtype: torch.dtype, cold_bytes: float = 0.0,
@@ -78,6 +78,25 @@ def kernel_tables(dtype: torch.dtype, refresh: bool = False) -> dict[str, tuple[
             timings = {t["rows"]: t["fast_s"] for t in entry["timings"]}
             curves.append(tuple(2 * rows * 3 * width * width / timings[rows] / 1e9 for rows in MATMUL_ROWS))
         out[fmt] = tuple(curves)
+    return out
+
+
+def reorder_gains(dtype: torch.dtype, refresh: bool = False) -> dict[str, tuple[tuple[float, ...], ...]]:
+    """Per dtype measured (`dtype`, and float32 where that is another), the plain GEMM's time over the reordered
+    weight's at MATMUL_ROWS for weights [3w, w] of each width w of MATMUL_WIDTHS, from engine/kernels/rates.py's
+    "onednn" entries (the figures the engine's choice to reorder reads); a dtype this CPU cannot reorder is left
+    out."""
+    out = {}
+    for dt in dict.fromkeys((dtype, torch.float32)):
+        try:
+            curves = []
+            for width in MATMUL_WIDTHS:
+                entry = shape_timings("onednn", 3 * width, width, dt, every_row_count=True, refresh=refresh)
+                timings = {t["rows"]: t["dense_s"] / t["fast_s"] for t in entry["timings"]}
+                curves.append(tuple(timings[rows] for rows in MATMUL_ROWS))
+        except RuntimeError:  # oneDNN cannot reorder this dtype here (bf16 needs AVX512-BW or AVX-NE-CONVERT)
+            continue
+        out[str(dt).removeprefix("torch.")] = tuple(curves)
     return out
 
 
@@ -143,13 +162,15 @@ def cpu_device_spec(dtype: torch.dtype, refresh: bool = False) -> tuple[DeviceSp
                       attention_f32_bytes_per_s=max(max(a["chunked_f32_gb_s"], a["sdpa_f32_gb_s"])
                                                     for a in attn) * 1e9,
                       dequant_bytes_per_s=w.numel() * w.element_size() / (deq_ms / 1e3),
-                      kernel_gflop_per_s=kernel_tables(dtype, refresh), **call_seconds(dtype))
+                      kernel_gflop_per_s=kernel_tables(dtype, refresh),
+                      dense_reorder_gain=reorder_gains(dtype, refresh), **call_seconds(dtype))
     return spec, {"cpu": f"measured: {dtype} GEMMs of widths {MATMUL_WIDTHS}, weights streamed from memory "
                          "(cycling through 4x the last-level cache) and cache-hot (float32 streamed too, where the "
                          "default dtype is another); planner.microbench decode attention "
                          "(16 x 16 heads x 256 slots x 64; plain, bf16 and float32: the faster of SDPA and the chunked path) and "
                          "dequant; int4/int8 kernels on compressed weights [3w, w] (engine.kernels.rates, the "
-                         "engine's crossovers); masked prefill attention; the layer's "
+                         "engine's crossovers); dense weights reordered for oneDNN against plain (the same "
+                         "module's onednn entries); masked prefill attention; the layer's "
                          "elementwise ops at 1024 tokens x 1024; the engine's block executor at tiny sizes "
                          f"(planner.overhead_probe); {torch.get_num_threads()} threads"}
 

@@ -10,8 +10,8 @@ from planner import cost_model as cm
 from planner import memory_model as mm
 from planner.hardware import HardwareSpec
 from planner.predict import memory_need, predict
-from planner.workload import Workload
-from tests.planner.specs import SMALL, cpu_machine, flat_cpu
+from planner.workload import Workload, placement_vector
+from tests.planner.specs import LLAMA_300M, SMALL, cpu_machine, flat_cpu
 
 WORK = Workload(prompt_len=8, gen_len=4, num_prompts=4)  # bf16
 POLICY = Policy(gbs=2, num_gb=2)  # everything on the CPU, one block of 4 rows in 2 GPU batches
@@ -229,3 +229,34 @@ def test_expected_gen_len_is_checked():
     assert Workload(8, 16, 4).expected_gen_len == 16.0
     with pytest.raises(InvalidParamsError, match="expected_gen_len=20"):
         Workload(8, 16, 4, expected_gen_len=20)
+
+
+
+def _with_reorder_gain(gain: float, memory_bytes=1e10) -> HardwareSpec:
+    hw = cpu_machine(memory_bytes)
+    return replace(hw, cpu=replace(hw.cpu, dense_reorder_gain={"bfloat16": (gain,)}))
+
+
+def test_reordered_dense_weights_save_gemm_time_in_cpu_memory_only():
+    """A 2x reordered GEMM halves the GEMM seconds of the weights it reorders: every weight of LLAMA_300M is large
+    enough (>= 1M params), so all of them, on the layers kept in CPU memory."""
+    work, policy = Workload(prompt_len=64, gen_len=8, num_prompts=8), Policy(gbs=8, num_gb=1)
+    blk = cm.Block(LLAMA_300M, _with_reorder_gain(2.0), work, policy, rows=8)
+    assert cm.reordered_share(LLAMA_300M) == 1.0
+    for phase in ("prefill", "decode"):
+        saved = cm.reorder_s(blk, phase, "cpu").at(placement_vector(policy))
+        assert saved == pytest.approx(-cm.gemm_s(blk, phase, "cpu") / 2)
+    half = Policy(gbs=8, num_gb=1, weight_cpu=0.5)  # disk layers are read, not reordered
+    saved = cm.reorder_s(replace(blk, policy=half), "decode", "cpu").at(placement_vector(half))
+    assert saved == pytest.approx(-cm.gemm_s(blk, "decode", "cpu") / 4)
+    fast = predict(LLAMA_300M, _with_reorder_gain(2.0), work, policy)
+    assert fast.total_s < predict(LLAMA_300M, cpu_machine(1e10), work, policy).total_s
+
+
+@pytest.mark.parametrize("why", ["compressed", "small gain", "small weights", "other dtype", "not profiled"])
+def test_no_saving_where_the_engine_keeps_weights_plain(why):
+    work = Workload(prompt_len=64, gen_len=8, num_prompts=8, dtype="float32" if why == "other dtype" else "bfloat16")
+    policy = Policy(gbs=8, num_gb=1, compress_weight=why == "compressed", weight_format="int8")
+    hw = cpu_machine(1e10) if why == "not profiled" else _with_reorder_gain(1.05 if why == "small gain" else 2.0)
+    blk = cm.Block(SMALL if why == "small weights" else LLAMA_300M, hw, work, policy, rows=8)
+    assert cm.reorder_s(blk, "decode", "cpu").at(placement_vector(policy)) == 0.0

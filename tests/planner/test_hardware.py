@@ -212,3 +212,22 @@ def test_the_profile_prices_kernels_from_the_crossover_entries(monkeypatch):
     assert set(tables) == {"int4", "int8"} and all(s[3] and s[1] == 3 * s[2] for s in seen)
     w = profiler.MATMUL_WIDTHS[0]
     assert tables["int8"][0][0] == pytest.approx(2 * 3 * w * w / 1e-3 / 1e9)
+
+
+def test_reorder_gains_round_trip_and_come_from_the_onednn_entries(tmp_path, monkeypatch):
+    hw = cpu_machine()
+    hw = dataclasses.replace(hw, cpu=dataclasses.replace(hw.cpu, dense_reorder_gain={"float32": (1.5,)}))
+    back = load_hardware(save_hardware(hw, tmp_path / "hw.json"))
+    assert back == hw and back.cpu.reorder_gain("float32", 64) == 1.5 and back.cpu.reorder_gain("bfloat16", 1) is None
+    with pytest.raises(HardwareSpecError, match="dense_reorder_gain"):
+        dataclasses.replace(hw.cpu, dense_reorder_gain={"int8": (1.5,)})
+
+    def entry(fmt, n, k, dtype, every_row_count=False, refresh=False):
+        assert fmt == "onednn" and n == 3 * k and every_row_count
+        if dtype == torch.bfloat16:
+            raise RuntimeError("bf16 cannot be reordered here")
+        return {"timings": [{"rows": r, "fast_s": 1e-3, "dense_s": 2e-3} for r in profiler.MATMUL_ROWS]}
+
+    monkeypatch.setattr(profiler, "shape_timings", entry)
+    gains = profiler.reorder_gains(torch.bfloat16)
+    assert list(gains) == ["float32"] and gains["float32"][0] == (2.0,) * len(profiler.MATMUL_ROWS)
