@@ -193,7 +193,8 @@ class BlockExecutor:
                 phase = live[0].phase
                 assert all(b.phase == phase for b in live), "a block's GPU batches step in one phase"
                 t0 = time.perf_counter()
-                self._step(live, phase)
+                with torch.profiler.record_function(phase):  # a profile's steps, by phase (`flexbatch bench ops`)
+                    self._step(live, phase)
                 self.counts["steps"] += 1
                 self.counts["row_steps"] += sum(len(b.rows) for b in live)
                 self.seconds[phase] += time.perf_counter() - t0
