@@ -63,6 +63,7 @@ class _LazyGroup(click.Group):
                                   "pipeline": "jobs.bench.pipeline:pipeline_command",
                                   "gpu": "jobs.bench.gpu:gpu_command",
                                   "workloads": "jobs.bench.workloads:workloads_command",
+                                  "ops": "jobs.bench.op_profile:ops_command",
                                   "prefix": "jobs.bench.shared_prefix:prefix_command",
                                   "guided": "jobs.bench.guided:guided_command",
                                   "score": "jobs.bench.scoring:score_command",
