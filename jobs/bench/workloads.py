@@ -186,9 +186,17 @@ def line_specs(cfg: WorkloadConfig, model_dir: Path, prompts) -> dict[str, tuple
         if backend != "native":
             specs[f"flexbatch {cfg.dtype} {backend}"] = (engine_line, model_dir, prompts, cfg.dtype, None, backend)
     if cfg.ctranslate2:
-        for ct in ("int8", "float32" if cfg.dtype == "float32" else "bfloat16"):
+        for ct in ("int8", ct2_dense_type(cfg.dtype)):
             specs[f"ctranslate2 {ct}"] = (ct2_runner, model_dir, prompts, ct)
     return specs
+
+
+def ct2_dense_type(dtype: str) -> str:
+    """CTranslate2's compute type for the run's dtype: bfloat16 only where it computes bfloat16 on this CPU (it
+    refuses it elsewhere, e.g. on AMD CPUs with AVX512-BF16), else float32."""
+    import ctranslate2
+
+    return dtype if dtype in ctranslate2.get_supported_compute_types("cpu") else "float32"
 
 
 def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak: float,

@@ -74,3 +74,11 @@ def test_backend_aten_adds_an_uncompressed_line_without_reordered_weights(tmp_pa
     assert list(specs) == ["flexbatch bfloat16", "flexbatch bfloat16 int4", "flexbatch bfloat16 int8",
                            "flexbatch bfloat16 aten"]
     assert specs["flexbatch bfloat16 aten"][1:] == (tmp_path, [[1, 2]], "bfloat16", None, "aten")
+
+
+def test_ctranslate2_dense_line_falls_back_to_float32_where_bfloat16_is_refused(monkeypatch):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    monkeypatch.setattr(ctranslate2, "get_supported_compute_types", lambda device: {"int8", "float32"})
+    assert wl.ct2_dense_type("bfloat16") == "float32"
+    monkeypatch.setattr(ctranslate2, "get_supported_compute_types", lambda device: {"int8", "float32", "bfloat16"})
+    assert wl.ct2_dense_type("bfloat16") == "bfloat16" and wl.ct2_dense_type("float32") == "float32"
