@@ -325,11 +325,12 @@ def profile_line(model_dir: Path, cfg: OpProfileConfig, dtype: str, fmt: str, pe
 def run_ops(cfg: OpProfileConfig) -> dict:
     rows, P, G = cfg.shape
     model_dir = checkpoint(cfg.preset, cfg.cache_dir)
-    spec, peaks = load_model_spec(model_dir), {}
+    spec, peaks, load_before = load_model_spec(model_dir), {}, os.getloadavg()
     lines = [profile_line(model_dir, cfg, d, f, peaks) for d in cfg.dtypes for f in cfg.formats]
     flops = bm.model_flops(spec, P, G, rows)
     return {"config": asdict(cfg), "machine": bm.machine_info() | {"cpu_flags": cpu_flags()},
-            "load_average": os.getloadavg(), "model_gemm_flops": flops["linear"] + flops["head"], "lines": lines}
+            "load_average": {"before": load_before, "after": os.getloadavg()},
+            "model_gemm_flops": flops["linear"] + flops["head"], "lines": lines}
 
 
 COLUMNS = (Column("dtype"), Column("weights"), Column("phase"), Column("seconds (unprofiled)"),
@@ -371,12 +372,13 @@ def line_notes(line: dict) -> list[str]:
 
 
 def table_text(report: dict) -> str:
-    c, la = report["config"], report["load_average"]
+    c, (before, after) = report["config"], (report["load_average"][k] for k in ("before", "after"))
     rows = [phase_row(ln, name) for ln in report["lines"] for name in (*PHASES, REST)]
     return format_table(COLUMNS, rows, markdown=True, above=[
         f"CPU flags: {report['machine']['cpu_flags']}",
         f"{c['preset']} random-weight model, workload {c['workload']} (rows x prompt + generated), CPU-only policy, "
-        f"{report['machine']['torch_threads']} threads, load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}; "
+        f"{report['machine']['torch_threads']} threads, load average (1, 5, 15 min) "
+        f"{' '.join(f'{x:.2f}' for x in before)} before, {' '.join(f'{x:.2f}' for x in after)} after; "
         f"model GEMM FLOPs (layers' Linears + LM head) {report['model_gemm_flops']:.3e}",
         "Self CPU seconds of the compute thread's ops in the profiled run, by phase and category (share of the "
         "phase's wall time); overhead = wall - ops:"], below=[n for ln in report["lines"] for n in line_notes(ln)])
