@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import logging
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -23,13 +24,18 @@ DTYPE = "bfloat16"
 
 def timed(fn, gen_len: int) -> dict:
     """One call of fn(gen_len) -> generated tokens, on the one timer: wall time, tokens/s and the peak RSS growth
-    during the call."""
+    during the call; also the CPU seconds of this process over the call and tokens per CPU second, which another
+    process sharing the cores barely changes where the line runs one thread (it counts OpenMP's spin-waiting
+    where it runs more)."""
     gc.collect()
     reset_ok = bm.reset_peak_rss()
     rss0 = bm.rss_bytes()
+    cpu0 = time.process_time()
     tokens, seconds = timed_call(lambda: fn(gen_len))
+    cpu_s = time.process_time() - cpu0
     growth = bm.peak_rss_bytes() - rss0 if reset_ok else None
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rss_growth_bytes": growth}
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rss_growth_bytes": growth,
+            "cpu_seconds": cpu_s, "tokens_per_cpu_s": tokens / cpu_s if cpu_s > 0 else None}
 
 
 def side_by_side(runners: dict, gen_len: int, repeats: int, warmup: bool = True) -> dict[str, dict]:
@@ -48,7 +54,9 @@ def side_by_side(runners: dict, gen_len: int, repeats: int, warmup: bool = True)
 
 def summarize(runs: list[dict]) -> dict:
     growth = [r["rss_growth_bytes"] for r in runs if r["rss_growth_bytes"] is not None]
+    per_cpu = [r["tokens_per_cpu_s"] for r in runs if r.get("tokens_per_cpu_s")]
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+            "tokens_per_cpu_s": statistics.median(per_cpu) if per_cpu else None,
             "seconds": statistics.median(r["seconds"] for r in runs), "tokens": runs[0]["tokens"],
             "peak_rss_growth_bytes": max(growth) if growth else None, "runs": runs}
 

@@ -13,7 +13,8 @@ the line "... aten"), with int4 and with int8 weights, and CTranslate2 (the `ben
 extra) int8 and in the run's dtype, converted with its Transformers converter. Each line loads in a process of its
 own (jobs/bench/line_process.py: two engines in one process slow each other), and the lines' generations are timed
 inside those processes, interleaved round by round, one at a time (the machine is shared: the median of the rounds
-is quoted, ratios are to CTranslate2 int8). Per line: tokens/s, model FLOP/s as a fraction of a GEMM
+is quoted, ratios are to CTranslate2 int8). Per line: tokens/s, tokens per CPU second of the line's process (with
+one thread per line, what the line costs whatever else shares the cores), model FLOP/s as a fraction of a GEMM
 microbenchmark of the run's dtype (the model's widest layer shape at 1024 rows), and the memory it adds (peak RSS
 over its load and one run, less the RSS before it). For flexbatch's lines also each phase (the engine times them):
 prefill's model FLOP/s as a fraction of that peak, decode's as a fraction of the rate of one layer's GEMMs (q, k, v,
@@ -223,6 +224,7 @@ def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak
     flops = bm.model_flops(spec, P, G, rows)["total"]
     base = res.get("ctranslate2 int8", {}).get("tokens_per_s")
     return [{"line": k, "tokens_per_s": r["tokens_per_s"], "vs_ct2_int8": base and r["tokens_per_s"] / base,
+             "tokens_per_cpu_s": r["tokens_per_cpu_s"],
              "gemm_fraction": flops / r["seconds"] / 1e9 / peak, "added_rss_bytes": procs[k].added_rss_bytes,
              "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]]}
             | phase_fractions(spec, prompts, G, r["runs"], peak, decode_rate) for k, r in res.items()]
@@ -239,7 +241,7 @@ def run_workloads(cfg: WorkloadConfig) -> dict:
             "gemm_peak_gflops": peak, "workloads": results}
 
 
-COLUMNS = tuple(Column(t) for t in ("workload", "line", "tokens/s (median)", "vs CTranslate2 int8",
+COLUMNS = tuple(Column(t) for t in ("workload", "line", "tokens/s (median)", "tokens per CPU-s", "vs CTranslate2 int8",
                                      "fraction of GEMM peak", "prefill / GEMM peak", "decode / GEMM at its rows",
                                      "memory added"))
 
@@ -256,6 +258,7 @@ def table_text(report: dict) -> str:
     """The CPU flags, then the in-process table and the whole-process table, each where the run has its lines."""
     out = [f"CPU flags: {report['machine']['cpu_flags']}"]
     rows = [(workload_label(w), ln["line"], f"{ln['tokens_per_s']:.1f}",
+             f"{ln['tokens_per_cpu_s']:.1f}" if ln.get("tokens_per_cpu_s") else "-",
              f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", fraction(ln["gemm_fraction"]),
              fraction(ln.get("prefill_fraction")), fraction(ln.get("decode_fraction")),
              f"{ln['added_rss_bytes'] / 2**20:.0f} MiB") for w in report["workloads"] for ln in w["lines"]]

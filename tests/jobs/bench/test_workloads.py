@@ -23,13 +23,14 @@ def test_table_has_the_cpu_flags_and_every_line():
               "workloads": [{"workload": "W3", "rows": 128, "prompt_tokens": 64, "generated": 16,
                              "decode_gemm_gflops": 61.5, "lines": [
                   {"line": "flexbatch float32 int8", "tokens_per_s": 120.0, "vs_ct2_int8": 1.2, "gemm_fraction": 0.5,
+                   "tokens_per_cpu_s": 115.5,
                    "prefill_fraction": 0.8, "decode_fraction": 0.65, "added_rss_bytes": 64 << 20},
                   {"line": "ctranslate2 int8", "tokens_per_s": 100.0, "vs_ct2_int8": 1.0, "gemm_fraction": 0.4,
                    "added_rss_bytes": 32 << 20}]}]}
     table = wl.table_text(report)
     assert table.splitlines()[0] == "CPU flags: avx2 avx512_vnni"
-    assert "| W3 128x64 gen 16 | flexbatch float32 int8 | 120.0 | 1.20x | 0.50 | 0.80 | 0.65 | 64 MiB |" in table
-    assert "| W3 128x64 gen 16 | ctranslate2 int8 | 100.0 | 1.00x | 0.40 | - | - | 32 MiB |" in table
+    assert "| W3 128x64 gen 16 | flexbatch float32 int8 | 120.0 | 115.5 | 1.20x | 0.50 | 0.80 | 0.65 | 64 MiB |" in table
+    assert "| W3 128x64 gen 16 | ctranslate2 int8 | 100.0 | - | 1.00x | 0.40 | - | - | 32 MiB |" in table
     assert "W3 128 rows 61.5 GFLOP/s" in table
 
 
