@@ -63,9 +63,13 @@ class CheckpointReader:
                     out[name] = sf.get_tensor(key).to(dtype).contiguous()
         return out
 
+    def layer_sources(self, i: int) -> dict[str, tuple[Path, str]]:
+        """Where each of layer i's tensors is stored: its name -> (file, key in that file). The disk tier reads a
+        layer straight from these files when it would store their bytes unchanged."""
+        return {name: loc for (li, name), loc in self._where.items() if li == i}
+
     def layer(self, i: int, dtype: torch.dtype) -> LayerWeights:
-        items = [(name, loc) for (li, name), loc in self._where.items() if li == i]
-        return self._read(items, dtype)
+        return self._read(list(self.layer_sources(i).items()), dtype)
 
     def globals(self, dtype: torch.dtype) -> LayerWeights:
         items = [(name, loc) for (li, name), loc in self._where.items() if li is None]

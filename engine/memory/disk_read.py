@@ -22,8 +22,9 @@ from engine.memory.room import memory_room
 
 log = logging.getLogger(__name__)
 ALIGN = 4096
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "U8": torch.uint8,
-           "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+                      "BOOL": torch.bool}
 
 
 def memory_room_bytes() -> int:
@@ -59,7 +60,8 @@ class DirectReader:
         self._lock = threading.Lock()
         self.buffers_made = 0
 
-    def _buffer(self, n: int) -> torch.Tensor:
+    def buffer(self, n: int) -> torch.Tensor:
+        """A free aligned buffer of at least n bytes (made when none is), to `release` once its views are unused."""
         with self._lock:
             for k, buf in enumerate(self._free):
                 if buf.numel() >= n:
@@ -74,7 +76,7 @@ class DirectReader:
     def read(self, path: Path) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The file's tensors (views of one buffer) and that buffer, to `release` once they are no longer used."""
         size = path.stat().st_size
-        buf = self._buffer(aligned_size(size))
+        buf = self.buffer(aligned_size(size))
         _read_into(path, buf, size)
         return _tensors(buf), buf
 
@@ -108,5 +110,5 @@ def _tensors(buf: torch.Tensor) -> dict[str, torch.Tensor]:
             continue
         begin, end = info["data_offsets"]
         raw = buf[base + begin : base + end]
-        out[name] = raw.view(_DTYPES[info["dtype"]]).view(info["shape"])
+        out[name] = raw.view(SAFETENSORS_DTYPES[info["dtype"]]).view(info["shape"])
     return out
