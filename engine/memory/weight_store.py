@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from engine.checkpoint import CheckpointReader, LayerWeights
 from engine.compression.qlinear import kernel_layout_bytes
 from engine.kernels.fuse import LAYOUT, fuse_projections
 from engine.kernels.native import NativeKernels
+from engine.memory.checkpoint_layers import checkpoint_plans, read_layer
 from engine.memory.disk_read import DirectReader, memory_room_bytes, reads_direct
 from engine.memory.heap import release_freed_memory
 from engine.memory.offload import layer_path, offload_root, stored_layer, write_layer
@@ -53,6 +55,17 @@ def _spread(n: int, counts: dict[str, int]) -> list[str]:
         out.append(name)
         given[name] += 1
     return out
+
+
+def layer_ranges(layers: list[int]) -> str:
+    """Sorted layer indices as runs: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def stored_layers(folder: Path | None, layers: list[int]) -> dict[int, dict | None]:
@@ -99,10 +112,15 @@ def head_in_int8(policy: Policy, where: str) -> bool:
 
 
 class WeightStore:
-    """Holds every layer on its tier: `gpu`/`cpu` layers in memory, `disk` layers as one safetensors file per
-    layer in the offload folder (written once per model and format, then reused). The kernels decide how a
+    """Holds every layer on its tier: `gpu`/`cpu` layers in memory, `disk` layers read from the checkpoint's own
+    files where the stored form is their bytes (engine/memory/checkpoint_layers.py), else as one safetensors file
+    per layer in the offload folder (written once per model and format, then reused). The kernels decide how a
     loaded layer becomes ready to compute, and may keep a CPU layer that only computes on the CPU in their own
-    packed form (accounted at its stored size)."""
+    packed form (accounted at its stored size).
+
+    `weight_wait_s` is the time the computing thread waited for a layer (a prefetch not yet done, or a load of
+    its own), `load_s` the time the prefetch thread spent loading: together they tell a run bound by the disk
+    from one bound by compute."""
 
     def __init__(self, reader: CheckpointReader, policy: Policy, devices: Devices, dtype: torch.dtype,
                  codec=None, offload_dir: Path | None = None, kernels: NativeKernels | None = None):
@@ -120,21 +138,39 @@ class WeightStore:
         self._released = None  # compute-stream event recorded when the last layer was handed back
         self.files: dict[int, Path] = {}
         self.layer_bytes: list[int] = []
+        self.weight_wait_s = 0.0
+        self.load_s = 0.0
         # one intra-op thread for the prefetcher: with two, its dequant/copies fight the compute thread's
         # OpenMP team for the same cores and slow every op on the main thread
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-prefetch",
                                         initializer=torch.set_num_threads, initargs=(1,))
         self._pending: dict[tuple[int, str], Future] = {}
-        folder = self._offload_folder(reader, offload_dir) if "disk" in self.placement else None
+        on_disk = [i for i, tier in enumerate(self.placement) if tier == "disk"]
+        self.plans = checkpoint_plans(reader, on_disk, dtype, codec)  # read from the checkpoint: no offload copy
+        copies = [i for i in on_disk if i not in self.plans]
+        folder = self._offload_folder(reader, offload_dir) if copies else None
         room = memory_room_bytes()  # before the layers, as the planner measured it (planner.cost_model)
-        kept = stored_layers(folder, [i for i, tier in enumerate(self.placement) if tier == "disk"])
+        kept = stored_layers(folder, copies)
         for i, tier in enumerate(self.placement):
-            self._place(reader, i, tier, folder, kept.get(i))
-            release_freed_memory()  # the layer's full-precision copy, before the next is read
+            if i in self.plans:
+                self._place_read(i)
+            else:
+                self._place(reader, i, tier, folder, kept.get(i))
+                release_freed_memory()  # the layer's full-precision copy, before the next is read
         disk = sum(n for n, t in zip(self.layer_bytes, self.placement) if t == "disk")
         self.direct = DirectReader() if disk and reads_direct(disk, room) else None  # else page-cached reads
+        self._buffers = DirectReader()  # a checkpoint layer's buffers when reads go through the page cache
         if disk:
-            log.info("disk tier: %d MiB read %s", disk >> 20, "with O_DIRECT" if self.direct else "buffered")
+            log.info("disk tier: %d MiB read %s%s", disk >> 20, "with O_DIRECT" if self.direct else "buffered",
+                     f"; layers {layer_ranges(sorted(self.plans))} from the checkpoint's own files" if self.plans
+                     else "")
+
+    def _place_read(self, i: int) -> None:
+        """Layer i stays in the checkpoint: only its accounts, at the bytes of its stored form."""
+        plan = self.plans[i]
+        self.meta[i] = plan.meta
+        self.layer_bytes.append(plan.stored_bytes)
+        self.devices.tiers["disk"].reserve(plan.stored_bytes, f"layer {i}")
 
     def _place(self, reader: CheckpointReader, i: int, tier: str, folder: Path | None, kept: dict | None) -> None:
         if kept is not None:  # written by an earlier run and complete (engine/memory/offload.py)
@@ -178,8 +214,19 @@ class WeightStore:
         """Layer i ready to compute on `device` (read from disk if needed, moved, then decompressed there), and
         the staging set and codec buffers it occupies until it is handed back."""
         tier, disk_buf = self.placement[i], None
-        if tier == "disk" and self.direct is not None:
-            (stored, disk_buf), src = self.direct.read(self.files[i]), "cpu"
+        if tier == "disk" and i in self.plans:
+            pool = self.direct or self._buffers
+            buf = pool.buffer(self.plans[i].buffer_bytes)
+            try:
+                stored, nread = read_layer(self.plans[i], buf, direct=self.direct is not None)
+            except BaseException:
+                pool.release(buf)
+                raise
+            src, disk_buf = "cpu", (pool, buf)
+            self.devices.links.add("disk", "cpu", nread)
+        elif tier == "disk" and self.direct is not None:
+            (stored, buf), src = self.direct.read(self.files[i]), "cpu"
+            disk_buf = self.direct, buf
             self.devices.links.add("disk", "cpu", self.layer_bytes[i])
         elif tier == "disk":
             stored, src = load_file(str(self.files[i])), "cpu"
@@ -210,22 +257,27 @@ class WeightStore:
         stream = self.devices.streams["weights"]
         with torch.inference_mode(), stream:  # inference mode is per thread; the buffers were made under it
             stream.wait(released)  # buffers handed back are refilled only once the compute stream is past them
+            t0 = time.perf_counter()
             weights, held = self._load(i, device)
+            self.load_s += time.perf_counter() - t0
             return weights, held, stream.record()
 
     def get(self, i: int, device: str) -> LayerWeights:
         """Layer i on `device`. The schedule computes one layer at a time, so this also hands the previous
         layer's staging and decompression buffers back for reuse."""
         future = self._pending.pop((i, device), None)
+        t0 = time.perf_counter()
         if future is not None:
             weights, held, ready = future.result()
             self.devices.compute_stream.wait(ready)
         else:
             weights, held = self._load(i, device)
+        self.weight_wait_s += time.perf_counter() - t0
         if self._in_use is not None:
             staging, buffers, disk_buf = self._in_use
             if disk_buf is not None:  # the layer's tensors were views of it
-                self.direct.release(disk_buf)
+                pool, buf = disk_buf
+                pool.release(buf)
             if staging is not None:
                 self._staging_free.append(staging)
             if buffers is not None:

@@ -55,7 +55,7 @@ def test_direct_disk_reads_give_the_same_tokens(checkpoint, tmp_path, one_thread
         e.weights.close()
 
 
-def test_four_bit_weights_stay_compressed_on_disk(checkpoint, tmp_path):
+def test_four_bit_weights_stay_compressed_on_disk(checkpoint, tmp_path, offload_copies):
     model = checkpoint("llama_gqa_llama3")
     sizes = {}
     for compress in (False, True):

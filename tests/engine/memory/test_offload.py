@@ -56,7 +56,7 @@ def _engine(checkpoint, tmp_path, weight_cpu):
     return Engine.load(checkpoint(VARIANT), dtype="float32", policy=Policy(weight_cpu=weight_cpu), offload_dir=tmp_path)
 
 
-def test_a_partial_offload_folder_is_completed_not_trusted(checkpoint, tmp_path):
+def test_a_partial_offload_folder_is_completed_not_trusted(checkpoint, tmp_path, offload_copies):
     from engine.engine import Engine
 
     expected = _tokens(Engine.load(checkpoint(VARIANT), dtype="float32"))
@@ -67,7 +67,7 @@ def test_a_partial_offload_folder_is_completed_not_trusted(checkpoint, tmp_path)
     assert _tokens(every) == expected and len(list(tmp_path.rglob("layer_*.safetensors"))) == 2
 
 
-def test_a_torn_or_unrecorded_layer_file_is_rebuilt(checkpoint, tmp_path):
+def test_a_torn_or_unrecorded_layer_file_is_rebuilt(checkpoint, tmp_path, offload_copies):
     from engine.memory.offload import stored_layer
 
     expected = _tokens(_engine(checkpoint, tmp_path, 0.0))
@@ -81,7 +81,7 @@ def test_a_torn_or_unrecorded_layer_file_is_rebuilt(checkpoint, tmp_path):
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_a_layer_file_changed_in_place_is_rebuilt(checkpoint, tmp_path, caplog):
+def test_a_layer_file_changed_in_place_is_rebuilt(checkpoint, tmp_path, caplog, offload_copies):
     """Same size, same header, one byte of tensor data flipped: only the recorded SHA-256 tells."""
     import struct
 
@@ -106,6 +106,7 @@ def test_two_processes_converting_one_model_at_once_leave_a_sound_folder(checkpo
 
     model = checkpoint(VARIANT)
     code = ("import sys; from engine.engine import Engine; from engine.policy import Policy; "
+            "import engine.memory.weight_store as ws; ws.checkpoint_plans = lambda *args: {}; "
             "Engine.load(sys.argv[1], dtype='float32', policy=Policy(weight_cpu=0.0), offload_dir=sys.argv[2]); "
             "print('loaded')")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
