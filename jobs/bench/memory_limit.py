@@ -234,6 +234,16 @@ def workloads_of(cfg: MemoryLimitConfig) -> dict[str, tuple[int, int, int, float
     return {n: (r, p, g, None) for n, r, p, g in cfg.workloads} if cfg.workloads else MEMORY_WORKLOADS
 
 
+def weight_times(result: dict | None) -> str:
+    """Where a flexbatch side's generation went: the seconds its compute thread waited for layers and the seconds
+    its prefetch thread spent loading them (a side that waits most of its time is bound by the disk, not by
+    compute); empty for Accelerate's sides and failed runs."""
+    if not result or "weight_wait_s" not in result:
+        return ""
+    return (f"; weights: waited {result['weight_wait_s']:.1f} s, loaded {result['weight_load_s']:.1f} s, "
+            f"of {result['gen_s']:.1f} s generating")
+
+
 def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
     """The workloads under the limit (by default decode-heavy and prefill-heavy): flexbatch's planned run
     (uncompressed, and with each compressed format pinned) vs Accelerate's best surviving batch, generated tokens/s,
@@ -257,7 +267,8 @@ def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
             ours = rep["best"].get(ours_name)
             what = (f"{name} {rows}x{P} gen {G}, limit {cfg.describe()} (weights {rep['weight_bytes'] >> 20} MiB, "
                     f"baselines {({k: v >> 20 for k, v in rep['baseline_bytes'].items()})} MiB): {ours_name} "
-                    f"planned vs Accelerate bs {theirs and theirs['batch']} (best surviving)")
+                    f"planned vs Accelerate bs {theirs and theirs['batch']} (best surviving)"
+                    f"{weight_times(ours and ours['result'])}")
             lines.append(Line(f"memlimit-{name}-{ours_name}", what, "tokens/s",
                               ours and ours["result"]["tokens_per_s"], theirs and theirs["result"]["tokens_per_s"],
                               target, rep))

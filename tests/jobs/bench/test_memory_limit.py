@@ -90,3 +90,25 @@ def test_each_side_runs_in_its_own_group_and_oom_is_reported(tmp_path):
     starved = ml.run_side(side, 60 << 20, timeout_s=600)
     assert starved["result"] is None and starved["oom_killed"], starved
     assert not list(Path(ml.CGROUP_ROOT).glob(f"flexbatch-bench-{os.getpid()}-*"))
+
+
+def test_a_flexbatch_side_reports_its_weight_wait_and_load_seconds(tmp_path, monkeypatch, one_thread):
+    """The compute thread's wait for layers and the prefetch thread's loading come back in the side's JSON line,
+    and the report's line for a flexbatch side shows them."""
+    from types import SimpleNamespace
+
+    from engine.policy import Policy
+    from jobs.bench import memory_side
+
+    model = bm.build_checkpoint("tiny", tmp_path / "cache")
+    plan = SimpleNamespace(policy=Policy(gbs=2, num_gb=1, weight_cpu=0.0), prediction=SimpleNamespace(total_s=1.0))
+    monkeypatch.setattr(memory_side, "flexbatch_plan", lambda side: (plan, {"cpu": None}))
+    side = ml.Side("flexbatch", str(model), rows=2, prompt_len=6, gen_len=3, batch=0, cpu_bytes=1 << 30,
+                   offload_dir=str(tmp_path / "off"))
+    tokens, gen_s, info = memory_side.run_flexbatch(side, bm.prompt_ids(2, 6, 512))
+    assert tokens == 6 and info["weight_wait_s"] > 0 and info["weight_load_s"] > 0
+    note = ml.weight_times({"gen_s": gen_s, **info})
+    assert note.startswith("; weights: waited ") and "s generating" in note
+    assert ml.weight_times({"weight_wait_s": 1.04, "weight_load_s": 3.51, "gen_s": 10.0}) == \
+        "; weights: waited 1.0 s, loaded 3.5 s, of 10.0 s generating"
+    assert ml.weight_times(None) == "" and ml.weight_times({"tokens": 3, "gen_s": 1.0}) == ""
