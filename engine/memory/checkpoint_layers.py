@@ -24,7 +24,7 @@ import torch
 
 from engine.checkpoint import CheckpointReader
 from engine.kernels.fuse import FUSED, fuse_projections
-from engine.memory.disk_read import ALIGN, SAFETENSORS_DTYPES
+from engine.memory.disk_read import ALIGN, SAFETENSORS_DTYPES, aligned_empty, aligned_size
 from engine.memory.span_read import OpenFiles, read_span
 
 ALIGN_PIECE = 64  # bytes: where a tensor that cannot be read in place starts in the buffer
@@ -61,11 +61,25 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class Read:
+    """`nbytes` of shard `file` from `offset`, read to byte `at` of the layer buffer: spans that follow each other
+    both in the file and in the buffer are one read."""
+
+    at: int
+    file: Path
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class LayerPlan:
-    """How to read one layer: its pieces, its codec metadata (as the codec's `encode` gives it) and the buffer it
-    needs."""
+    """How to read one layer: its pieces, the reads that fill them in ascending order of place, the spans that are
+    converted (or zeros) into place after, its codec metadata (as the codec's `encode` gives it) and the buffer it
+    needs (whole blocks: a read may spill past its last byte)."""
 
     pieces: tuple[Piece, ...]
+    reads: tuple[Read, ...]
+    fills: tuple[tuple[int, torch.dtype, Span], ...]
     meta: dict[str, str] | None
     buffer_bytes: int
 
@@ -107,7 +121,7 @@ def layer_plan(sources: dict[str, tuple[Path, str]], dtype: torch.dtype, codec,
         return None
     pieces, size = _lay_out({n: (t.dtype, tuple(t.shape[:1]) + made[n][0].shape[1:]) for n, t in stored.items()},
                             made)
-    return LayerPlan(pieces, meta, size)
+    return LayerPlan(pieces, *_reads(pieces), meta, aligned_size(size))
 
 
 def tensor_spans(path: Path) -> dict[str, Span]:
@@ -200,27 +214,47 @@ def _in_place(dtype: torch.dtype, spans: tuple[Span, ...]) -> bool:
     return True
 
 
+def _reads(pieces: tuple[Piece, ...]) -> tuple[tuple[Read, ...], tuple[tuple[int, torch.dtype, Span], ...]]:
+    """The spans kept as they are, as reads merged where they follow each other in the file and in the buffer, in
+    ascending order of place (as `read_span` wants); and the spans converted or zeroed, with their places."""
+    reads, fills = [], []
+    for p in pieces:
+        at = p.at
+        for s in p.spans:
+            if s.file is not None and s.dtype == p.dtype:
+                reads.append(Read(at, s.file, s.offset, s.nbytes))
+            else:
+                fills.append((at, p.dtype, s))
+            at += s.numel * p.dtype.itemsize
+    merged: list[Read] = []
+    for r in sorted(reads, key=lambda r: r.at):
+        last = merged[-1] if merged else None
+        if last and last.file == r.file and last.offset + last.nbytes == r.offset and last.at + last.nbytes == r.at:
+            merged[-1] = Read(last.at, last.file, last.offset, last.nbytes + r.nbytes)
+        else:
+            merged.append(r)
+    return tuple(merged), tuple(fills)
+
+
 def read_layer(plan: LayerPlan, buf: torch.Tensor, direct: bool) -> tuple[dict[str, torch.Tensor], int]:
     """The layer's stored tensors, views of `buf` (uint8, at least `plan.buffer_bytes`, ALIGN-aligned), and the
     bytes read from the checkpoint. With `direct`, read with O_DIRECT where the files allow it."""
     nread = 0
     with OpenFiles(direct) as files:
-        for p in plan.pieces:
-            nread += _fill(p, buf[p.at : p.at + p.nbytes], files)
+        for r in plan.reads:
+            nread += read_span(files, r.file, r.offset, buf, r.at, r.nbytes)
+        for at, dtype, span in plan.fills:  # after the reads, which may spill over their places
+            nread += _fill(files, buf[at : at + span.numel * dtype.itemsize].view(dtype), span)
     return {p.name: buf[p.at : p.at + p.nbytes].view(p.dtype).view(p.shape) for p in plan.pieces}, nread
 
 
-def _fill(piece: Piece, raw: torch.Tensor, files: OpenFiles) -> int:
-    out, done, nread = raw.view(piece.dtype), 0, 0
-    for s in piece.spans:
-        dest = out[done : done + s.numel]
-        if s.file is None:
-            dest.zero_()
-        elif s.dtype == piece.dtype:
-            nread += read_span(files, s.file, s.offset, dest.view(torch.uint8))
-        else:
-            raw_src = torch.empty(s.nbytes, dtype=torch.uint8)
-            nread += read_span(files, s.file, s.offset, raw_src)
-            dest.copy_(raw_src.view(s.dtype))
-        done += s.numel
+def _fill(files: OpenFiles, dest: torch.Tensor, span: Span) -> int:
+    """`dest` from a span of another dtype (converted as the store-time conversion does), or zeros."""
+    if span.file is None:
+        dest.zero_()
+        return 0
+    head = span.offset % ALIGN
+    raw = aligned_empty(aligned_size(head + span.nbytes))
+    nread = read_span(files, span.file, span.offset, raw, head, span.nbytes)
+    dest.copy_(raw[head : head + span.nbytes].view(span.dtype))
     return nread

@@ -1,10 +1,11 @@
-"""Reading one byte span of a file into a given place in memory, bypassing the page cache where the file allows.
+"""Reading byte spans of files into given places of one buffer, bypassing the page cache where the file allows.
 
-O_DIRECT moves whole 4 KiB blocks into 4 KiB-aligned memory. A span whose destination address and file offset
-agree modulo 4 KiB is read straight into place, all but its partial first and last blocks; those blocks, and
-spans that do not agree, pass through a small aligned scratch buffer and are copied into place. Where O_DIRECT
-is refused (tmpfs) the files are read buffered and their pages dropped after, as `DirectReader` does; where the
-caller wants the page cache (`direct` false) they are read buffered and kept."""
+O_DIRECT moves whole 4 KiB blocks into 4 KiB-aligned memory. A span whose place in the buffer agrees with its
+file offset modulo 4 KiB is read straight there in one call, its partial first and last blocks included (what
+they carry beyond the span lands around it and is put right); a span that does not agree passes through a small
+aligned scratch buffer and is copied into place. Where O_DIRECT is refused (tmpfs) the files are read buffered
+and their pages dropped after, as `DirectReader` does; where the caller wants the page cache (`direct` false)
+they are read buffered and kept."""
 
 from __future__ import annotations
 
@@ -60,21 +61,29 @@ def _open(path: Path, direct: bool) -> tuple[int, bool]:
     return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
 
 
-def read_span(files: OpenFiles, path: Path, offset: int, dest: torch.Tensor) -> int:
-    """Fill `dest` (contiguous uint8) with the bytes of `path` from `offset`; returns the bytes read from the
-    file, whole blocks counted with O_DIRECT."""
+def read_span(files: OpenFiles, path: Path, offset: int, buf: torch.Tensor, at: int, n: int) -> int:
+    """Bytes [offset, offset + n) of `path` into buf[at : at + n] (`buf` uint8, from an ALIGN-aligned address);
+    returns the bytes read from the file, whole blocks counted with O_DIRECT.
+
+    With O_DIRECT and `at` agreeing with `offset` modulo ALIGN, one read moves the whole blocks covering the span
+    straight into `buf`: the bytes of `buf` before `at` in its first block are kept (saved and put back), those
+    after `at + n` up to its last block's end are overwritten. A caller filling one buffer from several spans
+    therefore reads them in ascending order of `at`, and fills what no read gives (converted tensors) after."""
     fd, direct = files.fd(path)
-    lo, hi = offset, offset + dest.numel()
     if not direct:
-        _pread_exact(fd, dest, lo)
-        return hi - lo
-    i0, i1 = aligned_size(lo), _down(hi)
-    if (dest.data_ptr() - lo) % ALIGN or i0 >= i1:
-        return _bounce(fd, lo, hi, dest, files.scratch())
-    _pread_exact(fd, dest[i0 - lo : i1 - lo], i0)
-    head = _bounce(fd, lo, i0, dest[: i0 - lo], files.scratch()) if lo < i0 else 0
-    tail = _bounce(fd, i1, hi, dest[i1 - lo :], files.scratch()) if i1 < hi else 0
-    return i1 - i0 + head + tail
+        _pread_exact(fd, buf[at : at + n], offset)
+        return n
+    head = offset % ALIGN
+    if (buf.data_ptr() + at - offset) % ALIGN or at < head or aligned_size(at + n) > buf.numel():
+        return _bounce(fd, offset, offset + n, buf[at : at + n], files.scratch())
+    blocks = aligned_size(head + n)
+    kept = buf[at - head : at].clone()
+    got = _pread(fd, buf[at - head : at - head + blocks], offset - head)  # the file's last block may end early
+    if got < head + n:
+        raise OSError(f"{path}: read {got} of {head + n} bytes at offset {offset - head}: the file is shorter "
+                      "than its header says")
+    buf[at - head : at].copy_(kept)
+    return blocks
 
 
 def _bounce(fd: int, lo: int, hi: int, dest: torch.Tensor, scratch: torch.Tensor) -> int:
@@ -105,7 +114,8 @@ def _pread(fd: int, dest: torch.Tensor, offset: int) -> int:
 def _pread_exact(fd: int, dest: torch.Tensor, offset: int) -> None:
     got = _pread(fd, dest, offset)
     if got != dest.numel():
-        raise OSError(f"read {got} of {dest.numel()} bytes at offset {offset}: the file is shorter than its header says")
+        raise OSError(f"read {got} of {dest.numel()} bytes at offset {offset}: the file is shorter than its header "
+                      "says")
 
 
 def _down(n: int) -> int:

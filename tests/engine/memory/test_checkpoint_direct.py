@@ -199,7 +199,7 @@ def test_where_o_direct_is_refused_the_files_are_read_buffered_and_dropped(check
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_any_span_lands_in_place_whatever_its_alignment(tmp_path, monkeypatch, direct):
+def test_any_span_lands_in_place_whatever_its_alignment_keeping_what_lies_before(tmp_path, monkeypatch, direct):
     monkeypatch.setattr(span_read, "SCRATCH_BYTES", 2 * ALIGN)  # several bounces per span
     size = 5 * ALIGN + 123  # the last block ends early
     data = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
@@ -210,11 +210,12 @@ def test_any_span_lands_in_place_whatever_its_alignment(tmp_path, monkeypatch, d
         for length in (1, 100, ALIGN, 3 * ALIGN + 7, size - offset):
             if offset + length > size:
                 continue
-            for at in (offset % ALIGN, 64, 0):  # agreeing with the file modulo 4 KiB, or not
-                buf.zero_()
+            for at in (offset % ALIGN, offset % ALIGN + ALIGN, 64, 0):  # agreeing with the file modulo 4 KiB, or not
+                buf.fill_(0xAB)
                 with span_read.OpenFiles(direct) as files:
-                    nread = span_read.read_span(files, path, offset, buf[at : at + length])
+                    nread = span_read.read_span(files, path, offset, buf, at, length)
                 assert torch.equal(buf[at : at + length], data[offset : offset + length]), (offset, length, at)
+                assert bool((buf[:at] == 0xAB).all()), (offset, length, at)
                 assert nread >= length and (not direct or nread % ALIGN == 0)
 
 
