@@ -59,7 +59,9 @@ def test_every_policy_gives_the_same_tokens(checkpoint, reference, tmp_path, nam
 
 
 def test_disk_weights_are_written_once_and_reused(checkpoint, tmp_path):
-    policy = Policy(weight_cpu=0.0)
+    """4-bit disk layers are converted once into the offload folder (plain ones in the checkpoint's own dtype are
+    read from the checkpoint itself: tests/engine/memory/test_checkpoint_direct.py)."""
+    policy = Policy(weight_cpu=0.0, compress_weight=True)
     Engine.load(checkpoint(VARIANT), dtype="float32", policy=policy, offload_dir=tmp_path)
     files = sorted(tmp_path.rglob("layer_*.safetensors"))
     assert len(files) == 2
