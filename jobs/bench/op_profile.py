@@ -45,6 +45,7 @@ import torch
 
 from engine.engine import Engine
 from engine.errors import FlexbatchError
+from engine.kernels import onednn_dense
 from engine.loop.schedule import GpuBatch
 from engine.models import PHASES, StepContext
 from engine.policy import WEIGHT_FORMATS, Policy
@@ -55,7 +56,7 @@ from jobs.bench.runs import engine_runner
 from jobs.bench.table import Column, format_table
 from jobs.bench.workloads import cpu_flags, gemm_peak_gflops
 from jobs.common import fail, setup_logging
-from planner.microbench import median_seconds, timed_call
+from planner.microbench import best_seconds, gflops, timed_call
 
 log = logging.getLogger(__name__)
 
@@ -176,12 +177,21 @@ def gemm_mnk(name: str, shapes: list) -> tuple[int, int, int] | None:
 
 def empty_phase() -> dict:
     return {"wall_s": 0.0, "seconds": dict.fromkeys(CATEGORIES, 0.0), "gemm_flops": 0.0, "gemm_calls": 0,
-            "gemm_uncounted": 0, "flops_by_rows": Counter(), "int8_flops": 0.0}
+            "gemm_uncounted": 0, "flops_by_rows": Counter(), "int8_flops": 0.0, "ops": defaultdict(lambda: [0, 0.0])}
+
+
+TOP_OPS = 8  # ops per phase kept by name in the report, the most self time first
+
+
+def top_ops(ops: dict) -> list[dict]:
+    """A phase's ops by (name, category): the TOP_OPS with the most self time, with their calls."""
+    ranked = sorted(ops.items(), key=lambda kv: -kv[1][1])[:TOP_OPS]
+    return [{"op": name, "category": cat, "calls": n, "seconds": s} for (name, cat), (n, s) in ranked]
 
 
 def tally(events, wall_s: float) -> dict:
     """Per phase (PHASES, then REST) of the compute thread, the profiled events' self seconds by category, the
-    phase's wall seconds and its GEMM FLOPs; the other threads' op seconds by category apart. The compute thread
+    phase's wall seconds, its GEMM FLOPs and the ops that took the most time; the other threads' op seconds by category apart. The compute thread
     is the one the phase labels run on; REST's wall time is `wall_s` less the phases'."""
     phases = {p: empty_phase() for p in (*PHASES, REST)}
     steps = [e for e in events if e.is_user_annotation and e.name in PHASES]
@@ -205,6 +215,8 @@ def tally(events, wall_s: float) -> dict:
             continue
         ph = phases[phase]
         ph["seconds"][cat] += seconds
+        ph["ops"][e.name, cat][0] += 1
+        ph["ops"][e.name, cat][1] += seconds
         if cat == "gemm":
             mnk = gemm_mnk(e.name, e.input_shapes)
             ph["gemm_calls"] += 1
@@ -218,19 +230,47 @@ def tally(events, wall_s: float) -> dict:
     phases[REST]["wall_s"] = max(0.0, wall_s - sum(phases[p]["wall_s"] for p in PHASES))
     for ph in phases.values():
         ph["seconds"]["overhead"] = ph["wall_s"] - sum(v for k, v in ph["seconds"].items() if k != "overhead")
+        ph["top_ops"] = top_ops(ph.pop("ops"))
     return {"phases": phases, "other_threads": dict(others)}
 
 
+def widest_layer(spec) -> tuple[int, int]:
+    """(out, in) of the model's widest layer Linear: the shape every GEMM peak here is measured on."""
+    return max(bm.layer_gemm_shapes(spec), key=lambda s: s[0] * s[1])
+
+
 def int8_peak_gops(spec, rows: int) -> float:
-    """int8 x int8 -> int32 GEMM (torch._int_mm) GOP/s of the model's widest layer shape at `rows` rows."""
-    n, k = max(bm.layer_gemm_shapes(spec), key=lambda s: s[0] * s[1])
+    """int8 x int8 -> int32 GEMM (torch._int_mm, on the transposed codes as the int8 kernel calls it) GOP/s of the
+    widest layer shape at `rows` rows: the fastest of 10 calls."""
+    n, k = widest_layer(spec)
     x, w = torch.randint(-127, 128, (rows, k), dtype=torch.int8), torch.randint(-127, 128, (n, k), dtype=torch.int8)
-    return 2 * rows * n * k / median_seconds(lambda: torch._int_mm(x, w.T), 5) / 1e9
+    return gflops(rows, n, k, best_seconds(lambda: torch._int_mm(x, w.T), 10))
+
+
+def reordered_peak_gflops(spec, dtype: torch.dtype, rows: int) -> float:
+    """GFLOP/s of the widest layer shape at `rows` rows through a weight reordered for oneDNN, the form the engine
+    keeps dense weights in where it measured it faster (engine/kernels/onednn_dense.py): the fastest of 10 calls."""
+    n, k = widest_layer(spec)
+    x, w = torch.randn(rows, k).to(dtype), onednn_dense.pack(torch.randn(n, k).to(dtype))
+    return gflops(rows, n, k, best_seconds(lambda: onednn_dense.linear(x, w), 10))
+
+
+def gemm_peak(spec, kind: str, dtype: torch.dtype, rows: int) -> tuple[float, str]:
+    """The peak a phase's GEMM rate is quoted against, and the form that reached it: int8's _int_mm, or for a
+    dense dtype the faster of the plain weight (the microbenchmark of `bench workloads` and `bench score`) and
+    the reordered one."""
+    if kind == "int8":
+        return int8_peak_gops(spec, rows), "int8"
+    forms = {"plain": gemm_peak_gflops(spec, dtype, rows)}
+    if torch.backends.mkldnn.is_available():
+        forms["reordered"] = reordered_peak_gflops(spec, dtype, rows)
+    best = max(forms, key=forms.get)
+    return forms[best], f"{kind} {best}"
 
 
 def gemm_rates(phase: dict, spec, dtype: torch.dtype, peaks: dict) -> dict:
-    """The phase's GEMM rate and the peak it is quoted against: the microbenchmark at the row count carrying most
-    of its GEMM FLOPs, int8 where _int_mm did most of them, else the compute dtype (`peaks` caches them)."""
+    """The phase's GEMM rate and the peak it is quoted against (`gemm_peak`) at the row count carrying most of its
+    GEMM FLOPs, int8 where _int_mm did most of them, else the compute dtype (`peaks` caches them)."""
     seconds = phase["seconds"]["gemm"]
     if not phase["gemm_flops"] or not seconds:
         return {"gemm_gflops": None, "peak_gflops": None, "peak_rows": None, "peak_kind": None}
@@ -238,9 +278,10 @@ def gemm_rates(phase: dict, spec, dtype: torch.dtype, peaks: dict) -> dict:
     kind = "int8" if phase["int8_flops"] > phase["gemm_flops"] / 2 else str(dtype).removeprefix("torch.")
     if (kind, rows) not in peaks:
         log.info("GEMM peak: %s at %d rows", kind, rows)
-        peaks[kind, rows] = int8_peak_gops(spec, rows) if kind == "int8" else gemm_peak_gflops(spec, dtype, rows)
-    return {"gemm_gflops": phase["gemm_flops"] / seconds / 1e9, "peak_gflops": peaks[kind, rows],
-            "peak_rows": rows, "peak_kind": kind}
+        peaks[kind, rows] = gemm_peak(spec, kind, dtype, rows)
+    peak, form = peaks[kind, rows]
+    return {"gemm_gflops": phase["gemm_flops"] / seconds / 1e9, "peak_gflops": peak, "peak_rows": rows,
+            "peak_kind": form}
 
 
 @contextmanager
@@ -262,8 +303,8 @@ WEIGHTS = re.compile(r"wei[:_](\w+)::blocked:(\w+)")
 
 
 def onednn_primitives(text: str) -> list[dict]:
-    """oneDNN verbose output -> each (primitive, implementation, weight dtype and layout) executed: calls and
-    milliseconds, the most time first. A lower-case layout (ab, ba) is a plain weight, which a brgemm packs
+    """oneDNN verbose output -> each (primitive, implementation, weight dtype and layout, weight K x N) executed:
+    calls and milliseconds, the most time first. A lower-case layout (ab, ba) is a plain weight, which a brgemm packs
     inside every call; an upper-case one (AB16b64a) was reordered beforehand."""
     out: dict[tuple, list] = {}
     for line in text.splitlines():
@@ -276,12 +317,21 @@ def onednn_primitives(text: str) -> list[dict]:
         except ValueError:
             continue
         w = WEIGHTS.search(line)
-        key = (fields[at + 2], fields[at + 3], f"{w.group(1)} {w.group(2)}" if w else "-")
+        key = (fields[at + 2], fields[at + 3], f"{w.group(1)} {w.group(2)}" if w else "-", weight_dims(fields[-2]))
         out.setdefault(key, [0, 0.0])
         out[key][0] += 1
         out[key][1] += ms
-    return [{"primitive": p, "implementation": i, "weights": w, "calls": n, "ms": ms}
-            for (p, i, w), (n, ms) in sorted(out.items(), key=lambda kv: -kv[1][1])]
+    return [{"primitive": p, "implementation": i, "weights": w, "shape": d, "calls": n, "ms": ms}
+            for (p, i, w, d), (n, ms) in sorted(out.items(), key=lambda kv: -kv[1][1])]
+
+
+def weight_dims(problem: str) -> str:
+    """The weight's K x N from a verbose line's problem: a matmul's or gemm's "MxK:KxN", an inner product's
+    "mb..icKocN"; "" for other primitives."""
+    ip = re.search(r"ic(\d+)oc(\d+)", problem)
+    if ip:
+        return f"{ip.group(1)}x{ip.group(2)}"
+    return problem.split(":")[1] if problem.count(":") == 1 else ""
 
 
 def verbose_pass(run) -> list[dict]:
@@ -361,12 +411,16 @@ def line_notes(line: dict) -> list[str]:
     if line["other_threads"]:
         notes.append(f"{head}: other threads' ops (weight prefetch): " + ", ".join(
             f"{k} {v:.3f} s" for k, v in sorted(line["other_threads"].items(), key=lambda kv: -kv[1])))
+    for name in PHASES:
+        notes.append(f"{head} {name}: top ops " + ", ".join(
+            f"{o['op']} ({o['category']}) {o['seconds']:.3f} s / {o['calls']} calls" for o in line["phases"][name]["top_ops"][:5]))
     uncounted = sum(p["gemm_uncounted"] for p in line["phases"].values())
     if uncounted:
         notes.append(f"{head}: {uncounted} GEMM calls of unexpected shapes left out of the FLOPs")
     if line["onednn"] is not None:
         notes.append(f"{head}: oneDNN primitives in a prefill + 1 decode step: " + ("; ".join(
-            f"{p['primitive']} {p['implementation']} weights {p['weights']}: {p['calls']} calls {p['ms']:.0f} ms"
+            f"{p['primitive']} {p['implementation'] or '-'} weights {p['weights']} {p['shape']}: {p['calls']} calls "
+            f"{p['ms']:.0f} ms"
             for p in line["onednn"][:6]) or "none"))
     return notes
 

@@ -34,6 +34,8 @@ def test_the_categories_add_up_to_the_profiled_wall_time(report):
         total = sum(s for ph in phases.values() for s in ph["seconds"].values())
         assert total == pytest.approx(line["profiled_s"], rel=0.02)
         assert phases["prefill"]["seconds"]["gemm"] > 0 and phases["prefill"]["seconds"]["attention"] > 0
+        top = phases["decode"]["top_ops"]
+        assert top and all(o["seconds"] >= 0 and o["category"] in CATEGORIES for o in top)
 
 
 def test_the_gemm_flops_counted_from_shapes_are_the_models(report):
@@ -67,13 +69,18 @@ def test_onednn_verbose_lines_are_summed_by_primitive_and_weight_layout():
         "src:bf16::blocked:ab::f0 wei:bf16::blocked:ba::f0 dst:bf16::blocked:ab::f0,,,64x1024:1024x2816,2.5",
         "onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core_bf16,undef,"
         "src:bf16::blocked:ab::f0 wei:bf16::blocked:ba::f0 dst:bf16::blocked:ab::f0,,,64x1024:1024x1024,0.5",
+        "onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core_bf16,undef,"
+        "src:bf16::blocked:ab::f0 wei:bf16::blocked:ba::f0 dst:bf16::blocked:ab::f0,,,8x1024:1024x2816,1.0",
         "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:ab::f0 "
         "dst:f32::blocked:AB16b64a::f0,,,256x128,0.25",
         "some other line"])
     assert op.onednn_primitives(text) == [
-        {"primitive": "matmul", "implementation": "brg_matmul:avx512_core_bf16", "weights": "bf16 ba", "calls": 2,
-         "ms": 3.0},
-        {"primitive": "reorder", "implementation": "jit:uni", "weights": "-", "calls": 1, "ms": 0.25}]
+        {"primitive": "matmul", "implementation": "brg_matmul:avx512_core_bf16", "weights": "bf16 ba",
+         "shape": "1024x2816", "calls": 2, "ms": 3.5},
+        {"primitive": "matmul", "implementation": "brg_matmul:avx512_core_bf16", "weights": "bf16 ba",
+         "shape": "1024x1024", "calls": 1, "ms": 0.5},
+        {"primitive": "reorder", "implementation": "jit:uni", "weights": "-", "shape": "", "calls": 1, "ms": 0.25}]
+    assert op.weight_dims("mb32ic128oc256") == "128x256"
 
 
 def test_the_command_prints_its_table_and_names_a_bad_workload(cache_dir, tmp_path):
