@@ -82,22 +82,19 @@ def kernel_tables(dtype: torch.dtype, refresh: bool = False) -> dict[str, tuple[
 
 
 def reorder_gains(dtype: torch.dtype, refresh: bool = False) -> dict[str, tuple[tuple[float, ...], ...]]:
-    """Per dtype measured (`dtype`, and float32 where that is another), the plain GEMM's time over the reordered
-    weight's at MATMUL_ROWS for weights [3w, w] of each width w of MATMUL_WIDTHS, from engine/kernels/rates.py's
-    "onednn" entries (the figures the engine's choice to reorder reads); a dtype this CPU cannot reorder is left
-    out."""
-    out = {}
-    for dt in dict.fromkeys((dtype, torch.float32)):
-        try:
-            curves = []
-            for width in MATMUL_WIDTHS:
-                entry = shape_timings("onednn", 3 * width, width, dt, every_row_count=True, refresh=refresh)
-                timings = {t["rows"]: t["dense_s"] / t["fast_s"] for t in entry["timings"]}
-                curves.append(tuple(timings[rows] for rows in MATMUL_ROWS))
-        except RuntimeError:  # oneDNN cannot reorder this dtype here (bf16 needs AVX512-BW or AVX-NE-CONVERT)
-            continue
-        out[str(dt).removeprefix("torch.")] = tuple(curves)
-    return out
+    """The plain GEMM's time over the reordered weight's in the profile's `dtype` at MATMUL_ROWS for weights [3w, w]
+    of each width w of MATMUL_WIDTHS, from engine/kernels/rates.py's "onednn" entries (the figures the engine's
+    choice to reorder reads), keyed by the dtype; empty where this CPU cannot reorder it. Only the profile's dtype:
+    float32 work on a bf16 machine is priced plain (a few seconds less at first use)."""
+    curves = []
+    try:
+        for width in MATMUL_WIDTHS:
+            entry = shape_timings("onednn", 3 * width, width, dtype, every_row_count=True, refresh=refresh)
+            timings = {t["rows"]: t["dense_s"] / t["fast_s"] for t in entry["timings"]}
+            curves.append(tuple(timings[rows] for rows in MATMUL_ROWS))
+    except RuntimeError:  # oneDNN cannot reorder this dtype here (bf16 needs AVX512-BW or AVX-NE-CONVERT)
+        return {}
+    return {str(dtype).removeprefix("torch."): tuple(curves)}
 
 
 def last_level_cache_bytes() -> float:

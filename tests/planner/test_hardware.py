@@ -229,5 +229,6 @@ def test_reorder_gains_round_trip_and_come_from_the_onednn_entries(tmp_path, mon
         return {"timings": [{"rows": r, "fast_s": 1e-3, "dense_s": 2e-3} for r in profiler.MATMUL_ROWS]}
 
     monkeypatch.setattr(profiler, "shape_timings", entry)
-    gains = profiler.reorder_gains(torch.bfloat16)
+    assert profiler.reorder_gains(torch.bfloat16) == {}
+    gains = profiler.reorder_gains(torch.float32)
     assert list(gains) == ["float32"] and gains["float32"][0] == (2.0,) * len(profiler.MATMUL_ROWS)
