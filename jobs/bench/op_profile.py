@@ -270,7 +270,8 @@ def gemm_peak(spec, kind: str, dtype: torch.dtype, rows: int) -> tuple[float, st
 
 def gemm_rates(phase: dict, spec, dtype: torch.dtype, peaks: dict) -> dict:
     """The phase's GEMM rate and the peak it is quoted against (`gemm_peak`) at the row count carrying most of its
-    GEMM FLOPs, int8 where _int_mm did most of them, else the compute dtype (`peaks` caches them)."""
+    GEMM FLOPs, int8 where _int_mm did most of them, else the compute dtype (`peaks` caches them for the line's
+    phases; each line measures its own right after its run, the machine being shared)."""
     seconds = phase["seconds"]["gemm"]
     if not phase["gemm_flops"] or not seconds:
         return {"gemm_gflops": None, "peak_gflops": None, "peak_rows": None, "peak_kind": None}
@@ -345,7 +346,7 @@ def verbose_pass(run) -> list[dict]:
         return onednn_primitives(path.read_text(errors="replace"))
 
 
-def profile_line(model_dir: Path, cfg: OpProfileConfig, dtype: str, fmt: str, peaks: dict) -> dict:
+def profile_line(model_dir: Path, cfg: OpProfileConfig, dtype: str, fmt: str) -> dict:
     """One (dtype, weight format): load, warm up (a prefill and one decode step), run the workload unprofiled (the
     reference wall time), then profiled, and tally the profile."""
     rows, P, G = cfg.shape
@@ -362,7 +363,7 @@ def profile_line(model_dir: Path, cfg: OpProfileConfig, dtype: str, fmt: str, pe
     with scopes(eng), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                              record_shapes=True) as prof:
         tokens, wall = timed_call(lambda: run(G))
-    counted = tally(prof.events(), wall)
+    counted, peaks = tally(prof.events(), wall), {}
     for name, ph in counted["phases"].items():
         ph["unprofiled_s"] = unprofiled_phases.get(name, unprofiled - sum(unprofiled_phases.values()))
         ph |= gemm_rates(ph, spec, eng.dtype, peaks)
@@ -375,8 +376,8 @@ def profile_line(model_dir: Path, cfg: OpProfileConfig, dtype: str, fmt: str, pe
 def run_ops(cfg: OpProfileConfig) -> dict:
     rows, P, G = cfg.shape
     model_dir = checkpoint(cfg.preset, cfg.cache_dir)
-    spec, peaks, load_before = load_model_spec(model_dir), {}, os.getloadavg()
-    lines = [profile_line(model_dir, cfg, d, f, peaks) for d in cfg.dtypes for f in cfg.formats]
+    spec, load_before = load_model_spec(model_dir), os.getloadavg()
+    lines = [profile_line(model_dir, cfg, d, f) for d in cfg.dtypes for f in cfg.formats]
     flops = bm.model_flops(spec, P, G, rows)
     return {"config": asdict(cfg), "machine": bm.machine_info() | {"cpu_flags": cpu_flags()},
             "load_average": {"before": load_before, "after": os.getloadavg()},
