@@ -60,8 +60,6 @@ from planner.microbench import best_seconds, gflops, timed_call
 
 log = logging.getLogger(__name__)
 
-# the 100M Llama: hidden 1024, 8 layers, 16 query / 4 KV heads, FFN 2816, 32000 words, tied embeddings
-PRESETS = {"100m": bm.Preset(1024, 2816, 8, 16, 4, 32000)} | bm.PRESETS
 # 64 rows of the "bulk" shape (512x128+32 takes minutes per line on a few cores; the shares hardly move with rows)
 WORKLOAD = "64x128+32"
 UNCOMPRESSED = "uncompressed"
@@ -105,9 +103,9 @@ def workload_shape(text: str) -> tuple[int, int, int]:
 
 
 def checkpoint(preset: str, cache_dir: str) -> Path:
-    if preset not in PRESETS:
-        raise click.UsageError(f"--preset {preset!r}: use one of {', '.join(sorted(PRESETS))}")
-    return bm.build_checkpoint(PRESETS[preset], cache_dir, folder=preset)
+    if preset not in bm.PRESETS:
+        raise click.UsageError(f"--preset {preset!r}: use one of {', '.join(sorted(bm.PRESETS))}")
+    return bm.build_checkpoint(preset, cache_dir)
 
 
 def labelled(label: str, fn):
@@ -451,7 +449,7 @@ def workload_arg(ctx, param, value: str) -> str:
 @click.option("--workload", default=WORKLOAD, show_default=True, callback=workload_arg, metavar="ROWSxPROMPT+GEN",
               help="Rows x prompt tokens + generated tokens, one block of every row (the bulk workload is "
                    "512x128+32: minutes per line on a few cores).")
-@click.option("--preset", type=click.Choice(sorted(PRESETS)), default=OpProfileConfig.preset, show_default=True,
+@click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=OpProfileConfig.preset, show_default=True,
               help="Model shape (a random-weight Llama built once and cached); 100m: the issue's 100M Llama.")
 @click.option("--dtype", "dtypes", type=click.Choice(["auto", "float32", "bfloat16"]), multiple=True,
               help="Compute dtypes (repeatable; auto: bfloat16 where the CPU has AVX512-BF16 or AMX).  "
