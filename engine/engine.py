@@ -93,6 +93,8 @@ class Engine:
             gw = int8_head(gw, spec.tie_word_embeddings, torch_dtype)
         devices.tiers[where].reserve(stored_bytes(gw.values()), "embeddings and head")
         gw = {k: v.to(devices.torch_device(where)) if isinstance(v, torch.Tensor) else v for k, v in gw.items()}
+        if where == "cpu":
+            gw = kernels.pack_head(gw, spec.tie_word_embeddings)
         wcodec, kvcodec = codecs_for(policy, torch_dtype)
         weights = WeightStore(reader, policy, devices, torch_dtype, codec=wcodec, offload_dir=offload_dir,
                               kernels=kernels)

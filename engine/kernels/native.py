@@ -69,6 +69,15 @@ class NativeKernels:
         plain, packed = codec.split(stored, meta)
         return plain | {name: qweight(w, codec.dtype, pack=True) for name, w in packed.items()}
 
+    def pack_head(self, gw: LayerWeights, tied: bool) -> LayerWeights:
+        """The global weights, the LM head's reordered for oneDNN where that was measured faster, as a layer's
+        dense weights are (called once at load, for a head computed on the CPU). A head tied to the embeddings stays
+        plain: the lookup needs the plain form, and a second copy would cost vocabulary x hidden more memory."""
+        w = gw.get("lm_head.weight")
+        if tied or not self.reorders_dense or not isinstance(w, torch.Tensor) or w.device.type != "cpu":
+            return gw
+        return gw | {"lm_head.weight": onednn_dense.pack(w)} if rates.packs_dense(w) else gw
+
     def ready(self, stored: LayerWeights, meta, codec, device: str) -> tuple[LayerWeights, dict | None]:
         """A layer's weights on compute `device`, ready for `linear`, and the codec buffers they occupy
         (handed back when the next layer is taken). On the CPU, compressed weights become QLinears (the

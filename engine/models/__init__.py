@@ -68,8 +68,9 @@ def by_rows(fn, h: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def head_weight(gw, spec: ModelSpec):
-    """The LM head's weight: an int8 head where one was made (engine.kernels.native.int8_head), else `lm_head.weight`,
-    or the embeddings where they are tied."""
+    """The LM head's weight: an int8 head where one was made (engine.kernels.native.int8_head), else `lm_head.weight`
+    (reordered for oneDNN where the kernels chose to: NativeKernels.pack_head), or the embeddings where they are
+    tied."""
     w = gw.get("lm_head.weight")
     if isinstance(w, QWeight) or (w is not None and not spec.tie_word_embeddings):
         return w

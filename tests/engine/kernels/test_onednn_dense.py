@@ -74,3 +74,17 @@ def test_the_aten_backend_keeps_every_dense_weight_as_loaded(checkpoint, pack_ev
     assert kept and not any(isinstance(w, OnednnWeight) for w in kept)
     requests = [Request(str(i), p, SamplingParams(max_new_tokens=8)) for i, p in enumerate(PROMPTS)]
     assert [c.token_ids for c in aten.generate(requests)] == [c.token_ids for c in native.generate(requests)]
+
+
+def test_an_untied_head_is_reordered_and_a_tied_one_stays_plain(checkpoint, pack_everything):
+    untied = Engine.load(checkpoint("llama_gqa_llama3"), dtype="float32", policy=Policy(gbs=3, num_gb=1))
+    assert isinstance(untied.gw["lm_head.weight"], OnednnWeight)
+    ref = hf_model(checkpoint("llama_gqa_llama3"))
+    requests = [Request(str(i), p, SamplingParams(max_new_tokens=8)) for i, p in enumerate(PROMPTS)]
+    assert [c.token_ids for c in untied.generate(requests)] == [
+        hf_greedy(ref, untied.tokenizer, p, 8, untied.eos_ids) for p in PROMPTS]
+    tied = Engine.load(checkpoint("llama_tied"), dtype="float32", policy=Policy(gbs=3, num_gb=1))
+    assert not any(isinstance(w, OnednnWeight) for w in tied.gw.values())
+    aten = Engine.load(checkpoint("llama_gqa_llama3"), dtype="float32", policy=Policy(gbs=3, num_gb=1),
+                       backend="aten")
+    assert not isinstance(aten.gw["lm_head.weight"], OnednnWeight)
