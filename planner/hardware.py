@@ -110,8 +110,10 @@ class DeviceSpec:
                 if len(table) != len(curves) or any(len(c) != len(rows) or min(c) <= 0 for c in table):
                     raise HardwareSpecError(f"{name} must hold positive rates shaped as matmul_gflop_per_s")
             object.__setattr__(self, name, table if widths or not table else table[0])
-        object.__setattr__(self, "kernel_gflop_per_s", self._kernel_tables(curves))
-        object.__setattr__(self, "dense_reorder_gain", self._gain_tables(curves))
+        object.__setattr__(self, "kernel_gflop_per_s",
+                           self._keyed_tables("kernel_gflop_per_s", ("int4", "int8"), "rates", curves))
+        object.__setattr__(self, "dense_reorder_gain",
+                           self._keyed_tables("dense_reorder_gain", ("bfloat16", "float32"), "ratios", curves))
         lens = tuple(int(n) for n in self.attention_prefill_lens)
         rates = tuple(float(g) for g in self.attention_prefill_gflop_per_s)
         if lens:
@@ -132,28 +134,17 @@ class DeviceSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise HardwareSpecError(f"{name}={value!r} is invalid: expected seconds >= 0")
 
-    def _kernel_tables(self, curves: tuple) -> dict:
-        """kernel_gflop_per_s checked: per compressed format (int4, int8), rates shaped as the GEMM table."""
+    def _keyed_tables(self, field_name: str, keys: tuple[str, ...], what: str, curves: tuple) -> dict:
+        """A dict field of tables checked: each key one of `keys`, each table positive `what` shaped as the GEMM
+        table (kernel_gflop_per_s by compressed format, dense_reorder_gain by dtype)."""
         out = {}
-        for fmt, table in (self.kernel_gflop_per_s or {}).items():
+        for key, table in (getattr(self, field_name) or {}).items():
             table = tuple(tuple(float(g) for g in c) for c in ([table] if not self.matmul_widths else table))
-            if fmt not in ("int4", "int8") or len(table) != len(curves) or any(
+            if key not in keys or len(table) != len(curves) or any(
                     len(c) != len(self.matmul_rows) or min(c) <= 0 for c in table):
-                raise HardwareSpecError(f"kernel_gflop_per_s[{fmt!r}] must name int4 or int8 and hold positive "
-                                        "rates shaped as matmul_gflop_per_s")
-            out[fmt] = table if self.matmul_widths else table[0]
-        return out
-
-    def _gain_tables(self, curves: tuple) -> dict:
-        """dense_reorder_gain checked: per dtype (bfloat16, float32), positive ratios shaped as the GEMM table."""
-        out = {}
-        for dtype, table in (self.dense_reorder_gain or {}).items():
-            table = tuple(tuple(float(g) for g in c) for c in ([table] if not self.matmul_widths else table))
-            if dtype not in ("bfloat16", "float32") or len(table) != len(curves) or any(
-                    len(c) != len(self.matmul_rows) or min(c) <= 0 for c in table):
-                raise HardwareSpecError(f"dense_reorder_gain[{dtype!r}] must name bfloat16 or float32 and hold "
-                                        "positive ratios shaped as matmul_gflop_per_s")
-            out[dtype] = table if self.matmul_widths else table[0]
+                raise HardwareSpecError(f"{field_name}[{key!r}] must name {' or '.join(keys)} and hold positive "
+                                        f"{what} shaped as matmul_gflop_per_s")
+            out[key] = table if self.matmul_widths else table[0]
         return out
 
     def reorder_gain(self, dtype: str, rows: float, width: float | None = None) -> float | None:
