@@ -19,9 +19,11 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -46,6 +48,12 @@ def check_cgroups(root: Path | None = None) -> None:
             "with cgroup v1 memory groups), or leave --memory-limit out")
 
 
+def _exit_on_term(signum, frame) -> None:
+    """SIGTERM as SystemExit, so that `subprocess.run` kills the side's process and the group is removed (Python's
+    default would leave both behind)."""
+    raise SystemExit(128 + signum)
+
+
 class MemoryGroup:
     """A cgroup v1 memory group with a limit, removed on exit; `run` starts a process inside it."""
 
@@ -57,9 +65,14 @@ class MemoryGroup:
     def __enter__(self) -> MemoryGroup:
         self.path.mkdir()
         (self.path / "memory.limit_in_bytes").write_text(str(self.limit))
+        self._on_term = None
+        if threading.current_thread() is threading.main_thread():  # SIGTERM: the side killed, the group removed
+            self._on_term = signal.signal(signal.SIGTERM, _exit_on_term)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._on_term is not None:
+            signal.signal(signal.SIGTERM, self._on_term)
         for _ in range(50):  # the group can be removed once its last process has gone
             try:
                 self.path.rmdir()

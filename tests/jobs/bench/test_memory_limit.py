@@ -112,3 +112,30 @@ def test_a_flexbatch_side_reports_its_weight_wait_and_load_seconds(tmp_path, mon
     assert ml.weight_times({"weight_wait_s": 1.04, "weight_load_s": 3.51, "gen_s": 10.0}) == \
         "; weights: waited 1.0 s, loaded 3.5 s, of 10.0 s generating"
     assert ml.weight_times(None) == "" and ml.weight_times({"tokens": 3, "gen_s": 1.0}) == ""
+
+
+def test_a_terminated_bench_kills_its_side_and_removes_its_group(tmp_path):
+    """SIGTERM to the bench while a side runs: the side's process is killed and its memory group removed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.cgroups import memory_cgroup
+
+    os.rmdir(memory_cgroup("flexbatch-probe", 1 << 30))  # skips where no writable cgroup v1 hierarchy exists
+    script = ("import sys; from jobs.bench.memory_limit import MemoryGroup\n"
+              "with MemoryGroup('term-test', 1 << 30) as g:\n"
+              "    print(g.path, flush=True); g.run(['sleep', '60'], 120)\n")
+    bench = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    group = Path(bench.stdout.readline().strip())
+    deadline = time.time() + 10
+    while not (group / "cgroup.procs").read_text().strip() and time.time() < deadline:
+        time.sleep(0.05)
+    side = int((group / "cgroup.procs").read_text().split()[0])
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(timeout=20) == 128 + signal.SIGTERM
+    assert not group.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(side, 0)
