@@ -1,5 +1,7 @@
 """With weights on disk and a CPU budget below the model's size, the run's resident memory stays under the
-budget plus a stated overhead (measured in a subprocess, above its baseline after imports)."""
+budget plus a stated overhead (measured in a subprocess, above its baseline after imports). The run measured is
+the second on its own cache folder: the first measures this machine's kernel rates for the model's shapes (a
+one-time cost that allocates its own test tensors) and caches them."""
 
 import json
 import os
@@ -31,10 +33,11 @@ def test_disk_weights_keep_rss_under_the_cpu_budget(tmp_path):
     model = _big_llama(tmp_path / "model")
     weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
     assert weights > 3 * CPU_MEM, "the model must be much larger than the budget for this test to mean anything"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    probe = subprocess.run([sys.executable, "-m", "tests.engine.memory_probe", str(model), str(tmp_path / "off"),
-                            str(CPU_MEM)], capture_output=True, text=True, env=env, timeout=300)
-    assert probe.returncode == 0, probe.stderr[-2000:]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLEXBATCH_CACHE": str(tmp_path / "cache")}
+    for _ in range(2):
+        probe = subprocess.run([sys.executable, "-m", "tests.engine.memory_probe", str(model), str(tmp_path / "off"),
+                                str(CPU_MEM)], capture_output=True, text=True, env=env, timeout=300)
+        assert probe.returncode == 0, probe.stderr[-2000:]
     r = json.loads(probe.stdout.strip().splitlines()[-1])
     grew = r["peak"] - r["baseline"]
     assert r["cpu_tier_peak"] <= CPU_MEM
