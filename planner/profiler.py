@@ -66,35 +66,37 @@ def matmul_table(device: torch.device, dtype: torch.dtype, cold_bytes: float = 0
     return tuple(out)
 
 
+def shape_curves(fmt: str, dtype: torch.dtype, figure, refresh: bool = False) -> tuple[tuple[float, ...], ...]:
+    """`figure(timing, width)` of engine/kernels/rates.py's `fmt` entry for weights [3w, w] at each of MATMUL_ROWS,
+    one curve per width w of MATMUL_WIDTHS (measured at every row count, or reused from its cache unless
+    `refresh`): the figures the engine's own choices read for these shapes."""
+    curves = []
+    for width in MATMUL_WIDTHS:
+        entry = shape_timings(fmt, 3 * width, width, dtype, every_row_count=True, refresh=refresh)
+        by_rows = {t["rows"]: figure(t, width) for t in entry["timings"]}
+        curves.append(tuple(by_rows[rows] for rows in MATMUL_ROWS))
+    return tuple(curves)
+
+
 def kernel_tables(dtype: torch.dtype, refresh: bool = False) -> dict[str, tuple[tuple[float, ...], ...]]:
-    """GFLOP/s of each compressed kernel at MATMUL_ROWS for weights [3w, w] of each width w of MATMUL_WIDTHS,
-    from engine/kernels/rates.py's entries for those shapes (measured at every row count, or reused from its
-    cache unless `refresh`): the same figures decide the engine's crossovers for these shapes."""
-    out = {}
-    for fmt in KERNEL_FORMATS:
-        curves = []
-        for width in MATMUL_WIDTHS:
-            entry = shape_timings(fmt, 3 * width, width, dtype, every_row_count=True, refresh=refresh)
-            timings = {t["rows"]: t["fast_s"] for t in entry["timings"]}
-            curves.append(tuple(2 * rows * 3 * width * width / timings[rows] / 1e9 for rows in MATMUL_ROWS))
-        out[fmt] = tuple(curves)
-    return out
+    """GFLOP/s of each compressed kernel at MATMUL_ROWS for weights [3w, w] of each width w of MATMUL_WIDTHS: the
+    same figures decide the engine's crossovers for these shapes."""
+    def gflop_per_s(t: dict, width: int) -> float:
+        return 2 * t["rows"] * 3 * width * width / t["fast_s"] / 1e9
+
+    return {fmt: shape_curves(fmt, dtype, gflop_per_s, refresh) for fmt in KERNEL_FORMATS}
 
 
 def reorder_gains(dtype: torch.dtype, refresh: bool = False) -> dict[str, tuple[tuple[float, ...], ...]]:
     """The plain GEMM's time over the reordered weight's in the profile's `dtype` at MATMUL_ROWS for weights [3w, w]
-    of each width w of MATMUL_WIDTHS, from engine/kernels/rates.py's "onednn" entries (the figures the engine's
-    choice to reorder reads), keyed by the dtype; empty where this CPU cannot reorder it. Only the profile's dtype:
-    float32 work on a bf16 machine is priced plain (a few seconds less at first use)."""
-    curves = []
+    of each width w of MATMUL_WIDTHS ("onednn" entries: the figures the engine's choice to reorder reads), keyed by
+    the dtype; empty where this CPU cannot reorder it. Only the profile's dtype: float32 work on a bf16 machine is
+    priced plain (a few seconds less at first use)."""
     try:
-        for width in MATMUL_WIDTHS:
-            entry = shape_timings("onednn", 3 * width, width, dtype, every_row_count=True, refresh=refresh)
-            timings = {t["rows"]: t["dense_s"] / t["fast_s"] for t in entry["timings"]}
-            curves.append(tuple(timings[rows] for rows in MATMUL_ROWS))
+        curves = shape_curves("onednn", dtype, lambda t, width: t["dense_s"] / t["fast_s"], refresh)
     except RuntimeError:  # oneDNN cannot reorder this dtype here (bf16 needs AVX512-BW or AVX-NE-CONVERT)
         return {}
-    return {str(dtype).removeprefix("torch."): tuple(curves)}
+    return {str(dtype).removeprefix("torch."): curves}
 
 
 def last_level_cache_bytes() -> float:
