@@ -3,14 +3,16 @@
 Each figure reuses the engine's own code paths where it has one (`planner.microbench`: the chunked decode attention
 over bf16 and 4-bit caches, the 4-bit dequantization; `planner.overhead_probe`: the block executor), and records
 how it was measured in `sources`. The machine may be shared, so each figure is the best of a few timed calls
-after a warm-up (what the hardware can do; interference is what the benchmark then measures). The whole profile
-takes ten to twenty seconds."""
+after a warm-up (what the hardware can do; interference is what the benchmark then measures), and a profile whose
+rate tables are implausible (`implausible`) is measured again. The whole profile takes under a minute on an idle
+machine (minutes on a busy one)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -44,6 +46,8 @@ MATMUL_SHAPE = (2048, 2048)  # dequantization probe
 PREFILL_LENS = (32, 128, 512)
 DISK_PROBE_BYTES = 128 << 20
 PROFILE_VERSION = 16  # a cached profile of another version is measured again
+MIN_GEMM_GFLOP_PER_S = 10.0  # the least peak of a measured dense GEMM table (`implausible`)
+MAX_RATE_FALL = 2.0  # how many times below its best at fewer rows a table's rate may fall (`implausible`)
 
 
 def matmul_table(device: torch.device, dtype: torch.dtype, cold_bytes: float = 0.0,
@@ -285,8 +289,31 @@ def background_overlap(dtype: torch.dtype, width: int = 512) -> float:
 
 def profile_this_machine(offload_dir: Path | None = None, dtype: str = "auto",
                          refresh_kernels: bool = False) -> HardwareSpec:
-    """Measure this machine (a few seconds); the compressed kernels' figures are taken from their cache when
-    usable, unless `refresh_kernels`."""
+    """This machine measured (`measure_this_machine`), and measured once more, the kernels' figures too, when the
+    first profile is implausible (`implausible`). A second implausible profile raises HardwareSpecError naming the
+    bad figure and the fix rather than being kept with a warning: its rates are off by orders of magnitude (OpenMP's
+    team waiting for a thread another process descheduled), so any plan priced from them is arbitrary, a cached copy
+    would mislead every later run, and a run under the same contention is as slowed as the profile was; measuring on
+    a quieter machine or with fewer threads fixes both."""
+    spec = measure_this_machine(offload_dir, dtype, refresh_kernels)
+    why = implausible(spec)
+    if why is None:
+        return spec
+    log.warning("the profile just measured is implausible (%s); measuring it again", why)
+    spec = measure_this_machine(offload_dir, dtype, refresh_kernels=True)
+    why = implausible(spec)
+    if why is not None:
+        raise HardwareSpecError(
+            f"this machine's profile was implausible twice: {why}; another process probably held a core while "
+            f"{torch.get_num_threads()} threads measured it. Run `flexbatch profile` when the machine is quieter, "
+            "or run with fewer threads (OMP_NUM_THREADS=1; a profile is kept per thread count)")
+    return spec
+
+
+def measure_this_machine(offload_dir: Path | None = None, dtype: str = "auto",
+                         refresh_kernels: bool = False) -> HardwareSpec:
+    """Measure this machine (under a minute when it is idle); the compressed kernels' figures are taken from their
+    cache when usable, unless `refresh_kernels`."""
     started, torch_dtype = time.perf_counter(), resolve_dtype(dtype)
     folder = Path(offload_dir or DEFAULT_CACHE.parent)
     cpu, cpu_src = cpu_device_spec(torch_dtype, refresh_kernels)
@@ -323,14 +350,74 @@ def keyed_copy(path: Path, key: str) -> Path:
     return path.with_name(f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}{path.suffix}")
 
 
+def implausible(spec: HardwareSpec) -> str | None:
+    """Why a measured profile's rate tables cannot describe this machine, naming the figure, or None when they can.
+    Each GEMM table (streamed, cache-hot and float32 dense GEMMs, the compressed kernels) and the prefill attention
+    table of each device is rejected when
+
+    - a rate is not a positive finite number (a broken timing);
+    - a dense GEMM table's best rate is below MIN_GEMM_GFLOP_PER_S: its largest call (1024 rows x 2048 x 6144) is
+      compute-bound, one AVX2 core at 2 GHz peaks at 64 GFLOP/s in float32 and the slowest machine measured here
+      did 104 on 2 threads, while 2 threads sharing their cores with another process measured 0.01-4 GFLOP/s
+      (OpenMP's team waiting for a descheduled thread);
+    - along one width, a rate falls below 1/MAX_RATE_FALL of the best rate at fewer rows (shorter prompts, for
+      prefill attention): more rows are more of the same work, and the rate per FLOP grows or levels off with them
+      on every machine measured, so a steep fall is a call that stalled (the spirit of
+      `engine.kernels.rates.plausible`, which bounds the times of one shape's calls the same way).
+
+    The ratios of dense_reorder_gain are not rates; their entries pass `engine.kernels.rates.plausible`."""
+    for name, points, curves, floor in _rate_tables(spec):
+        for width, curve in curves:
+            if not all(math.isfinite(g) and g > 0 for g in curve):
+                return f"{name}{width} = {curve} holds a rate that is not a positive number"
+        peak = max(max(curve) for _, curve in curves)
+        if not peak >= floor:
+            return f"{name} peaks at {peak:.3g} GFLOP/s, below the {floor:g} that any CPU core computes"
+        for width, curve in curves:
+            for i in range(1, len(curve)):
+                best = max(curve[:i])
+                if not curve[i] * MAX_RATE_FALL >= best:
+                    return (f"{name}{width} falls from {best:.3g} GFLOP/s to {curve[i]:.3g} at {points[i]} "
+                            f"(more work is never {MAX_RATE_FALL:g}x slower per FLOP)")
+    return None
+
+
+def _rate_tables(spec: HardwareSpec) -> list[tuple[str, list[str], list[tuple[str, tuple]], float]]:
+    """Each non-empty rate table of `spec`'s devices as (name, its points: row counts or prompt lengths, its curves
+    as (" at width w" or "", rates), the least peak rate `implausible` accepts: MIN_GEMM_GFLOP_PER_S for a dense
+    GEMM table, 0 for the others)."""
+    out = []
+    for device_name in ("cpu", "gpu"):
+        device = getattr(spec, device_name)
+        if device is None:
+            continue
+        gemms = {"matmul_gflop_per_s": device.matmul_gflop_per_s,
+                 "matmul_hot_gflop_per_s": device.matmul_hot_gflop_per_s,
+                 "matmul_f32_gflop_per_s": device.matmul_f32_gflop_per_s,
+                 **{f"kernel_gflop_per_s[{fmt}]": table for fmt, table in device.kernel_gflop_per_s.items()}}
+        rows = [f"{r} rows" for r in device.matmul_rows]
+        widths = [f" at width {w}" for w in device.matmul_widths]
+        for name, table in gemms.items():
+            if table:
+                floor = MIN_GEMM_GFLOP_PER_S if name.startswith("matmul") else 0.0
+                curves = list(zip(widths, table)) if widths else [("", table)]
+                out.append((f"{device_name}.{name}", rows, curves, floor))
+        if device.attention_prefill_gflop_per_s:
+            out.append((f"{device_name}.attention_prefill_gflop_per_s",
+                        [f"{n}-token prompts" for n in device.attention_prefill_lens],
+                        [("", device.attention_prefill_gflop_per_s)], 0.0))
+    return out
+
+
 def load_or_profile(path: Path | None = None, refresh: bool = False) -> HardwareSpec:
     """This machine's spec: a cached profile measured under the same machine key (the copy kept per key beside
     `path`, by default ~/.cache/flexbatch/hardware.json, or `path` itself as `flexbatch profile` writes it; the
     more recently measured where both match, so that `flexbatch profile` run again replaces what an earlier run
     measured), else a fresh profile, saved to the per-key copy only: `path` may be read by another flexbatch
     version on this machine, which a profile of this version's form would stop. A cached file this version cannot
-    read (another version's) is passed over, and one measured while the machine was busy, which it is not now
-    (`engine.kernels.rates.busier_then`), is measured again."""
+    read (another version's) is passed over, and an implausible one (`implausible`) is measured again. A plausible
+    one measured while the machine was busier is used as it is, with a note (measuring it again takes minutes
+    inside the user's run; `flexbatch profile` does it when asked)."""
     path = Path(path or DEFAULT_CACHE)
     key = machine_key()
     keyed = keyed_copy(path, key)
@@ -345,11 +432,27 @@ def load_or_profile(path: Path | None = None, refresh: bool = False) -> Hardware
             if spec.sources.get("machine") == key:
                 cached.append(spec)
     newest = max(cached, key=lambda spec: str(spec.sources.get("measured_at", "")), default=None)  # ISO 8601, UTC
-    if newest is not None and not busier_then(float(newest.sources.get("load_average", 0)),
-                                              float(newest.sources.get("cpus", 1))):
+    if newest is None:
+        log.info("no cached profile for %s; profiling this machine", key)
+    elif (why := implausible(newest)) is None:
+        note_busier(newest)
         return newest
-    log.info("%s; profiling this machine", "the cached profile was measured on a busier machine" if newest
-             else f"no cached profile for {key}")
+    else:
+        log.info("the cached profile is implausible (%s); profiling this machine", why)
     spec = profile_this_machine()
     save_hardware(spec, keyed)
     return spec
+
+
+_noted: set[str] = set()  # when the profiles noted by `note_busier` were measured
+
+
+def note_busier(spec: HardwareSpec) -> None:
+    """Log once per process that the cached profile `spec` was measured on a busier machine than this one is now
+    (`engine.kernels.rates.busier_then`), and how to measure it again."""
+    load, cpus = float(spec.sources.get("load_average", 0)), float(spec.sources.get("cpus", 1))
+    measured_at = str(spec.sources.get("measured_at", ""))
+    if busier_then(load, cpus) and measured_at not in _noted:
+        _noted.add(measured_at)
+        log.info("the hardware profile was measured at %s at a load average of %.1f on %d CPUs, busier than now; "
+                 "`flexbatch profile` measures it again", measured_at or "an unknown time", load, cpus)

@@ -174,9 +174,10 @@ def stale(entry: dict | None, every_row_count: bool = False, now: float | None =
 
 def busier_then(load_average: float, cpus: float) -> bool:
     """Whether a figure measured at this 1-minute load average on `cpus` CPUs came from a busy machine that is not
-    busy now: loaded beyond its CPU count then, within it now. Such figures are measured again (the kernel rates
-    here, the hardware profile in planner/profiler.py); on a machine busy throughout they are kept rather than
-    measured again at every load that happens to be lower."""
+    busy now: loaded beyond its CPU count then, within it now. The kernel rates here are measured again (a few
+    calls of one shape); the hardware profile (planner/profiler.py) is only noted, as measuring it again takes
+    minutes. On a machine busy throughout figures are kept rather than measured again at every load that happens
+    to be lower."""
     return load_average > cpus and os.getloadavg()[0] <= cpus
 
 

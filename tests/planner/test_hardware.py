@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import logging
 import math
 
 import pytest
@@ -90,16 +91,84 @@ def test_the_more_recently_measured_of_two_matching_profiles_is_used(tmp_path, m
         assert profiler.load_or_profile(path).name == "newer"
 
 
-def test_a_profile_measured_on_a_busier_machine_is_measured_again(tmp_path, monkeypatch):
+def test_a_plausible_profile_measured_on_a_busier_machine_is_used_with_one_note(tmp_path, monkeypatch, caplog):
+    """Measuring the profile again takes minutes inside the user's run (a 9 s job once took 73 s): a plausible one
+    measured at a higher load is used as it is, and `flexbatch profile` is named as the way to measure it again."""
     busy = dataclasses.replace(_keyed(cpu_machine()), name="busy")
     busy.sources.update(load_average=9.0, cpus=2, measured_at="2026-12-01T01:11:07Z")
-    fresh = dataclasses.replace(_keyed(cpu_machine()), name="fresh")
     save_hardware(busy, tmp_path / "hardware.json")
-    monkeypatch.setattr(profiler, "profile_this_machine", lambda: fresh)
-    monkeypatch.setattr(profiler.os, "getloadavg", lambda: (7.0, 7.0, 7.0))  # still busy, if less: kept
-    assert profiler.load_or_profile(tmp_path / "hardware.json").name == "busy"
-    monkeypatch.setattr(profiler.os, "getloadavg", lambda: (1.5, 1.5, 1.5))  # quiet now: measured again
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda: pytest.fail("a plausible profile is cached"))
+    monkeypatch.setattr(profiler, "_noted", set())
+    monkeypatch.setattr(profiler.os, "getloadavg", lambda: (1.5, 1.5, 1.5))  # quiet now
+    with caplog.at_level(logging.INFO, logger="planner.profiler"):
+        assert profiler.load_or_profile(tmp_path / "hardware.json").name == "busy"
+        assert profiler.load_or_profile(tmp_path / "hardware.json").name == "busy"
+    notes = [r.getMessage() for r in caplog.records if "busier than now" in r.getMessage()]
+    assert len(notes) == 1 and "load average of 9.0" in notes[0] and "`flexbatch profile`" in notes[0]
+
+
+STALLED = ((0.01, 4.0, 0.02, 1.5), (0.3, 0.01, 2.0, 3.9))  # GFLOP/s of 2 threads while another process held a core
+HEALTHY = ((15.0, 140.0, 290.0, 300.0), (20.0, 170.0, 350.0, 380.0))
+
+
+def _measured(curves=HEALTHY, **cpu):
+    """A profile with a GEMM table of `curves` at 1 / 16 / 256 / 1024 rows for widths 512 and 2048."""
+    spec = cpu_machine()
+    return dataclasses.replace(spec, cpu=dataclasses.replace(
+        spec.cpu, matmul_rows=(1, 16, 256, 1024), matmul_widths=(512, 2048), matmul_gflop_per_s=curves, **cpu))
+
+
+@pytest.mark.parametrize("spec, why", [
+    (_measured(STALLED), "cpu.matmul_gflop_per_s peaks at 4 GFLOP/s, below the 10"),
+    (_measured(((15.0, 140.0, 2.0, 300.0), HEALTHY[1])),
+     "cpu.matmul_gflop_per_s at width 512 falls from 140 GFLOP/s to 2 at 256 rows"),
+    (_measured(kernel_gflop_per_s={"int4": ((40.0, 90.0, 90.0, 0.5), (40.0, 90.0, 90.0, 90.0))}),
+     "cpu.kernel_gflop_per_s[int4] at width 512 falls from 90 GFLOP/s to 0.5 at 1024 rows"),
+    (_measured(matmul_hot_gflop_per_s=(HEALTHY[0], (20.0, math.nan, 350.0, 380.0))),
+     "cpu.matmul_hot_gflop_per_s at width 2048 = (20.0, nan, 350.0, 380.0) holds a rate that is not a positive"),
+    (_measured(attention_prefill_lens=(32, 128, 512), attention_prefill_gflop_per_s=(30.0, 50.0, 1.0)),
+     "cpu.attention_prefill_gflop_per_s falls from 50 GFLOP/s to 1 at 512-token prompts"),
+])
+def test_implausible_rate_tables_are_named(spec, why):
+    assert why in profiler.implausible(spec)
+
+
+def test_plausible_rate_tables_pass():
+    from tests.planner.specs import server_cpu
+
+    assert profiler.implausible(_measured()) is None
+    assert profiler.implausible(server_cpu()) is None and profiler.implausible(cpu_machine()) is None
+    levelled = ((15.0, 140.0, 300.0, 290.0), HEALTHY[1])  # a little slower at 1024 rows than at 256: noise
+    assert profiler.implausible(_measured(levelled)) is None
+
+
+def test_an_implausible_profile_is_measured_once_more_then_refused(monkeypatch):
+    calls = []
+
+    def measuring(profiles):
+        monkeypatch.setattr(profiler, "measure_this_machine",
+                            lambda *args, **kw: calls.append(kw) or next(profiles))
+
+    measuring(iter([_measured(STALLED), _measured()]))
+    assert profiler.profile_this_machine() == _measured()
+    assert calls == [{}, {"refresh_kernels": True}]  # the second time the kernels' figures are measured too
+    calls.clear()
+    measuring(iter([_measured(STALLED), _measured(STALLED)]))
+    with pytest.raises(HardwareSpecError, match=r"implausible twice: cpu.matmul_gflop_per_s peaks at 4 GFLOP/s.*"
+                                                r"`flexbatch profile` when the machine is quieter.*OMP_NUM_THREADS=1"):
+        profiler.profile_this_machine()
+    assert len(calls) == 2
+
+
+def test_an_implausible_cached_profile_is_measured_again(tmp_path, monkeypatch):
+    stalled = dataclasses.replace(_keyed(_measured(STALLED)), name="stalled")
+    stalled.sources.update(load_average=1.0, cpus=2, measured_at="2026-12-01T01:11:07Z")  # not even busy
+    save_hardware(stalled, tmp_path / "hardware.json")
+    calls = []
+    fresh = dataclasses.replace(_measured(), name="fresh", sources={**stalled.sources, "measured_at": "2026-12-02"})
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda: calls.append(1) or fresh)
     assert profiler.load_or_profile(tmp_path / "hardware.json").name == "fresh"
+    assert profiler.load_or_profile(tmp_path / "hardware.json").name == "fresh" and len(calls) == 1  # kept
 
 
 def test_a_cached_profile_of_another_version_is_passed_over(tmp_path, monkeypatch):
