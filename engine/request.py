@@ -18,7 +18,8 @@ class SamplingParams:
     """Decoding options for one request. `temperature == 0` means greedy; `top_k == 0` and `top_p == 1` disable
     those filters. `seed` makes sampling reproducible per request, independent of the batch it runs in.
     `prompt_logprobs` scores the prompt in the same forward pass as its prefill (with max_new_tokens=1 a request
-    is scored and nothing more is decoded). `guided` constrains the answer while decoding (engine/guided.py: one
+    is scored and nothing more is decoded); `score_last` > 0 scores only its last `score_last` tokens (a
+    continuation after its context, as lm-eval's loglikelihood asks): the LM head then runs at those positions only. `guided` constrains the answer while decoding (engine/guided.py: one
     of some choices, a regex, a JSON schema, any JSON object, an EBNF grammar); a dict is read by
     `Guided.from_mapping`."""
 
@@ -30,6 +31,7 @@ class SamplingParams:
     seed: int = 0
     logprobs: bool = False
     prompt_logprobs: bool = False  # also score the prompt: each token's log-probability given the ones before
+    score_last: int = 0  # with prompt_logprobs: score only the prompt's last this many tokens (0: every token)
     guided: Guided | None = None  # what the answer must match, enforced while decoding (engine/loop/grammar.py)
 
     def __post_init__(self) -> None:
@@ -41,6 +43,10 @@ class SamplingParams:
         _check_float("top_p", self.top_p, ok=lambda v: 0 < v <= 1, hint="use a value in (0, 1]; 1 disables it")
         _check_int("top_k", self.top_k, low=0, hint="use 0 to disable it or a positive integer")
         _check_int("seed", self.seed, low=0, hint="use a non-negative integer")
+        _check_int("score_last", self.score_last, low=0, hint="use 0 to score every prompt token or a positive count")
+        if self.score_last and not self.prompt_logprobs:
+            raise InvalidParamsError(f"score_last={self.score_last} scores part of the prompt: it needs "
+                                     "prompt_logprobs=True")
         for s in self.stop:
             if not isinstance(s, str) or s == "":
                 raise InvalidParamsError(f"stop={s!r}: each stop string must be a non-empty string")
@@ -90,7 +96,8 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     # with `prompt_logprobs`: for prompt tokens 1..n-1, the log-probability of each given the ones before, and
-    # whether it was the most likely token there (the first token has no context, so neither list covers it)
+    # whether it was the most likely token there (the first token has no context, so neither list covers it);
+    # with `score_last`, for the last that many of them only
     prompt_logprobs: list[float] | None = None
     prompt_greedy: list[bool] | None = None
 

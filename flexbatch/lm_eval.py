@@ -11,8 +11,8 @@ Requests are tokenized by lm-eval's own rules (`TemplateLM._encode_pair`: the co
 the continuation, context + continuation encoded whole and split; an empty context is the prefix token; rolling
 windows by `lm_eval.utils.get_rolling_token_windows`), so token for token the rows are those of lm-eval's `hf`
 backend. Each row is scored in its prefill (engine `SamplingParams.prompt_logprobs`, one token asked for and
-dropped); identical rows run once; all of a call's rows go to the engine together, which groups them into
-length-bucketed blocks. The policy is planned from the first call's rows (`plan=False` runs the pinned or
+dropped), its continuation only (`score_last`: the LM head runs at the continuation's positions alone); identical
+rows run once; all of a call's rows go to the engine together, which groups them into length-bucketed blocks. The policy is planned from the first call's rows (`plan=False` runs the pinned or
 default policy).
 
 model_args: `pretrained` (the checkpoint folder), `dtype` (auto, float32, bfloat16: float32 gives the `hf`
@@ -135,7 +135,7 @@ class FlexbatchLM(TemplateLM):
         backend scores it: the last max_length + 1 tokens of context + continuation."""
         rows = [(tuple((context + continuation)[-(self.max_length + 1):]), len(continuation))
                 for _, context, continuation in requests]
-        results = self._score([ids for ids, _ in rows])
+        results = self._score(rows)
         out = []
         for (key, _, _), (_, n), c in zip(requests, rows, results):
             answer = (sum(c.prompt_logprobs[-n:]), all(c.prompt_greedy[-n:]))
@@ -186,14 +186,15 @@ class FlexbatchLM(TemplateLM):
 
     # -- the engine ----------------------------------------------------------------------------------------------
 
-    def _score(self, rows: list[tuple[int, ...]]) -> list[Completion]:
-        """Each token row scored once (identical rows share one engine row)."""
+    def _score(self, rows: list[tuple[tuple[int, ...], int]]) -> list[Completion]:
+        """Each (token row, continuation length n) scored once (identical ones share one engine row): its last n
+        tokens only (`score_last`), the LM head running at those positions alone."""
         unique = list(dict.fromkeys(rows))
-        params = SamplingParams(max_new_tokens=1, prompt_logprobs=True)
-        done = self._run([Request(id=f"score:{n}", prompt="", params=params, prompt_ids=ids)
-                          for n, ids in enumerate(unique)])
-        by_ids = dict(zip(unique, done))
-        return [by_ids[ids] for ids in rows]
+        done = self._run([Request(id=f"score:{i}", prompt="", prompt_ids=ids,
+                                  params=SamplingParams(max_new_tokens=1, prompt_logprobs=True, score_last=n))
+                          for i, (ids, n) in enumerate(unique)])
+        by_row = dict(zip(unique, done))
+        return [by_row[row] for row in rows]
 
     def _run(self, requests: list[Request]) -> list[Completion]:
         """Run `requests` on the engine (loaded and planned on the first call), as many per call as the host

@@ -242,11 +242,12 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
 
 
 def _params_record(params: SamplingParams) -> dict:
-    """The decoding options as hashed: prompt_logprobs and guided only when set, so that jobs made before them keep their
-    hashes (and resume)."""
+    """The decoding options as hashed: prompt_logprobs, score_last and guided only when set, so that jobs made before
+    them keep their hashes (and resume)."""
     record = dataclasses.asdict(params)
-    if not record.get("prompt_logprobs"):
-        record.pop("prompt_logprobs", None)
+    for name in ("prompt_logprobs", "score_last"):
+        if not record.get(name):
+            record.pop(name, None)
     if record.get("guided") is None:
         record.pop("guided", None)
     return record

@@ -327,18 +327,23 @@ class BlockExecutor:
     def _score_prompts(self, rows: list[RowState], hidden) -> None:
         """The rows that asked for their prompt's log-probabilities get them from the prefill's last-layer hidden
         states (`hidden()`: [B, S, H] on the head's device, each row's own tokens left-padded to S), through the
-        same LM head as generation; the shared prefix's part was scored once."""
+        same LM head as generation; the shared prefix's part was scored once. A row that scores only its last
+        tokens (`score_last`) within its own has the head run at those positions only."""
         wanted = [b for b, r in enumerate(rows) if r.req.params.prompt_logprobs]
         if not wanted:
             return
         h = hidden()
         for b in wanted:
-            r, own = rows[b], rows[b].own_ids
+            r, own, last = rows[b], rows[b].own_ids, rows[b].req.params.score_last
+            if 0 < last < len(own):
+                r.prompt_logprobs, r.prompt_greedy = prompt_scores(self._head, h[b, h.shape[1] - last - 1 :],
+                                                                   own[-last - 1 :])
+                continue
             lp, greedy = prompt_scores(self._head, h[b, h.shape[1] - len(own) :], own)
             if r.shared:
                 shared_lp, shared_greedy = self._prefix.scores_for(own[0])
                 lp, greedy = shared_lp + lp, shared_greedy + greedy
-            r.prompt_logprobs, r.prompt_greedy = lp, greedy
+            r.prompt_logprobs, r.prompt_greedy = (lp[-last:], greedy[-last:]) if last else (lp, greedy)
 
     def _begin_prefix(self, prefix: SharedPrefix, devices: set[str]) -> None:
         """Start the shared prefix's prefill: its embeddings, and its context on each compute device."""

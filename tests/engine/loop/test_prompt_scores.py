@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.engine import Engine
+from engine.errors import InvalidParamsError
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from tests.checkpoints import VARIANTS
@@ -69,3 +70,29 @@ def test_rows_entering_by_refill_are_scored_too(checkpoint, expected):
     assert engine.schedule_counts["refilled_rows"] > 0
     assert got[1].prompt_logprobs is None and got[1].prompt_greedy is None
     _check([c for i, c in enumerate(got) if i != 1], [e for i, e in enumerate(expected) if i != 1])
+
+
+def test_scoring_only_the_last_tokens_gives_their_scores_with_the_head_run_there_only(checkpoint, expected,
+                                                                                       monkeypatch):
+    """`score_last` (an lm-eval continuation after its context): the last n tokens' scores, equal to transformers',
+    from an LM head run over those n positions, not over the whole prompt."""
+    from engine.loop import schedule
+
+    positions = []
+    real = schedule.prompt_scores
+    monkeypatch.setattr(schedule, "prompt_scores", lambda head, h, ids: positions.append(len(ids) - 1) or real(
+        head, h, ids))
+    engine = Engine.load(checkpoint(VARIANT), dtype="float32")
+    reqs = [Request(str(i), t, SamplingParams(max_new_tokens=1, prompt_logprobs=True, score_last=2))
+            for i, t in enumerate(TEXTS)]
+    for c, (lp, greedy) in zip(engine.generate(reqs), expected):
+        assert torch.allclose(torch.tensor(c.prompt_logprobs), lp[-2:], atol=1e-4, rtol=0), (c.id, c.prompt_logprobs)
+        assert c.prompt_greedy == greedy[-2:]
+    assert positions == [2] * len(TEXTS)
+
+
+def test_score_last_needs_prompt_logprobs():
+    with pytest.raises(InvalidParamsError, match="score_last=3 .* needs prompt_logprobs=True"):
+        SamplingParams(score_last=3)
+    with pytest.raises(InvalidParamsError, match="score_last=-1"):
+        SamplingParams(prompt_logprobs=True, score_last=-1)

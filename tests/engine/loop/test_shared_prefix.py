@@ -3,6 +3,7 @@ equal transformers' and the run without sharing, token for token, for every fami
 with refill, and prompt scores stay exact; the rows' caches hold only their own tokens."""
 
 import pytest
+import torch
 
 from engine.engine import Engine
 from engine.loop.shared_prefix import MIN_SHARED, shared_length
@@ -86,6 +87,21 @@ def test_prompt_scores_with_a_shared_prefix_equal_transformers(checkpoint):
     got = engine.generate(_reqs(max_new=1, prompt_logprobs=True))
     assert engine.schedule_counts["shared_tokens"] >= MIN_SHARED
     _check(got, [hf_prompt_scores(ref, engine.tokenizer, t) for t in ROWS])
+
+
+@pytest.mark.parametrize("last", [1, 3, 1000])
+def test_scoring_the_last_tokens_with_a_shared_prefix_gives_the_tail_of_the_full_scores(checkpoint, last):
+    """A row's last tokens within its own part are scored from its own positions; a tail reaching into the shared
+    prefix (or past the prompt's start) comes from the full scores."""
+    engine = Engine.load(checkpoint(VARIANT), dtype="float32", policy=Policy(gbs=2, num_gb=2, refill=True))
+    full = engine.generate(_reqs(max_new=1, prompt_logprobs=True))
+    tail = engine.generate(_reqs(max_new=1, prompt_logprobs=True, score_last=last))
+    assert engine.schedule_counts["shared_tokens"] >= MIN_SHARED
+    for f, t in zip(full, tail):
+        n = min(last, len(f.prompt_logprobs))
+        assert len(t.prompt_logprobs) == n and t.prompt_greedy == f.prompt_greedy[-n:]
+        assert torch.allclose(torch.tensor(t.prompt_logprobs), torch.tensor(f.prompt_logprobs[-n:]), atol=1e-5,
+                              rtol=0), (t.id, t.prompt_logprobs, f.prompt_logprobs[-n:])
 
 
 def test_a_compressed_cache_shares_too(checkpoint, unshared):
