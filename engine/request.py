@@ -19,9 +19,9 @@ class SamplingParams:
     those filters. `seed` makes sampling reproducible per request, independent of the batch it runs in.
     `prompt_logprobs` scores the prompt in the same forward pass as its prefill (with max_new_tokens=1 a request
     is scored and nothing more is decoded); `score_last` > 0 scores only its last `score_last` tokens (a
-    continuation after its context, as lm-eval's loglikelihood asks): the LM head then runs at those positions only. `guided` constrains the answer while decoding (engine/guided.py: one
-    of some choices, a regex, a JSON schema, any JSON object, an EBNF grammar); a dict is read by
-    `Guided.from_mapping`."""
+    continuation after its context, as lm-eval's loglikelihood asks): the LM head then runs at those positions
+    only. `guided` constrains the answer while decoding (engine/guided.py: one of some choices, a regex, a JSON
+    schema, any JSON object, an EBNF grammar); a dict is read by `Guided.from_mapping`."""
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0

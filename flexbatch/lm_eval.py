@@ -12,8 +12,8 @@ the continuation, context + continuation encoded whole and split; an empty conte
 windows by `lm_eval.utils.get_rolling_token_windows`), so token for token the rows are those of lm-eval's `hf`
 backend. Each row is scored in its prefill (engine `SamplingParams.prompt_logprobs`, one token asked for and
 dropped), its continuation only (`score_last`: the LM head runs at the continuation's positions alone); identical
-rows run once; all of a call's rows go to the engine together, which groups them into length-bucketed blocks. The policy is planned from the first call's rows (`plan=False` runs the pinned or
-default policy).
+rows run once; all of a call's rows go to the engine together, which groups them into length-bucketed blocks.
+The policy is planned from the first call's rows (`plan=False` runs the pinned or default policy).
 
 model_args: `pretrained` (the checkpoint folder), `dtype` (auto, float32, bfloat16: float32 gives the `hf`
 backend's numbers), `max_length` (default: the model's context less 2, so that a window of `max_length` tokens

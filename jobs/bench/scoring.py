@@ -195,13 +195,15 @@ def line_name(fmt: str) -> str:
 def table_text(report: dict) -> str:
     c = report["config"]
     vs_vllm = any("vs_vllm" in ln for ln in report["lines"])
-    columns = ("line", "scored tokens/s", "per CPU-s", "vs transformers", *(("vs vLLM", "vs vLLM per CPU-s") if vs_vllm
-               else ()), "fraction of GEMM peak", f"max |diff| vs {report['lines'][0]['line']}")
+    columns = ("line", "scored tokens/s", "per CPU-s", "vs transformers",
+               *(("vs vLLM", "vs vLLM per CPU-s") if vs_vllm else ()), "fraction of GEMM peak",
+               f"max |diff| vs {report['lines'][0]['line']}")
     rows = [(ln["line"], f"{ln['tokens_per_s']:.0f}", f"{ln['tokens_per_cpu_s']:.0f}", f"{ln['vs_transformers']:.2f}x",
              *((f"{ln['vs_vllm']:.2f}x", f"{ln['vs_vllm_per_cpu_s']:.2f}x") if vs_vllm else ()),
              f"{ln['gemm_fraction']:.2f}", f"{ln['max_abs_diff']:.1e}") for ln in report["lines"]]
-    below = [f"vllm: seconds in llm.generate (after a warm-up batch), {ln['cpu_seconds']:.1f} CPU-s there (its process and "
-             f"its engine process); its process {ln['process_seconds']:.1f} s start to exit, of which {ln['startup_seconds']:.1f} s to a loaded engine; max |diff| vs transformers "
+    below = [f"vllm: seconds in llm.generate (after a warm-up batch), {ln['cpu_seconds']:.1f} CPU-s there (its "
+             f"process and its engine process); its process {ln['process_seconds']:.1f} s start to exit, of which "
+             f"{ln['startup_seconds']:.1f} s to a loaded engine; max |diff| vs transformers "
              f"{ln['max_abs_diff_vs_transformers']:.1e}" for ln in report["lines"] if ln["line"] == "vllm"]
     return format_table(tuple(Column(t) for t in columns), rows, markdown=True, below=below, above=[
         f"CPU flags: {report['machine']['cpu_flags']}",

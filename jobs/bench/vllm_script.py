@@ -6,8 +6,9 @@ max_tokens) or, with --score, ask each prompt's log-probabilities (prompt_logpro
 print one JSON line: the rows, the seconds from this process's start to a loaded engine (imports, load, vLLM's
 compile warm-up), the seconds spent in `llm.generate` (after an untimed warm-up on other rows, where asked) and the
 CPU seconds this process and its children (vLLM's engine process) spent meanwhile, each row's prompt and generated
-token counts and, with --score, the scored tokens (and with --logprobs-out each row's prompt log-probabilities, written to a JSON file).
-It runs as a script with vLLM's own venv (`scripts/setup_vllm_cpu_venv.sh`): it imports only vllm and pyarrow."""
+token counts and, with --score, the scored tokens (and with --logprobs-out each row's prompt log-probabilities,
+written to a JSON file). It runs as a script with vLLM's own venv (`scripts/setup_vllm_cpu_venv.sh`): it imports
+only vllm, pyarrow and psutil (one of vLLM's requirements)."""
 
 from __future__ import annotations
 
