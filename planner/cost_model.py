@@ -367,10 +367,11 @@ def layer_time_terms(blk: Block, phase: str, device: str) -> list[Affine]:
     return [sum(chain.values(), Affine()) for chain in layer_chains(blk, phase, device).values()]
 
 
-def head_s(blk: Block) -> float:
-    """Per step, on the device the embeddings and head live on (`globals_tier`): embedding, LM head on the last
-    position, per GPU batch: 2 * V * H * b / matmul_rate(b) (the int8 kernel's rate for an int8 head), plus, from
-    a GPU, the float32 logits b * V * 4 bytes over d2h; and the CPU's step_call_s (masks, token choice: on the
+def head_s(blk: Block, positions: int = 1) -> float:
+    """Per step, on the device the embeddings and head live on (`globals_tier`): embedding, LM head at `positions`
+    positions per row (the last one; a scoring prefill's every scored one, Workload.scored_len), per GPU batch of b
+    rows: 2 * V * H * r / matmul_rate(r) at r = b * positions rows (the int8 kernel's rate for an int8 head), plus,
+    from a GPU, the float32 logits r * V * 4 bytes over d2h; and the CPU's step_call_s (masks, token choice: on the
     host)."""
     m, where = blk.model, globals_tier(blk.policy, blk.model.num_layers)
     spec, flops_per_row = blk.hw.device(where), 2 * m.vocab_size * m.hidden_size
@@ -380,7 +381,8 @@ def head_s(blk: Block) -> float:
     def rate(b: int) -> float:
         return ((int8 and spec.kernel_flop_per_s("int8", b, m.hidden_size))
                 or spec.matmul_flop_per_s(b, m.hidden_size, dtype=blk.work.dtype))
-    return sum(b * (flops_per_row / rate(b) + logits) + blk.hw.cpu.step_call_s for b in blk.batches)
+    return sum(b * positions * (flops_per_row / rate(b * positions) + logits) + blk.hw.cpu.step_call_s
+               for b in blk.batches)
 
 
 def phase_groups(blk: Block, phase: str) -> dict[str, int]:

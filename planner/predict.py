@@ -104,7 +104,8 @@ def phase_cost(blk: Block, phase: str) -> PhaseCost:
         chans[device] = {c: sum(chain[c].at(x) for chain in chains.values()) for c in CHANNELS}
     scale = {"cpu": blk.hw.cpu_run_scale, "gpu": 1.0}
     head_scale = scale["cpu"] if blk.hw.gpu is None else 1.0
-    step = sum(layers[d] * layer_s[d] * scale[d] for d in layers) + head_s(blk) * head_scale
+    positions = max(1, blk.work.scored_len) if phase == "prefill" else 1
+    step = sum(layers[d] * layer_s[d] * scale[d] for d in layers) + head_s(blk, positions) * head_scale
     return PhaseCost(layers, layer_s, pre_s, main_s, chans, step, store_s)
 
 

@@ -26,7 +26,9 @@ class Workload:
     block_gen_len: the tokens a block runs for without refill, the mean of the rows' own max_new_tokens (the engine
     groups rows by it, so a block runs about as long as its rows may). shared_len: leading tokens every row shares,
     computed and cached once per block (engine/loop/shared_prefix.py); prompt_len and max_prompt_len then count each
-    row's own tokens after them."""
+    row's own tokens after them. scored_len: positions per row at which a scoring job runs the LM head in its
+    prefill (prompt log-probabilities, `SamplingParams.prompt_logprobs`); 0 for generation, whose prefill runs it at
+    the last position only."""
 
     prompt_len: int
     gen_len: int
@@ -36,6 +38,7 @@ class Workload:
     expected_gen_len: float | None = None
     block_gen_len: float | None = None  # tokens a block runs for without refill (see below); gen_len when not given
     shared_len: int = 0
+    scored_len: int = 0
 
     def __post_init__(self) -> None:
         for name in ("prompt_len", "gen_len", "num_prompts"):
@@ -57,8 +60,10 @@ class Workload:
             raise InvalidParamsError(f"block_gen_len={block!r} is invalid: expected a number in [expected_gen_len "
                                      f"= {expected:g}, gen_len = {self.gen_len}]")
         object.__setattr__(self, "block_gen_len", float(block))
-        if isinstance(self.shared_len, bool) or not isinstance(self.shared_len, int) or self.shared_len < 0:
-            raise InvalidParamsError(f"shared_len={self.shared_len!r} is invalid: expected an integer >= 0")
+        for name in ("shared_len", "scored_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidParamsError(f"{name}={value!r} is invalid: expected an integer >= 0")
         if self.dtype not in DTYPE_BYTES:
             raise InvalidParamsError(f"dtype={self.dtype!r} is invalid: use one of {', '.join(DTYPE_BYTES)}")
 

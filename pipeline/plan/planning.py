@@ -37,14 +37,17 @@ def workload_from_input(files, column: str, tokenizer, spec: ModelSpec, gen_len:
 
 def job_workload(job: JobSetup, num_prompts: int | None = None) -> Workload | None:
     """The workload a job's engine plans for: `num_prompts` of its rows (a worker's share; all by default), their
-    lengths from the sample the driver took (no input read, no prompt tokenized here); None with --no-plan."""
+    lengths from the sample the driver took (no input read, no prompt tokenized here); None with --no-plan. A
+    scoring job (`--score`) runs the LM head at every position of a row's own tokens in its prefill
+    (Workload.scored_len)."""
     if not job.config.plan:
         return None
     if job.sample is None:
         raise ValueError("a planned job needs its input sample; prepare it with prepare_job")
-    return workload_from_sample(job.sample, job.spec, workload_dtype(job.config.dtype),
+    work = workload_from_sample(job.sample, job.spec, workload_dtype(job.config.dtype),
                                 num_prompts or sum(f.num_rows for f in job.files),
                                 share_prefix=job.config.pinned("share_prefix"))
+    return dataclasses.replace(work, scored_len=work.prompt_len) if job.config.score else work
 
 
 def workload_from_sample(sample: InputSample, spec: ModelSpec, dtype: str, num_prompts: int,

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from engine.errors import InvalidParamsError
 from engine.policy import Policy
 from planner import cost_model as cm
 from planner import memory_model as mm
@@ -260,3 +261,18 @@ def test_no_saving_where_the_engine_keeps_weights_plain(why):
     hw = cpu_machine(1e10) if why == "not profiled" else _with_reorder_gain(1.05 if why == "small gain" else 2.0)
     blk = cm.Block(SMALL if why == "small weights" else LLAMA_300M, hw, work, policy, rows=8)
     assert cm.reorder_s(blk, "decode", "cpu").at(placement_vector(policy)) == 0.0
+
+
+def test_a_scoring_prefill_prices_the_head_at_every_scored_position():
+    """Workload.scored_len: a scoring job's prefill runs the LM head at that many positions per row, its decode at
+    one: at a flat GEMM rate the head's FLOPs count 8 times, and only the prefill step grows, by exactly that."""
+    from planner.predict import phase_cost
+
+    plain = block()
+    scoring = cm.Block(SMALL, cpu_machine(), replace(WORK, scored_len=8), POLICY, rows=4)
+    assert cm.head_s(plain, 8) == pytest.approx(2 * (2 * 8 * 100 * 64 * 2 / 1e11 + 2e-4))
+    grown = phase_cost(scoring, "prefill").step_s - phase_cost(plain, "prefill").step_s
+    assert grown == pytest.approx((cm.head_s(plain, 8) - cm.head_s(plain)) * plain.hw.cpu_run_scale) and grown > 0
+    assert phase_cost(scoring, "decode").step_s == pytest.approx(phase_cost(plain, "decode").step_s)
+    with pytest.raises(InvalidParamsError, match="scored_len=-1"):
+        replace(WORK, scored_len=-1)

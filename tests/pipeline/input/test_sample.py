@@ -68,6 +68,13 @@ def test_workers_plan_from_the_drivers_sample_without_reading_or_tokenizing(tmp_
     assert not calls and not reads and all(p.gbs == 2 for p in policies)
 
 
+@pytest.mark.parametrize("score", [False, True])
+def test_a_scoring_job_plans_the_head_at_every_position_of_its_rows(tmp_path, tiny_llama_dir, score):
+    job = prepare_job(_config(tmp_path, tiny_llama_dir, score=score))
+    work = job_workload(job)
+    assert work.scored_len == (work.prompt_len if score else 0) and work.prompt_len > 1
+
+
 def test_a_planned_job_tokenizes_each_prompt_once_and_completes_as_the_engine_does(tmp_path, tiny_llama_dir, spies):
     calls, reads = spies
     summary = run_job(_config(tmp_path, tiny_llama_dir))
