@@ -218,7 +218,7 @@ def vllm_line(python: Path, model_dir: Path, input_: Path, rows: int, prompt_len
         done = run_process(argv, threads, workdir, vllm_env(python, threads))
         res = check_vllm_output(done["stdout"], rows, prompt_len, gen_len)
         return done | {"tokens": rows * gen_len, "command": argv, "generate_seconds": res["generate_seconds"],
-                       "startup_seconds": res["startup_seconds"]}
+                       "generate_cpu_seconds": res["generate_cpu_seconds"], "startup_seconds": res["startup_seconds"]}
 
     return run
 
@@ -268,6 +268,8 @@ def summarize(runs: dict[str, list[dict]]) -> list[dict]:
                       "peak_rss_bytes": max(r["peak_rss_bytes"] for r in timed), "block": timed[-1].get("block"),
                       "startup_seconds": statistics.median(r["startup_seconds"] for r in timed)
                       if "startup_seconds" in timed[-1] else None,
+                      "generate_cpu_seconds": statistics.median(r["generate_cpu_seconds"] for r in timed)
+                      if "generate_cpu_seconds" in timed[-1] else None,
                       "runs_seconds": [r["seconds"] for r in timed], "warm_up_seconds": rs[0]["seconds"],
                       "command": shlex.join(timed[-1]["command"])})
     return lines
@@ -280,6 +282,7 @@ COLUMNS = tuple(Column(t) for t in ("workload", "line", "process start to exit, 
 
 def table_rows(workload: str, whole: dict) -> list[tuple[str, ...]]:
     return [(workload, ln["line"], f"{ln['seconds']:.2f}", f"{ln['tokens_per_s']:.1f}",
-             f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", num(ln["generate_seconds"], ".2f"),
+             f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", num(ln["generate_seconds"], ".2f") + (
+                 f" ({ln['generate_cpu_seconds']:.1f} CPU-s)" if ln.get("generate_cpu_seconds") else ""),
              num(ln["cpu_seconds"], ".1f"),
              f"{ln['peak_rss_bytes'] / 2**20:.0f} MiB", num(ln.get("startup_seconds"), ".1f")) for ln in whole["lines"]]

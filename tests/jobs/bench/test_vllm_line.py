@@ -129,7 +129,8 @@ def test_the_option_alone_means_the_default_venv_and_help_names_the_setup_script
 def test_the_whole_process_table_shows_the_vllm_lines_start_up():
     def runs(*seconds, startup=None):
         return [{"seconds": s, "tokens": 100, "cpu_seconds": 1.0, "peak_rss_bytes": 64 << 20,
-                 "generate_seconds": s / 2, "command": ["x"]} | ({"startup_seconds": startup} if startup else {})
+                 "generate_seconds": s / 2, "command": ["x"]} | (
+                     {"startup_seconds": startup, "generate_cpu_seconds": 0.8 * s} if startup else {})
                 for s in seconds]
 
     lines = wp.summarize({wp.CT2_LINE: runs(9.0, 1.0, 1.0), wp.vllm_line_name("float32"): runs(90.0, 50.0, 52.0,
@@ -138,6 +139,7 @@ def test_the_whole_process_table_shows_the_vllm_lines_start_up():
     assert lines[0]["startup_seconds"] is None
     rows = wp.table_rows("W3", {"lines": lines})
     assert rows[1][-1] == "40.0" and rows[0][-1] == "-" and rows[1][4] == "0.02x"
+    assert rows[1][5] == "25.50 (40.8 CPU-s)" and rows[0][5] == "0.50"  # vLLM's engine process counted
 
 
 @pytest.mark.skipif(not (VENV / "bin" / "python").is_file(), reason="no .venv-vllm (scripts/setup_vllm_cpu_venv.sh)")
@@ -150,6 +152,7 @@ def test_the_real_vllm_line_generates_exactly_g_tokens_and_scores_like_transform
     (tmp_path / "gen").mkdir()
     done = run(tmp_path / "gen")
     assert done["tokens"] == 15 and 0 < done["generate_seconds"] < done["startup_seconds"] < done["seconds"]
+    assert done["generate_cpu_seconds"] > 0
     scorer = sc.vllm_scorer(python, model_dir, prompts, "float32", 2, 2, tmp_path)
     res, scores = scorer(0)
     hf = sc.hf_scorer(model_dir, "float32", 3)(prompts)
