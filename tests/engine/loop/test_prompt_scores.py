@@ -96,3 +96,17 @@ def test_score_last_needs_prompt_logprobs():
         SamplingParams(score_last=3)
     with pytest.raises(InvalidParamsError, match="score_last=-1"):
         SamplingParams(prompt_logprobs=True, score_last=-1)
+
+
+def test_is_argmax_breaks_ties_as_argmax_does():
+    """A target that holds the largest value is the argmax only where no earlier index holds it too; NaN-free
+    rows of every kind: a unique max, a tie before the target, a tie after it, a target below the max."""
+    from engine.loop.prompt_scores import is_argmax
+
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [3.0, 1.0, 3.0, 0.0], [1.0, 3.0, 3.0, 0.0], [1.0, 2.0, 0.0, 2.0]])
+    t = torch.tensor([1, 2, 1, 0])
+    assert is_argmax(logits, t).tolist() == (logits.argmax(-1) == t).tolist() == [True, False, True, False]
+    wide = torch.randn(64, 1000).bfloat16().float()  # bf16 values: ties at the max happen
+    wide[::3, 7] = wide[::3].amax(-1)  # and here surely, before some targets and after others
+    for t in (wide.argmax(-1), torch.full((64,), 7), torch.randint(0, 1000, (64,))):
+        assert torch.equal(is_argmax(wide, t), wide.argmax(-1) == t)
