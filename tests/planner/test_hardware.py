@@ -9,6 +9,7 @@ import torch
 from planner import profiler
 from planner.errors import HardwareSpecError
 from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
+from planner.plausibility import implausible
 from tests.planner.specs import cpu_machine, flat_cpu
 
 
@@ -130,16 +131,16 @@ def _measured(curves=HEALTHY, **cpu):
      "cpu.attention_prefill_gflop_per_s falls from 50 GFLOP/s to 1 at 512-token prompts"),
 ])
 def test_implausible_rate_tables_are_named(spec, why):
-    assert why in profiler.implausible(spec)
+    assert why in implausible(spec)
 
 
 def test_plausible_rate_tables_pass():
     from tests.planner.specs import server_cpu
 
-    assert profiler.implausible(_measured()) is None
-    assert profiler.implausible(server_cpu()) is None and profiler.implausible(cpu_machine()) is None
+    assert implausible(_measured()) is None
+    assert implausible(server_cpu()) is None and implausible(cpu_machine()) is None
     levelled = ((15.0, 140.0, 300.0, 290.0), HEALTHY[1])  # a little slower at 1024 rows than at 256: noise
-    assert profiler.implausible(_measured(levelled)) is None
+    assert implausible(_measured(levelled)) is None
 
 
 def test_an_implausible_profile_is_measured_once_more_then_refused(monkeypatch):
