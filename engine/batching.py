@@ -5,7 +5,11 @@ changes all four, so the planner's predictions follow the engine's grouping.
 
 A block is `gbs * num_gb` rows that go through every layer together (FlexGen's zig-zag schedule). Without refill a
 block runs until its last row ends, so rows of similar max_new_tokens share a block; within such a group, rows of
-similar prompt length share a block (less padding). With refill a finished row's slot takes a waiting row."""
+similar prompt length share a block (less padding). With refill a finished row's slot takes a waiting row.
+
+Rows that only score (one token asked for: no decode step) and share a long context with some other rows of the
+call, as the choices of a multiple-choice question do, form blocks of their own, so that each block's shared prefix
+(engine/loop/shared_prefix.py) is their context, computed once (`context_blocks`)."""
 
 from __future__ import annotations
 
@@ -17,19 +21,61 @@ MAX_NEW_GROUP = 4
 # Blocks' worth of rows a worker hands the engine per call once a block has been measured: large enough for the
 # engine to group rows by length, small enough that a shard's progress is logged often.
 BLOCKS_PER_CALL = 16
+# Scoring rows form blocks of their own (`context_blocks`) where they share at least this many leading tokens and
+# those are at least half of their tokens: a block of a few rows then computes its context once instead of once per
+# row (measured: 16 questions x 4 one-token choices after 600-token contexts, bf16, 110M: 9.5 s vs 29.9 s in blocks
+# mixing questions), and a smaller block than planned costs no weight traffic when little is left to share.
+MIN_CONTEXT = 128
 # A shard the driver derives holds up to this many planned blocks: rows are grouped by length within a shard only,
 # so a bigger shard pads less; a smaller one loses less work to a crash.
 BLOCKS_PER_SHARD = 8
 
 
-def blocks(ready: list, block_size: int, refill: bool) -> list[tuple[list, list]]:
+def blocks(ready: list, block_size: int, refill: bool, share_prefix: bool = False) -> list[tuple[list, list]]:
     """(block, waiting rows) pairs over `ready`, a list of (index, RowState). Without refill, no waiting rows, and
     blocks of rows of similar max_new_tokens, taken MAX_NEW_GROUP blocks at a time and sorted by prompt length
-    within. With refill, one block of the longest prompts, every other row waiting (longest first, so that each
-    fits before the shared cursor of the slot it takes)."""
+    within; with `share_prefix`, scoring rows sharing a context first (`context_blocks`). With refill, one block of
+    the longest prompts, every other row waiting (longest first, so that each fits before the shared cursor of the
+    slot it takes)."""
     if refill:
         ready = sorted(ready, key=lambda item: -len(item[1].prompt_ids))
         return [(ready[:block_size], ready[block_size:])] if ready else []
+    grouped, ready = context_blocks(ready, block_size) if share_prefix else ([], ready)
+    return grouped + length_blocks(ready, block_size)
+
+
+def context_blocks(ready: list, block_size: int) -> tuple[list[tuple[list, list]], list]:
+    """(blocks of scoring rows that share a context, the other rows). Scoring rows (max_new_tokens 1) in token
+    order; a run of them whose common start (that of its first and last row, in that order) is MIN_CONTEXT tokens
+    or more, leaving each row a token of its own, and at least half of the run's tokens, is cut into blocks of up to
+    block_size rows. Nothing is grouped where all the scoring rows share one such start: blocks by length share it
+    as well."""
+    scoring = sorted((item for item in ready if item[1].req.params.max_new_tokens == 1),
+                     key=lambda item: tuple(item[1].prompt_ids))
+    if len(scoring) < 2 or common_start(scoring[0], scoring[-1]) >= MIN_CONTEXT:
+        return [], ready
+    grouped, taken, i = [], set(), 0
+    while i < len(scoring):
+        j = i + 1
+        while j < len(scoring) and common_start(scoring[i], scoring[j]) >= MIN_CONTEXT:
+            j += 1
+        run, shared = scoring[i:j], common_start(scoring[i], scoring[j - 1])
+        if len(run) > 1 and 2 * (len(run) - 1) * shared >= sum(len(row.prompt_ids) for _, row in run):
+            grouped += [(run[k : k + block_size], []) for k in range(0, len(run), block_size)]
+            taken.update(n for n, _ in run)
+        i = j
+    return grouped, [item for item in ready if item[0] not in taken]
+
+
+def common_start(a: tuple, b: tuple) -> int:
+    """Leading tokens two (index, RowState) items share, leaving each a token of its own."""
+    x, y = a[1].prompt_ids, b[1].prompt_ids
+    n = min(len(x), len(y)) - 1
+    return next((k for k in range(n) if x[k] != y[k]), max(n, 0))
+
+
+def length_blocks(ready: list, block_size: int) -> list[tuple[list, list]]:
+    """Blocks of rows of similar max_new_tokens, MAX_NEW_GROUP blocks' worth at a time, by prompt length within."""
     ready = sorted(ready, key=lambda item: (item[1].req.params.max_new_tokens, len(item[1].prompt_ids)))
     group = block_size * MAX_NEW_GROUP if MAX_NEW_GROUP else len(ready)
     ready = [item for g in range(0, len(ready), group)

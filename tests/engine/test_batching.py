@@ -4,9 +4,11 @@ from engine.batching import (
     BLOCKS_PER_CALL,
     BLOCKS_PER_SHARD,
     MAX_NEW_GROUP,
+    MIN_CONTEXT,
     block_gen_length,
     blocks,
     call_rows,
+    context_blocks,
     shard_rows,
 )
 from engine.loop.row_state import RowState
@@ -67,3 +69,34 @@ def test_a_block_runs_about_the_largest_max_new_tokens_of_its_group():
     assert block_gen_length([80, 10, 70, 20, 60, 30, 50, 40]) == (20 + 40 + 60 + 80) / 4
     assert block_gen_length([256] * 9) == 256
     assert block_gen_length([5, 9]) == 7  # fewer rows than groups: each row its own
+
+
+def _scoring(ids) -> RowState:
+    return RowState(Request("x", "", SamplingParams(max_new_tokens=1), prompt_ids=tuple(ids)), list(ids), ())
+
+
+def _questions(n: int, choices: int, context: int, own: int = 1) -> list[RowState]:
+    """n questions' rows: each question's context (its own tokens) before each of its choices."""
+    return [_scoring([10 + q] * context + [100 + c] * own) for q in range(n) for c in range(choices)]
+
+
+def test_scoring_rows_sharing_a_context_form_blocks_of_their_own():
+    """The choices of a question (one token asked for, a long context in common) are blocks of their own, cut at
+    the block size; generation rows and scoring rows without such a context are blocked by length as before."""
+    rows = _questions(3, 4, MIN_CONTEXT) + [_row(length=20, max_new=4) for _ in range(5)] + [_scoring([7, 8, 9])]
+    grouped = blocks(list(enumerate(rows)), block_size=3, refill=False, share_prefix=True)
+    assert sorted(n for block, _ in grouped for n, _ in block) == list(range(len(rows)))
+    question_blocks = [{n // 4 for n, _ in block} for block, _ in grouped[:6]]
+    assert question_blocks == [{0}, {0}, {1}, {1}, {2}, {2}] and [len(b) for b, _ in grouped[:6]] == [3, 1] * 3
+    assert all(n >= 12 for block, _ in grouped[6:] for n, _ in block)
+    mixed = blocks(list(enumerate(rows)), block_size=3, refill=False)  # share_prefix off: by length only
+    assert any(len({n // 4 for n, _ in block if n < 12}) > 1 for block, _ in mixed)
+
+
+def test_short_contexts_little_shared_or_one_context_for_all_are_not_grouped():
+    """A context under MIN_CONTEXT tokens, one that is less than half of its rows' tokens, and one that every
+    scoring row shares (blocks by length share it already) leave the rows to the blocks by length."""
+    for rows in (_questions(3, 4, MIN_CONTEXT - 1), _questions(3, 4, MIN_CONTEXT, own=2 * MIN_CONTEXT),
+                 _questions(1, 8, MIN_CONTEXT)):
+        grouped, rest = context_blocks(list(enumerate(rows)), block_size=4)
+        assert grouped == [] and len(rest) == len(rows)

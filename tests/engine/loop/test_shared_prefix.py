@@ -104,6 +104,33 @@ def test_scoring_the_last_tokens_with_a_shared_prefix_gives_the_tail_of_the_full
                               rtol=0), (t.id, t.prompt_logprobs, f.prompt_logprobs[-n:])
 
 
+def test_the_choices_of_questions_share_their_context_and_score_as_alone(checkpoint, monkeypatch):
+    """Scoring rows of several questions (a context each, then a choice) in one call: each question's rows form a
+    block whose shared prefix is its context (engine.batching.context_blocks), computed once, and the choices'
+    scores equal those of a run without sharing."""
+    import random
+
+    from engine import batching
+
+    monkeypatch.setattr(batching, "MIN_CONTEXT", 40)
+    engine = Engine.load(checkpoint(VARIANT), dtype="float32", policy=Policy(gbs=8, num_gb=1))
+    rnd = random.Random(0)
+    contexts = [[rnd.randrange(5, 200) for _ in range(60)] for _ in range(3)]
+    rows = [ctx + [rnd.randrange(5, 200) for _ in range(1 + c % 2)] for ctx in contexts for c in range(3)]
+
+    def scores(policy=None):
+        params = SamplingParams(max_new_tokens=1, prompt_logprobs=True, score_last=2)
+        got = engine.generate([Request(str(i), "", params, prompt_ids=tuple(r)) for i, r in enumerate(rows)],
+                              policy=policy)
+        return [c.prompt_logprobs for c in got], dict(engine.schedule_counts)
+
+    shared, counts = scores()
+    alone, alone_counts = scores(Policy(gbs=8, num_gb=1, share_prefix=False))
+    assert counts["shared_tokens"] >= 3 * 60 and alone_counts.get("shared_tokens", 0) == 0, (counts, alone_counts)
+    for s, a in zip(shared, alone):
+        assert torch.allclose(torch.tensor(s), torch.tensor(a), atol=1e-5, rtol=0), (s, a)
+
+
 def test_a_compressed_cache_shares_too(checkpoint, unshared):
     """The prefix is kept uncompressed (one row); the rows' own 4-bit caches attend over it: the tokens agree
     with the uncompressed run as the 4-bit cache does without sharing."""
