@@ -9,7 +9,8 @@ similar prompt length share a block (less padding). With refill a finished row's
 
 Rows that only score (one token asked for: no decode step) and share a long context with some other rows of the
 call, as the choices of a multiple-choice question do, form blocks of their own, so that each block's shared prefix
-(engine/loop/shared_prefix.py) is their context, computed once (`context_blocks`)."""
+(engine/loop/shared_prefix.py) is their context, computed once (`context_blocks`), where the weights stay in CPU
+memory (with weights streamed per block, a small block would pay a whole model's traffic)."""
 
 from __future__ import annotations
 
@@ -31,16 +32,18 @@ MIN_CONTEXT = 128
 BLOCKS_PER_SHARD = 8
 
 
-def blocks(ready: list, block_size: int, refill: bool, share_prefix: bool = False) -> list[tuple[list, list]]:
+def blocks(ready: list, block_size: int, refill: bool, contexts: bool = False) -> list[tuple[list, list]]:
     """(block, waiting rows) pairs over `ready`, a list of (index, RowState). Without refill, no waiting rows, and
     blocks of rows of similar max_new_tokens, taken MAX_NEW_GROUP blocks at a time and sorted by prompt length
-    within; with `share_prefix`, scoring rows sharing a context first (`context_blocks`). With refill, one block of
+    within; with `contexts` (prefix sharing on, and weights that stay where they compute: `Policy.weights_stay`, as
+    a block streamed from disk or to a GPU pays its weight traffic however few rows it holds), scoring rows sharing
+    a context first (`context_blocks`). With refill, one block of
     the longest prompts, every other row waiting (longest first, so that each fits before the shared cursor of the
     slot it takes)."""
     if refill:
         ready = sorted(ready, key=lambda item: -len(item[1].prompt_ids))
         return [(ready[:block_size], ready[block_size:])] if ready else []
-    grouped, ready = context_blocks(ready, block_size) if share_prefix else ([], ready)
+    grouped, ready = context_blocks(ready, block_size) if contexts else ([], ready)
     return grouped + length_blocks(ready, block_size)
 
 

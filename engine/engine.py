@@ -126,7 +126,7 @@ class Engine:
             else:
                 ready.append((n, row))
         executor = self.executor(policy)
-        grouped = blocks(ready, policy.block_size, policy.refill, policy.share_prefix)
+        grouped = blocks(ready, policy.block_size, policy.refill, policy.share_prefix and policy.weights_stay())
         self._check_budgets(executor, grouped)
         for block, waiting in grouped:
             rows, left = [row for _, row in block], [row for _, row in waiting]

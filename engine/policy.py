@@ -88,6 +88,11 @@ class Policy:
         on_gpu = self.weight_gpu + self.cache_gpu + self.act_gpu > 0
         return on_gpu or self.prefill_device != "cpu" or self.decode_device != "cpu"
 
+    def weights_stay(self) -> bool:
+        """Whether every weight stays where it computes, so that a block costs no weight traffic however few rows it
+        holds: all of them in CPU memory and nothing on the GPU."""
+        return self.weight_cpu == 1.0 and not self.uses_gpu()
+
     def layer_on_gpu(self, phase: str, layer: int) -> bool:
         """Whether `layer` computes on the GPU in `phase` ("prefill" or "decode")."""
         device = getattr(self, f"{phase}_device")

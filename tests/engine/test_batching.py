@@ -84,12 +84,12 @@ def test_scoring_rows_sharing_a_context_form_blocks_of_their_own():
     """The choices of a question (one token asked for, a long context in common) are blocks of their own, cut at
     the block size; generation rows and scoring rows without such a context are blocked by length as before."""
     rows = _questions(3, 4, MIN_CONTEXT) + [_row(length=20, max_new=4) for _ in range(5)] + [_scoring([7, 8, 9])]
-    grouped = blocks(list(enumerate(rows)), block_size=3, refill=False, share_prefix=True)
+    grouped = blocks(list(enumerate(rows)), block_size=3, refill=False, contexts=True)
     assert sorted(n for block, _ in grouped for n, _ in block) == list(range(len(rows)))
     question_blocks = [{n // 4 for n, _ in block} for block, _ in grouped[:6]]
     assert question_blocks == [{0}, {0}, {1}, {1}, {2}, {2}] and [len(b) for b, _ in grouped[:6]] == [3, 1] * 3
     assert all(n >= 12 for block, _ in grouped[6:] for n, _ in block)
-    mixed = blocks(list(enumerate(rows)), block_size=3, refill=False)  # share_prefix off: by length only
+    mixed = blocks(list(enumerate(rows)), block_size=3, refill=False)  # contexts off: by length only
     assert any(len({n // 4 for n, _ in block if n < 12}) > 1 for block, _ in mixed)
 
 

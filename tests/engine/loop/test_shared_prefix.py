@@ -156,3 +156,21 @@ def test_rows_hold_only_their_own_tokens(checkpoint):
     prefix = 2 * spec.num_layers * spec.num_kv_heads * P * spec.head_dim * 4  # K and V of P slots, float32
     acts = P * spec.hidden_size * 4  # a row's activations are P positions shorter
     assert shared["cpu"] == alone["cpu"] - len(rows) * (prefix + acts) + prefix, (shared, alone, prefix)
+
+
+def test_questions_are_not_cut_into_small_blocks_where_weights_stream(checkpoint, monkeypatch, tmp_path):
+    """Context blocks need weights that stay in CPU memory: with part of them on disk (read per block) or on a GPU,
+    a block of a few rows would pay a whole model's traffic, so the rows are blocked by length as before."""
+    from engine import batching
+
+    assert Policy().weights_stay()
+    assert not Policy(weight_cpu=0.5).weights_stay() and not Policy(weight_gpu=0.5, weight_cpu=0.5).weights_stay()
+    assert not Policy(prefill_device="gpu").weights_stay()
+    monkeypatch.setattr(batching, "MIN_CONTEXT", 40)
+    engine = Engine.load(checkpoint(VARIANT), dtype="float32", policy=Policy(gbs=8, num_gb=1, weight_cpu=0.5),
+                         offload_dir=tmp_path)
+    rows = [[7 + q] * 60 + [100 + c] for q in range(3) for c in range(3)]
+    params = SamplingParams(max_new_tokens=1, prompt_logprobs=True, score_last=1)
+    engine.generate([Request(str(i), "", params, prompt_ids=tuple(r)) for i, r in enumerate(rows)])
+    assert engine.schedule_counts.get("shared_tokens", 0) == 0, engine.schedule_counts
+    engine.weights.close()
