@@ -151,6 +151,17 @@ class GpuBatch:
             self.refill = None
 
 
+def prefix_scores(rows: list[RowState], shared: int) -> str | None:
+    """What rows that score their prompt need of a shared prefix of `shared` tokens (SharedPrefix.score): "all"
+    where one scores every token or more than its own, "first" where one scores exactly its own tokens (the first
+    of them from the prefix's last position), else None (rows scoring their last own tokens need nothing of it)."""
+    asks = [r.req.params.score_last for r in rows if r.req.params.prompt_logprobs]
+    own = [len(r.prompt_ids) - shared for r in rows if r.req.params.prompt_logprobs]
+    if any(last == 0 or last > n for last, n in zip(asks, own)):
+        return "all"
+    return "first" if any(last == n for last, n in zip(asks, own)) else None
+
+
 class BlockExecutor:
     """Runs blocks of rows (up to gbs * num_gb) through the zig-zag loop: the loaded model under one `Policy`."""
 
@@ -179,8 +190,7 @@ class BlockExecutor:
         T = self.total_slots(everyone) - P
         try:
             if P:
-                self._prefix = self._make_prefix(rows[0].prompt_ids[:P],
-                                                 score=any(r.req.params.prompt_logprobs for r in everyone))
+                self._prefix = self._make_prefix(rows[0].prompt_ids[:P], prefix_scores(everyone, P))
             batches = [self._batch(rows[i : i + p.gbs], S, T) for i in range(0, len(rows), p.gbs)]
             while True:
                 for b in batches if refill else ():
@@ -218,9 +228,9 @@ class BlockExecutor:
             return 0
         return shared_length([r.prompt_ids for r in rows])
 
-    def _make_prefix(self, ids: list[int], score: bool) -> SharedPrefix:
+    def _make_prefix(self, ids: list[int], score: str | None) -> SharedPrefix:
         """The block's shared prefix with its K/V buffers, on the tier that holds most of the KV cache (the disk
-        tier's rows attend on the CPU); `score`: its tokens are scored for rows that score their prompt."""
+        tier's rows attend on the CPU); `score`: what of it rows that score their prompt need (`prefix_scores`)."""
         m, home = self.loaded, self._prefix_home()
         make = self._alloc(home)
         shape = (1, m.spec.num_kv_heads, len(ids), m.spec.head_dim)

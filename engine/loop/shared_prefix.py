@@ -34,9 +34,11 @@ class SharedPrefix:
     block's first layer pass it is also the cache of its own prefill (`attend`) and holds its hidden states."""
 
     def __init__(self, ids: list[int], k: list[torch.Tensor], v: list[torch.Tensor], home: str, devices,
-                 score: bool = False):
+                 score: str | None = None):
         self.ids, self.k, self.v, self.home, self.devices = ids, k, v, home, devices
-        self.score = score  # whether rows score their prompt: then the prefix is scored once, at its pass' end
+        # what rows that score their prompt need of it, computed once at its pass' end: "all" its tokens' scores and
+        # those of each row's first own token, "first" only the latter (rows scoring their last own tokens), or None
+        self.score = score
         self.computed = False  # its K/V are in place (its layer pass has run)
         self.hidden: torch.Tensor | None = None  # [1, P, H] during the first layer pass, on `where`
         self.where = home
@@ -75,15 +77,15 @@ class SharedPrefix:
 
     def finish_pass(self, head, to_head) -> None:
         """The layer pass is over: with `score`, score the prefix from its last-layer hidden states (moved to the
-        head's device by `to_head(h, where)`): its tokens 1..P-1, and the log-probabilities at its last position,
-        which score each row's first own token. Its hidden states and contexts are dropped."""
+        head's device by `to_head(h, where)`): its tokens 1..P-1 ("all" only), and the log-probabilities at its last
+        position, which score each row's first own token. Its hidden states and contexts are dropped."""
         if self.score:
             h = to_head(self.hidden, self.where)[0]
-            lp, greedy = prompt_scores(head, h, self.ids)
+            lp, greedy = prompt_scores(head, h, self.ids) if self.score == "all" else ([], [])
             self.scores = lp, greedy, head(h[-1:])[0].log_softmax(-1)
         self.hidden, self.contexts, self.computed = None, {}, True
 
     def scores_for(self, first_own: int) -> tuple[list[float], list[bool]]:
-        """A row's prompt scores over the prefix and its own first token."""
+        """A row's prompt scores over the prefix ("all") and its own first token."""
         lp, greedy, last = self.scores
         return lp + [float(last[first_own])], greedy + [bool(last.argmax() == first_own)]

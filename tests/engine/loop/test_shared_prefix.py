@@ -104,22 +104,29 @@ def test_scoring_the_last_tokens_with_a_shared_prefix_gives_the_tail_of_the_full
                               rtol=0), (t.id, t.prompt_logprobs, f.prompt_logprobs[-n:])
 
 
-def test_the_choices_of_questions_share_their_context_and_score_as_alone(checkpoint, monkeypatch):
+@pytest.mark.parametrize("own, last, prefix_scored", [((1, 2), 2, "all"), ((1, 1), 1, "first"), ((3, 3), 2, None)])
+def test_the_choices_of_questions_share_their_context_and_score_as_alone(checkpoint, monkeypatch, own, last,
+                                                                        prefix_scored):
     """Scoring rows of several questions (a context each, then a choice) in one call: each question's rows form a
     block whose shared prefix is its context (engine.batching.context_blocks), computed once, and the choices'
-    scores equal those of a run without sharing."""
+    scores equal those of a run without sharing, whether the rows need the prefix's scores ("all": a tail longer
+    than a choice), only its last position's ("first": a tail of exactly the choice) or nothing of it."""
     import random
 
     from engine import batching
+    from engine.loop import schedule
 
     monkeypatch.setattr(batching, "MIN_CONTEXT", 40)
     engine = Engine.load(checkpoint(VARIANT), dtype="float32", policy=Policy(gbs=8, num_gb=1))
     rnd = random.Random(0)
     contexts = [[rnd.randrange(5, 200) for _ in range(60)] for _ in range(3)]
-    rows = [ctx + [rnd.randrange(5, 200) for _ in range(1 + c % 2)] for ctx in contexts for c in range(3)]
+    rows = [ctx + [rnd.randrange(5, 200) for _ in range(own[c % 2])] for ctx in contexts for c in range(3)]
+    asked = []
+    real = schedule.prefix_scores
+    monkeypatch.setattr(schedule, "prefix_scores", lambda rows, shared: asked.append(real(rows, shared)) or asked[-1])
 
     def scores(policy=None):
-        params = SamplingParams(max_new_tokens=1, prompt_logprobs=True, score_last=2)
+        params = SamplingParams(max_new_tokens=1, prompt_logprobs=True, score_last=last)
         got = engine.generate([Request(str(i), "", params, prompt_ids=tuple(r)) for i, r in enumerate(rows)],
                               policy=policy)
         return [c.prompt_logprobs for c in got], dict(engine.schedule_counts)
@@ -127,6 +134,7 @@ def test_the_choices_of_questions_share_their_context_and_score_as_alone(checkpo
     shared, counts = scores()
     alone, alone_counts = scores(Policy(gbs=8, num_gb=1, share_prefix=False))
     assert counts["shared_tokens"] >= 3 * 60 and alone_counts.get("shared_tokens", 0) == 0, (counts, alone_counts)
+    assert asked == [prefix_scored] * 3
     for s, a in zip(shared, alone):
         assert torch.allclose(torch.tensor(s), torch.tensor(a), atol=1e-5, rtol=0), (s, a)
 
