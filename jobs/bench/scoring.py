@@ -12,7 +12,9 @@ machine, where another line may use more cores than its threads), and model FLOP
 the LM head at every scored position, causal attention) as a fraction of a GEMM microbenchmark of the dtype (the
 widest layer shape at 1024 rows), and the largest difference of its scores from the first line's.
 
-`--score-last N` scores each row's last N tokens only, as lm-eval's loglikelihood asks of a continuation after its
+`--choices K` makes the rows questions of K rows sharing all but their last token (a context, then a choice:
+lm-eval's multiple-choice `loglikelihood` requests with `--score-last 1`). `--score-last N` scores each row's last N
+tokens only, as lm-eval's loglikelihood asks of a continuation after its
 context: flexbatch runs the LM head at those positions (`score_last`), transformers keeps those logits
 (`logits_to_keep`), and vLLM computes `prompt_logprobs` over the whole prompt, as lm-eval's vllm backend asks it.
 
@@ -66,6 +68,7 @@ class ScoreConfig:
     threads: int | None = None  # of the vLLM line (the in-process lines: torch's, set by the command)
     formats: tuple[str, ...] = (UNCOMPRESSED,)  # one flexbatch line per weight format (UNCOMPRESSED or WEIGHT_FORMATS)
     score_last: int = 0  # score each row's last this many tokens only (a continuation after its context); 0: all
+    choices: int = 1  # rows per question: each question's rows share all but their last token (its context)
     vllm_venv: str | None = None  # a vLLM prompt_logprobs line (options.vllm_option)
 
 
@@ -129,10 +132,19 @@ def vllm_scorer(python: Path, model_dir: Path, prompts: list[list[int]], dtype: 
     return run
 
 
+def question_rows(rows: int, length: int, vocab_size: int, choices: int) -> list[list[int]]:
+    """`rows` random rows of `length` tokens; with `choices` > 1, questions of that many rows, each question's rows
+    sharing their first length - 1 tokens (its context) and ending in a token of their own (a choice)."""
+    prompts = bm.prompt_ids(rows, length, vocab_size)
+    if choices > 1:
+        prompts = [prompts[i - i % choices][:-1] + p[-1:] for i, p in enumerate(prompts)]
+    return prompts
+
+
 def run_score(cfg: ScoreConfig) -> dict:
     model_dir = bm.build_checkpoint(cfg.preset, cfg.cache_dir)
     spec = load_model_spec(model_dir)
-    prompts = bm.prompt_ids(cfg.rows, cfg.length, spec.vocab_size)
+    prompts = question_rows(cfg.rows, cfg.length, spec.vocab_size, cfg.choices)
     dtype = cfg.dtype if cfg.dtype != "auto" else str(Engine.load(model_dir, dtype="auto").dtype).split(".")[-1]
     scorers = {line_name(f): engine_scorer(model_dir, dtype, cfg.batch, f, cfg.score_last) for f in cfg.formats}
     scorers["transformers"] = hf_scorer(model_dir, dtype, cfg.batch, cfg.score_last)
@@ -221,6 +233,9 @@ def table_text(report: dict) -> str:
               help="Score each row's last N tokens only (lm-eval's loglikelihood: a continuation after its context); "
                    "the vLLM line still asks prompt_logprobs of the whole prompt, as lm-eval's vllm backend does. "
                    "0: every token.")
+@click.option("--choices", type=click.IntRange(min=1), default=ScoreConfig.choices, show_default=True,
+              help="Rows per question: each question's rows share all but their last token (a multiple-choice "
+                   "question's context, each row one choice; with --score-last 1, lm-eval's loglikelihood of it).")
 @click.option("--compress-weight", "formats", type=click.Choice((UNCOMPRESSED, *WEIGHT_FORMATS)), multiple=True,
               default=ScoreConfig.formats, show_default=True,
               help="A flexbatch line per weight format (repeat the option); the first line is the one every line's "
@@ -235,6 +250,7 @@ def score_command(threads, vllm_venv, output: Path, **kw):
       flexbatch bench score --rows 256 --threads 2
       flexbatch bench score --rows 256 --threads 2 --vllm-venv .venv-vllm
       flexbatch bench score --rows 64 --threads 1 --dtype bfloat16 --compress-weight uncompressed --compress-weight int8
+      flexbatch bench score --rows 64 --length 601 --choices 4 --score-last 1 --threads 1 --dtype bfloat16
     """
     setup_logging()
     vllm_python(vllm_venv)  # a missing venv is an error before any line runs
