@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from engine.loop.shared_prefix import shared_length
+
 # Without refill, blocks come from groups of this many blocks' rows of similar max_new_tokens (0: one group, blocks
 # by prompt length alone); measured by the W4 line of `flexbatch bench engine`.
 MAX_NEW_GROUP = 4
@@ -71,10 +73,9 @@ def context_blocks(ready: list, block_size: int) -> tuple[list[tuple[list, list]
 
 
 def common_start(a: tuple, b: tuple) -> int:
-    """Leading tokens two (index, RowState) items share, leaving each a token of its own."""
-    x, y = a[1].prompt_ids, b[1].prompt_ids
-    n = min(len(x), len(y)) - 1
-    return next((k for k in range(n) if x[k] != y[k]), max(n, 0))
+    """Leading tokens two (index, RowState) items share as a block would (engine.loop.shared_prefix.shared_length:
+    each row keeps a token of its own; 0 under MIN_SHARED, which MIN_CONTEXT exceeds)."""
+    return shared_length([a[1].prompt_ids, b[1].prompt_ids])
 
 
 def length_blocks(ready: list, block_size: int) -> list[tuple[list, list]]:
