@@ -15,6 +15,7 @@ Accelerate runs at each of its batches."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -73,6 +74,11 @@ class MemoryGroup:
     def __exit__(self, *exc) -> None:
         if self._on_term is not None:
             signal.signal(signal.SIGTERM, self._on_term)
+        # a process still in the group is killed: a SIGTERM that lands while `run` starts the side (after it joined
+        # the group, before `subprocess` holds it) leaves the side running, and the group could not be removed
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
         for _ in range(50):  # the group can be removed once its last process has gone
             try:
                 self.path.rmdir()

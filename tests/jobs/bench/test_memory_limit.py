@@ -139,3 +139,19 @@ def test_a_terminated_bench_kills_its_side_and_removes_its_group(tmp_path):
     assert not group.exists()
     with pytest.raises(ProcessLookupError):
         os.kill(side, 0)
+
+
+def test_a_process_left_in_the_group_is_killed_and_the_group_removed():
+    """A side that joined the group but that `run` does not hold (a SIGTERM landed while it started) is killed on
+    exit, so the group can be removed."""
+    import os
+    import subprocess
+
+    from tests.cgroups import memory_cgroup
+
+    os.rmdir(memory_cgroup("flexbatch-probe", 1 << 30))  # skips where no writable cgroup v1 hierarchy exists
+    with ml.MemoryGroup("left-test", 1 << 30) as g:
+        procs = g.path / "cgroup.procs"
+        orphan = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: procs.write_text(str(os.getpid())))
+        path = g.path
+    assert orphan.wait(timeout=10) == -9 and not path.exists()
