@@ -16,13 +16,15 @@ XGRAMMAR ?= xgrammar>=0.2.9,<0.3
 # lm-evaluation-harness backend and its tests) adds ~25 s to a fresh install. xgrammar (the `grammar` extra) comes
 # without its own requirements too: they pull triton (~1 GB, never imported here); pyproject.toml lists what it
 # imports. pip installs without compiling bytecode, one file after another; compileall then compiles the
-# environment on every core (pip ignores files that do not compile, as -qq and `|| true` do here).
+# environment on every core (pip ignores files that do not compile, as -qq and `|| true` do here). Last, the
+# project's C++ kernels are built against the installed torch (engine/kernels/compiled.py, ~40 s on 2 cores).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile -e ".[test,helm,lm-eval]" "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install -q --no-compile --no-deps "crfm-helm==$(HELM_VERSION)" "$(XGRAMMAR)"
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
+	$(PY) -m engine.kernels.compiled
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -10,7 +10,8 @@ rows, runs on chunks of that many rows. The dense copy is made on first need and
 (one dequantization per layer per step, as before), in buffers the weight store hands back when the next layer
 is taken.
 
-    int4   aten's packed int4 GEMM (`_weight_int4pack_mm_for_cpu`), for layers packed once at load
+    int4   the project's 4-bit x int8 kernel (engine/kernels/int4_tiles.py) where it is built, else aten's packed
+           int4 GEMM (`_weight_int4pack_mm_for_cpu`), for layers packed once at load
     int8   int8 x int8 GEMM with activations quantized per row (`engine/compression/int8.py`), no packing needed"""
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.compression.int4 import Int4Packed, int4_linear
+from engine.compression.int4 import Int4Packed
 from engine.compression.int8 import Int8Weight, dequantize_int8, int8_linear
+from engine.kernels import int4_tiles
+from engine.kernels.int4_tiles import Int4Tiles
 from engine.kernels.rates import ROWS
 
 LARGEST_MEASURED = ROWS[-1]
@@ -34,14 +37,22 @@ class QWeight:
     compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows)."""
 
     stored: object
-    fast: Int4Packed | Int8Weight | None
+    fast: Int4Tiles | Int4Packed | Int8Weight | None
     max_rows: int
 
 
 def kernel_layout_bytes(weights) -> int:
-    """Bytes the int4 kernel's own layout (Int4Packed) keeps beside the stored codes, over a layer's weights."""
-    return sum(w.fast.weight.nbytes + w.fast.scales_and_zeros.nbytes for w in weights
-               if isinstance(w, QWeight) and isinstance(w.fast, Int4Packed))
+    """Bytes the int4 kernel's own layout (Int4Tiles or Int4Packed) keeps beside the stored codes, over a layer's
+    weights."""
+    return sum(_layout_bytes(w.fast) for w in weights if isinstance(w, QWeight))
+
+
+def _layout_bytes(fast) -> int:
+    if isinstance(fast, Int4Tiles):
+        return fast.nbytes
+    if isinstance(fast, Int4Packed):
+        return fast.weight.nbytes + fast.scales_and_zeros.nbytes
+    return 0
 
 
 def stored_bytes(weights) -> int:
@@ -74,7 +85,8 @@ class QLinear:
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         rows, w = x.numel() // x.shape[-1], self.weight
-        if self.uses_fast(rows) or (isinstance(w.fast, Int8Weight) and w.max_rows >= LARGEST_MEASURED):
+        takes_any_rows = isinstance(w.fast, (Int8Weight, Int4Tiles))
+        if self.uses_fast(rows) or (takes_any_rows and w.max_rows >= LARGEST_MEASURED):
             y = _kernel(x, w.fast)
         elif w.fast is not None and w.max_rows >= LARGEST_MEASURED:  # still faster at the largest row count
             x2 = x.reshape(-1, x.shape[-1])  # measured: run the kernel on chunks of that many rows
@@ -84,5 +96,5 @@ class QLinear:
         return y if b is None else y.add_(b)
 
 
-def _kernel(x: torch.Tensor, fast: Int4Packed | Int8Weight) -> torch.Tensor:
-    return int8_linear(x, fast) if isinstance(fast, Int8Weight) else int4_linear(x, fast)
+def _kernel(x: torch.Tensor, fast: Int4Tiles | Int4Packed | Int8Weight) -> torch.Tensor:
+    return int8_linear(x, fast) if isinstance(fast, Int8Weight) else int4_tiles.fast_linear(x, fast)

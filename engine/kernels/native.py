@@ -23,10 +23,9 @@ import torch.nn.functional as F
 
 from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
-from engine.compression.int4 import INT4_GROUP_SIZES, PACKED_DTYPE, pack_int4
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
-from engine.kernels import onednn_dense, rates
+from engine.kernels import int4_tiles, onednn_dense, rates
 from engine.kernels.onednn_dense import OnednnWeight
 from engine.kernels.rates import max_rows
 from engine.kernels.rope import apply_rope, cos_sin
@@ -120,5 +119,6 @@ def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:
     if isinstance(w, Bf16Weight):  # no kernel of its own: widened, then the dense GEMM
         return QWeight(w, None, 0)
     n, k = w.shape
-    rows = max_rows("int4", n, k, dtype) if pack and w.config.group_size in INT4_GROUP_SIZES else 0
-    return QWeight(w, pack_int4(w, PACKED_DTYPE) if rows else None, rows)
+    fast = int4_tiles.pack_fast(w) if pack else None
+    rows = max_rows("int4", n, k, dtype) if fast is not None else 0
+    return QWeight(w, fast if rows else None, rows)

@@ -28,16 +28,16 @@ import torch
 import torch.nn.functional as F
 
 from engine.cache_root import CACHE_ROOT
-from engine.compression.int4 import DEFAULT_CONFIG, PACKED_DTYPE, dequantize, int4_linear, pack_int4, quantize
+from engine.compression.int4 import DEFAULT_CONFIG, dequantize, quantize
 from engine.compression.int8 import dequantize_int8, int8_linear, quantize_int8
 from engine.dtypes import cpu_info
-from engine.kernels import onednn_dense
+from engine.kernels import compiled, int4_tiles, onednn_dense
 
 log = logging.getLogger(__name__)
 ROWS = (1, 4, 16, 64, 256, 1024)
 MIN_PACK_PARAMS = 1 << 20  # out * in of the smallest dense weight considered for reordering
 MIN_PACK_GAIN = 1.1  # geometric-mean speed-up over ROWS that a reordered dense weight must show
-VERSION = 3  # of the kernels measured and the entries' form: entries of another version are measured again
+VERSION = 4  # of the kernels measured and the entries' form: entries of another version are measured again
 MAX_AGE_S = 30 * 86400
 DEFAULT_PATH = CACHE_ROOT / "kernel_rates.json"
 _lock = threading.Lock()
@@ -47,7 +47,9 @@ _memo: dict[tuple[Path, str], int] = {}
 def machine_key() -> str:
     cpu = cpu_info("model name") or platform.processor() or platform.machine()
     flags = hashlib.sha256((cpu_info("flags") or "").encode()).hexdigest()[:12]
-    return f"{cpu}|flags {flags}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+    mod = compiled.ops()
+    own = f"kernels {mod.isa()}" if mod is not None else "no kernels"
+    return f"{cpu}|flags {flags}|torch {torch.__version__}|threads {torch.get_num_threads()}|{own}"
 
 
 def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
@@ -62,8 +64,8 @@ def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
         w8 = quantize_int8(w)
         return (lambda x: int8_linear(x, w8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
     qt = quantize(w.to(dtype), DEFAULT_CONFIG)
-    packed = pack_int4(qt, PACKED_DTYPE)
-    return (lambda x: int4_linear(x, packed)), (lambda x: F.linear(x, dequantize(qt, dtype=dtype)))
+    fast = int4_tiles.pack_fast(qt)
+    return (lambda x: int4_tiles.fast_linear(x, fast)), (lambda x: F.linear(x, dequantize(qt, dtype=dtype)))
 
 
 def fewest_seconds(fns, repeats: int) -> list[float]:

@@ -9,6 +9,7 @@ import torch
 from engine.compression.int4 import Int4Packed
 from engine.compression.qlinear import QWeight
 from engine.engine import Engine
+from engine.kernels.int4_tiles import Int4Tiles
 from engine.policy import Policy
 from engine.spec import load_model_spec
 from planner.memory_model import disk_staging_bytes, global_bytes, home_bytes
@@ -45,7 +46,7 @@ def test_the_int4_kernels_layout_counts_where_the_engine_keeps_it(tmp_path, tiny
     for layer in eng.weights.resident.values():
         for value in layer.values():
             collect_tensors(value, held)
-    assert any(isinstance(v, QWeight) and isinstance(v.fast, Int4Packed)
+    assert any(isinstance(v, QWeight) and isinstance(v.fast, (Int4Tiles, Int4Packed))
                for layer in eng.weights.resident.values() for v in layer.values())
     globals_bytes = global_bytes(load_model_spec(tiny_llama_dir), 4)
     assert eng.devices.tiers["cpu"].used - globals_bytes == sum(held.values())

@@ -1,0 +1,96 @@
+// Tensor entry points of the 4-bit x int8 GEMM (engine/kernels/int4_tiles.py): the activations quantized per row
+// and group, then (row block, tile) work items spread over torch's threads.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "int4.h"
+#include "isa.h"
+
+namespace flexbatch {
+namespace {
+
+const Int4Kernels& kernels() {
+  switch (current_isa()) {
+    case Isa::avx512: return *avx512_int4();
+    case Isa::avx2: return *avx2_int4();
+    default: TORCH_CHECK(false, "flexbatch kernels: no supported instruction set on this CPU (AVX2 at least)");
+  }
+}
+
+int out_kind_of(at::ScalarType t) {
+  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16, "flexbatch kernels: float32 or bfloat16 only, got ", t);
+  return t == at::kFloat ? OUT_F32 : OUT_BF16;
+}
+
+// x [M, K] (float32 or bfloat16, rows contiguous) -> int8 codes [M, Kp], scales and scaled sums [M, Kp / group].
+std::vector<at::Tensor> quantize_groups(const at::Tensor& x, int64_t kp, int64_t group) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "quantize_groups: x must be [M, K] with contiguous rows");
+  TORCH_CHECK(group % 16 == 0 && kp % group == 0 && kp >= x.size(1) && group <= 1024,
+              "quantize_groups: group must be a multiple of 16 up to 1024 dividing kp >= K");
+  const int64_t M = x.size(0), ng = kp / group;
+  const int bf16 = out_kind_of(x.scalar_type()) == OUT_BF16;
+  auto codes = at::empty({M, kp}, x.options().dtype(at::kChar));
+  auto scale = at::empty({M, ng}, x.options().dtype(at::kFloat));
+  auto scaled_sum = at::empty({M, ng}, x.options().dtype(at::kFloat));
+  const auto& k = kernels();
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    k.quantize_groups(x.data_ptr(), bf16, x.stride(0), x.size(1), r0, r1, codes.data_ptr<int8_t>(),
+                      scale.data_ptr<float>(), scaled_sum.data_ptr<float>(), kp, group);
+  });
+  return {codes, scale, scaled_sum};
+}
+
+// y = x W^T for 4-bit W in the tile layout: x [*, K] -> y [*, N] in x's dtype.
+// codes [Np/16, Kp/8, 16, 4] uint8; scales, mins [Np/16, ng, 16] float16.
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                       const at::Tensor& mins, int64_t n, int64_t group) {
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 4 && codes.is_contiguous(),
+              "int4_linear: codes must be [Np/16, Kp/8, 16, 4] contiguous");
+  TORCH_CHECK(scales.is_contiguous() && mins.is_contiguous() && scales.scalar_type() == at::kHalf &&
+                  mins.scalar_type() == at::kHalf,
+              "int4_linear: scales and mins must be contiguous float16");
+  const int64_t tiles = codes.size(0), kp = codes.size(1) * 8, ng = kp / group;
+  TORCH_CHECK(n <= tiles * 16 && n > (tiles - 1) * 16, "int4_linear: n does not match the tiles");
+  TORCH_CHECK(scales.numel() == tiles * ng * 16 && mins.numel() == tiles * ng * 16,
+              "int4_linear: scales and mins must be [Np/16, Kp/group, 16]");
+  auto x2 = x.reshape({-1, x.size(-1)});
+  if (x2.stride(-1) != 1) x2 = x2.contiguous();
+  TORCH_CHECK(x2.size(1) <= kp, "int4_linear: x has more inputs than the weight");
+  const int64_t M = x2.size(0);
+  auto q = quantize_groups(x2, kp, group);
+  QuantRows rows{q[0].data_ptr<int8_t>(), q[1].data_ptr<float>(), q[2].data_ptr<float>(), M, kp, group};
+  auto y = at::empty({M, n}, x.options());
+  const int out_kind = out_kind_of(y.scalar_type());
+  const int64_t esize = y.element_size();
+  const auto& k = kernels();
+  // work items: (row block, tile); rows in blocks of 64 so that a block's codes stay in cache across tiles
+  const int64_t rb = 64, row_blocks = (M + rb - 1) / rb;
+  const auto* cbase = codes.data_ptr<uint8_t>();
+  const auto* sbase = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
+  const auto* mbase = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
+  char* ybase = static_cast<char*>(y.data_ptr());
+  at::parallel_for(0, row_blocks * tiles, 1, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / tiles, t = w % tiles;
+      Int4Tile tile{cbase + t * kp * 8, sbase + t * ng * 16, mbase + t * ng * 16};
+      const int cols = (int)std::min<int64_t>(16, n - t * 16);
+      k.int4_tile_gemm(&tile, &rows, b * rb, std::min(M, (b + 1) * rb), ybase + t * 16 * esize, n, cols,
+                       out_kind);
+    }
+  });
+  auto shape = x.sizes().vec();
+  shape.back() = n;
+  return y.view(shape);
+}
+
+}  // namespace
+
+void bind_int4(pybind11::module_& m) {
+  m.def("quantize_groups", &quantize_groups, "int8 codes, scales, scaled sums per row and group");
+  m.def("int4_linear", &int4_linear, "x W^T with W 4-bit in the tile layout");
+}
+
+}  // namespace flexbatch
