@@ -18,7 +18,7 @@ from engine.dtypes import resolve_dtype
 from engine.errors import InvalidParamsError
 from engine.kernels.backend import DEFAULT_BACKEND, load_kernels
 from engine.kernels.native import int8_head
-from engine.loop.grammar import Grammars, GuidedError
+from engine.loop.grammar import SETTLE_SECONDS, Grammars, GuidedError
 from engine.loop.loaded import LoadedModel
 from engine.loop.row_state import RowState
 from engine.loop.schedule import BlockExecutor
@@ -117,15 +117,39 @@ class Engine:
             raise InvalidParamsError(f"truncate={truncate!r} is invalid: use one of {', '.join(TRUNCATE_CHOICES)}")
         policy = self.call_policy(policy, batch_size)
         results: list[Completion | None] = [None] * len(requests)
-        ready: list[tuple[int, RowState]] = []
-        grammars = self.grammars()  # each distinct constraint compiled once in this call
-        for n, req in enumerate(requests):
-            row = self._prepare(req, truncate, grammars)
-            if isinstance(row, Completion):
-                results[n] = row
-            else:
-                ready.append((n, row))
+        grammars = self.grammars()  # each distinct constraint compiled once in this call, in the background
+        now, later = self._by_compile(requests, grammars)
         executor = self.executor(policy)
+        for part in (now, later):  # rows whose constraint still compiles run after the others
+            ready: list[tuple[int, RowState]] = []
+            for n in part:
+                row = self._prepare(requests[n], truncate, grammars)
+                if isinstance(row, Completion):
+                    results[n] = row
+                else:
+                    ready.append((n, row))
+            if ready:
+                self._run_rows(ready, executor, results)
+        self.phase_seconds = dict(executor.seconds)
+        self.schedule_counts = dict(executor.counts)
+        return results
+
+    def _by_compile(self, requests: list[Request], grammars: Grammars) -> tuple[list[int], list[int]]:
+        """Start compiling the call's constraints, wait for them a moment (most take milliseconds), and split
+        the rows: those that can run now, and those whose constraint is still compiling. A slow compile then
+        holds up its own rows only, never the others (each compile's time is bounded: Grammars)."""
+        guided = [r.params.guided for r in requests if r.params.guided is not None and r.forced_ids is None]
+        if not guided:
+            return list(range(len(requests))), []
+        grammars.start(guided)
+        grammars.settle(SETTLE_SECONDS)
+        waiting = {n for n, r in enumerate(requests) if r.params.guided is not None and r.forced_ids is None
+                   and not grammars.ready(r.params.guided)}
+        return [n for n in range(len(requests)) if n not in waiting], sorted(waiting)
+
+    def _run_rows(self, ready: list[tuple[int, RowState]], executor: BlockExecutor, results: list) -> None:
+        """Run prepared rows in blocks (engine/batching.py) and put their completions in `results`."""
+        policy = executor.policy
         grouped = blocks(ready, policy.block_size, policy.refill, policy.share_prefix and policy.weights_stay())
         self._check_budgets(executor, grouped)
         for block, waiting in grouped:
@@ -137,9 +161,6 @@ class Engine:
         for n, row in ready:
             assert row.done, row.req.id
             results[n] = row.completion(self.tokenizer)
-        self.phase_seconds = dict(executor.seconds)
-        self.schedule_counts = dict(executor.counts)
-        return results
 
     def call_policy(self, policy: Policy | None = None, batch_size: int | None = None) -> Policy:
         """The policy of one call: `policy` (by default the loaded one), which must keep what the load fixed."""

@@ -8,9 +8,11 @@ constraint fails that row alone."""
 from __future__ import annotations
 
 import json
+import reprlib
 from dataclasses import dataclass
 
 from engine.errors import InvalidParamsError
+from engine.guided_limits import check_json_text, check_text, check_value, group_nesting
 
 GUIDED_KINDS = ("choice", "regex", "json_schema", "json_object", "grammar")
 # the names vLLM's GuidedDecodingParams / StructuredOutputsParams use for the same kinds (Ray Data LLM passes
@@ -39,17 +41,29 @@ class Guided:
     def __post_init__(self) -> None:
         if self.choice is not None:
             if isinstance(self.choice, str) or not all(isinstance(c, str) for c in self.choice):
-                raise InvalidParamsError(f"guided choice={self.choice!r} is invalid: use a list of strings")
+                raise InvalidParamsError(f"guided choice={reprlib.repr(self.choice)} is invalid: use a list of strings")
             object.__setattr__(self, "choice", tuple(self.choice))
         if isinstance(self.json_schema, (dict, bool)):  # a schema given as an object: kept as its JSON text
+            check_value("guided json_schema", self.json_schema)
             object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
         for name in ("regex", "json_schema", "grammar"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise InvalidParamsError(f"guided {name}={value!r} is invalid: use a string")
+                raise InvalidParamsError(f"guided {name}={reprlib.repr(value)} is invalid: use a string")
         given = [k for k in GUIDED_KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise InvalidParamsError(f"a guided constraint sets {', '.join(given) or 'nothing'}: {FORMATS_HINT}")
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        """Size and nesting within engine/guided_limits.py's bounds, measured before anything parses the text."""
+        kind, text = self.key
+        if kind == "json_schema":
+            check_json_text("guided json_schema", text)
+        elif kind in ("regex", "grammar"):
+            check_text(f"guided {kind}", text, group_nesting(text, grammar=kind == "grammar"))
+        elif kind == "choice":
+            check_text("guided choice", text, 0)
 
     @property
     def kind(self) -> str:
@@ -72,12 +86,17 @@ class Guided:
         if isinstance(value, cls):
             return value
         if isinstance(value, str):
+            check_json_text("guided", value)
             try:
                 value = json.loads(value)
+            except RecursionError:  # the nesting check above makes this unreachable for valid JSON
+                raise InvalidParamsError("guided nests too deeply for the JSON parser: give a flatter "
+                                         "constraint") from None
             except ValueError as e:
                 raise InvalidParamsError(f"guided={value[:80]!r} is not JSON ({e}): {FORMATS_HINT}") from None
         if not isinstance(value, dict):
-            raise InvalidParamsError(f"guided={value!r} is invalid: {FORMATS_HINT}")
+            raise InvalidParamsError(f"guided={reprlib.repr(value)} is invalid: {FORMATS_HINT}")
+        check_value("guided", value)
         fields = {}
         for key, v in value.items():
             if v is None or (key in IGNORED_WHEN_UNSET and v in (False, "")):
@@ -86,6 +105,6 @@ class Guided:
                 continue
             name = ALIASES.get(key, key)
             if name not in GUIDED_KINDS:
-                raise InvalidParamsError(f"guided key {key!r}={v!r} is not supported: {FORMATS_HINT}")
+                raise InvalidParamsError(f"guided key {key!r}={reprlib.repr(v)} is not supported: {FORMATS_HINT}")
             fields[name] = v
         return cls(**fields)

@@ -12,14 +12,21 @@ from __future__ import annotations
 import functools
 import json
 import re
+import time
 
 import numpy as np
 import torch
 
 from engine.guided import Guided
+from engine.guided_limits import COMPILE_SECONDS
+from engine.loop.compile_jobs import CompileJobs
+from engine.loop.schema_rules import regex_problem, schema_problem
 
 # xgrammar's C++ errors start with a timestamp and a source location, and checks with their condition
 _NOISE = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+SETTLE_SECONDS = 1.0  # how long a call's other rows wait for its compiles before they run without them
 
 
 class GuidedError(ValueError):
@@ -56,55 +63,100 @@ def choice_grammar(choices: tuple[str, ...]) -> str:
 
 
 class Grammars:
-    """The compiled constraints of one engine call, by their text; a constraint that does not compile is kept
-    as its error, so every row that carries it fails with the same message."""
+    """The compiled constraints of one engine call, by their text. Each distinct constraint compiles once, on a
+    background thread within COMPILE_SECONDS (engine/loop/compile_jobs.py); one that does not compile, or not in
+    time, is kept as its error, so every row that carries it fails with the same message."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...], seconds: float | None = None):
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, tuple(eos_ids)
-        self._compiler = None
-        self._compiled: dict[tuple[str, str], object] = {}
+        self.seconds = COMPILE_SECONDS if seconds is None else seconds
+        self._guided: dict[tuple[str, str], Guided] = {}
+        self._jobs = CompileJobs(self._compile_key, self.seconds, _too_slow)
+
+    def start(self, constraints) -> None:
+        """Start compiling each of these constraints in the background (those not started yet). The tokenizer's
+        table is built here, once, before any compile thread reads it."""
+        constraints = list(constraints)
+        if constraints:
+            try:
+                tokenizer_info(self.tokenizer, self.vocab_size, self.eos_ids)
+            except GuidedError:
+                pass  # each compile raises it again: its rows fail naming it
+        for guided in constraints:
+            self._guided.setdefault(guided.key, guided)
+            self._jobs.submit(guided.key)
+
+    def ready(self, guided: Guided) -> bool:
+        job = self._jobs.jobs.get(guided.key)
+        return job is not None and job.done.is_set()
+
+    def settle(self, seconds: float) -> None:
+        """Wait up to `seconds` in all for the started compiles (most take milliseconds)."""
+        give_up = time.monotonic() + seconds
+        for job in list(self._jobs.jobs.values()):
+            self._jobs.wait(job, max(0.0, give_up - time.monotonic()))
 
     def compiled(self, guided: Guided):
-        """The constraint's xgrammar CompiledGrammar (compiled on first use), or GuidedError saying why it cannot
-        be used."""
-        key = guided.key
-        if key not in self._compiled:
-            self._compiled[key] = self._compile(guided)
-        compiled = self._compiled[key]
+        """The constraint's xgrammar CompiledGrammar (compiled on first use, waiting at most its time limit), or
+        GuidedError saying why it cannot be used."""
+        self.start([guided])
+        compiled = self._jobs.wait(self._jobs.jobs[guided.key])
         if isinstance(compiled, GuidedError):
             raise compiled
         return compiled
 
     def matcher(self, guided: Guided):
         """A fresh matcher for one row, or GuidedError."""
+        compiled = self.compiled(guided)
         xgr = xgrammar()
 
-        return xgr.GrammarMatcher(self.compiled(guided), terminate_without_stop_token=not self.eos_ids)
+        return xgr.GrammarMatcher(compiled, terminate_without_stop_token=not self.eos_ids)
+
+    def _compile_key(self, key: tuple[str, str]):
+        """Runs on a compile thread: the compiled grammar or the row's GuidedError, never an exception."""
+        guided = self._guided[key]
+        try:
+            return self._compile(guided)
+        except GuidedError as e:
+            return e
+        except Exception as e:  # whatever the compiler raises fails the constraint's rows, not the call
+            return GuidedError(f"guided {guided.describe()} does not compile: {type(e).__name__}: {_clean(e)}; "
+                               f"{_FIX[guided.kind]}")
 
     def _compile(self, guided: Guided):
         xgr = xgrammar()
 
-        if self._compiler is None:
-            info = tokenizer_info(self.tokenizer, self.vocab_size, self.eos_ids)
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        c = self._compiler
+        info = tokenizer_info(self.tokenizer, self.vocab_size, self.eos_ids)
+        c = xgr.GrammarCompiler(info, max_threads=1)
         try:
             if guided.kind == "choice":
                 compiled = c.compile_grammar(choice_grammar(guided.choice))
             elif guided.kind == "regex":
+                problem = regex_problem(guided.regex)
+                if problem:
+                    raise GuidedError(f"guided {problem}")
                 compiled = c.compile_regex(guided.regex)
             elif guided.kind == "json_schema":
-                schema = bounded_strings_as_patterns(_load_schema(guided.json_schema))
-                compiled = c.compile_json_schema(json.dumps(schema), any_whitespace=False)
+                schema = _load_schema(guided.json_schema)
+                problem = schema_problem(schema)
+                if problem:
+                    raise GuidedError(f"guided json_schema refused: {problem}")
+                compiled = c.compile_json_schema(json.dumps(bounded_strings_as_patterns(schema)),
+                                                 any_whitespace=False)
             elif guided.kind == "json_object":
                 compiled = c.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
             else:
                 compiled = c.compile_grammar(guided.grammar)
-        except GuidedError as e:
-            return e
         except (RuntimeError, ValueError) as e:
+            if isinstance(e, GuidedError):
+                raise
             return GuidedError(f"guided {guided.describe()} does not compile: {_clean(e)}; {_FIX[guided.kind]}")
         return _check_start(compiled, guided, self.vocab_size)
+
+
+def _too_slow(seconds: float) -> GuidedError:
+    return GuidedError(f"the constraint did not compile within {seconds:g} s (the limit per constraint); give a "
+                       "smaller one (fewer optional properties, alternatives or repetitions)")
 
 
 _FIX = {
@@ -127,6 +179,11 @@ def _load_schema(text: str):
     return schema
 
 
+# a string character that needs no escape: not a quote, a backslash or a control character. Not `.`: with a large
+# count (`.{1,10000}`) xgrammar stops unrolling the repetition, and its `.` then lets raw newlines and quotes through
+_PLAIN_CHAR = '[^"\\\\\\x00-\\x1f]'
+
+
 def bounded_strings_as_patterns(schema):
     """The schema with each string that only bounds its length (minLength/maxLength, no pattern, format, enum or
     const) bounded by an equivalent `pattern` instead. xgrammar 0.2 compiles a length-bounded string to a
@@ -140,7 +197,7 @@ def bounded_strings_as_patterns(schema):
     bounded = ("minLength" in out or "maxLength" in out) and not {"pattern", "format", "enum", "const"} & out.keys()
     if out.get("type") == "string" and bounded:
         low, high = out.pop("minLength", 0), out.pop("maxLength", "")
-        out["pattern"] = f"^.{{{low},{high}}}$"
+        out["pattern"] = f"^{_PLAIN_CHAR}{{{low},{high}}}$"
     return out
 
 

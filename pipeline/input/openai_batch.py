@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from engine.chat import messages_problem
 from engine.errors import InvalidParamsError
+from engine.guided_limits import MAX_NESTING, json_text_nesting
 from engine.request import Completion, Request, SamplingParams
 from pipeline.errors import InputError
 from pipeline.input.parquet import SUFFIXES, InputFile, part_names
@@ -42,6 +43,7 @@ NEUTRAL_FIELDS = {"stream": False, "frequency_penalty": 0, "presence_penalty": 0
                   "best_of": 1, "suffix": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None}
 MAX_CHOICES = 128
 PARQUET_MAGIC = b"PAR1"
+LINE_NESTING = MAX_NESTING + 8  # a line's own levels (line, body, messages) around a constraint's
 _SHOWN = 3  # repeated custom_ids named in the refusal
 
 
@@ -103,7 +105,7 @@ def scan_batch_file(location: str) -> tuple[int, dict[str, list[int]], int]:
                              "--format auto with a .parquet name)")
         rows += 1
         try:
-            line = json.loads(text) if isinstance(text, str) else None
+            line = load_line(text) if isinstance(text, str) else None
         except ValueError:
             continue
         if not isinstance(line, dict):
@@ -148,13 +150,29 @@ def sample_batch_prompts(location, limit: int) -> list[tuple[int, object]]:
     out: list = []
     for row, text in batch_lines(str(location), 0, limit):
         try:
-            body = (json.loads(text) if isinstance(text, str) else {}).get("body") or {}
+            body = (load_line(text) if isinstance(text, str) else {}).get("body") or {}
             value = body.get("messages", body.get("prompt"))
         except (ValueError, AttributeError):
             continue
         if isinstance(value, (str, list)) and value:
             out.append((row, value))
     return out
+
+
+class TooDeep(ValueError):
+    """A line nesting past LINE_NESTING levels."""
+
+
+def load_line(text: str):
+    """A line's JSON; ValueError for a line nesting past LINE_NESTING levels, checked before parsing (Python's
+    parser recurses per level and would raise RecursionError, which no line error catches)."""
+    depth = json_text_nesting(text)
+    if depth > LINE_NESTING:
+        raise TooDeep(f"nests {depth} levels deep; the limit is {LINE_NESTING}: give a flatter request")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise TooDeep(f"nests too deeply for the JSON parser; the limit is {LINE_NESTING} levels") from None
 
 
 def parse_line(text: str | NotUtf8, row: int, stem: str, defaults: SamplingParams, chat: bool) -> BatchLine:
@@ -165,7 +183,9 @@ def parse_line(text: str | NotUtf8, row: int, stem: str, defaults: SamplingParam
         return out.fail("invalid_json", f"line {row + 1} is not UTF-8 ({text.reason}); save the batch file as "
                         "UTF-8 (JSON text is UTF-8)")
     try:
-        line = json.loads(text)
+        line = load_line(text)
+    except TooDeep as e:
+        return out.fail("invalid_request", f"line {row + 1} {e}")
     except ValueError as e:
         return out.fail("invalid_json", f"line {row + 1} is not JSON ({e}); write one JSON object per line")
     if not isinstance(line, dict):

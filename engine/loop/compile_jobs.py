@@ -1,0 +1,127 @@
+"""Compiling constraints on background threads, each within a time limit.
+
+xgrammar releases the GIL while it compiles, so a compile runs beside the rows being decoded; but it cannot be
+interrupted. So each constraint compiles on a daemon thread (at most WORKERS at a time), its clock starting when
+a thread takes it; a row that waits past the limit fails naming it, its thread is left to finish alone (its
+result dropped) and a fresh thread takes its place, and the constraint is remembered as too slow, so that later
+calls of this process fail it at once instead of compiling it again. A process that exits waits for the
+compiles still running: a thread still inside xgrammar's C++ when Python finalizes aborts the process."""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+
+log = logging.getLogger(__name__)
+
+WORKERS = 2
+_RUNNING: set[threading.Thread] = set()  # compile threads inside a compile now
+_TOO_SLOW: set[str] = set()  # digests of constraints that ran past their limit in this process
+_TOO_SLOW_KEPT = 4096
+
+
+class Job:
+    """One constraint's compile: its result once done (a compiled grammar or the row's error)."""
+
+    def __init__(self, key: tuple[str, str]):
+        self.key = key
+        self.digest = hashlib.sha256("\x00".join(key).encode()).hexdigest()
+        self.started: float | None = None
+        self.abandoned = False
+        self.result = None
+        self.done = threading.Event()
+
+
+class CompileJobs:
+    """The compiles of one engine call: `submit` queues a constraint, `wait` returns its result (or
+    `too_slow(seconds)`'s result past the limit). `compile_one(key)` never raises: it returns the error."""
+
+    def __init__(self, compile_one, seconds: float, too_slow):
+        self.compile_one, self.seconds, self.too_slow = compile_one, seconds, too_slow
+        self.jobs: dict[tuple[str, str], Job] = {}
+        self._todo: deque[Job] = deque()
+        self._alive = 0
+        self._lock = threading.Lock()
+
+    def submit(self, key: tuple[str, str]) -> Job:
+        if key in self.jobs:
+            return self.jobs[key]
+        job = self.jobs[key] = Job(key)
+        if job.digest in _TOO_SLOW:
+            job.result = self.too_slow(self.seconds)
+            job.done.set()
+            return job
+        with self._lock:
+            self._todo.append(job)
+            spawn = self._alive < WORKERS
+            self._alive += spawn
+        if spawn:
+            _thread(self._work)
+        return job
+
+    def wait(self, job: Job, seconds: float | None = None):
+        """The job's result; waits at most `seconds` (None: until its limit), then returns None if not done."""
+        give_up = None if seconds is None else time.monotonic() + seconds
+        while not job.done.is_set():
+            now = time.monotonic()
+            if give_up is not None and now >= give_up:
+                return None
+            with self._lock:
+                started = job.started
+            if started is not None and now - started >= self.seconds:
+                self._abandon(job)
+                break
+            left = [give_up - now] if give_up is not None else []
+            job.done.wait(min([0.05 if started is None else started + self.seconds - now, *left]))
+        return job.result
+
+    def _abandon(self, job: Job) -> None:
+        with self._lock:
+            if job.done.is_set():
+                return
+            job.abandoned, job.result = True, self.too_slow(self.seconds)
+            if len(_TOO_SLOW) >= _TOO_SLOW_KEPT:
+                _TOO_SLOW.clear()
+            _TOO_SLOW.add(job.digest)
+            job.done.set()
+            spawn = bool(self._todo)  # the stuck thread no longer counts: a fresh one takes the queue
+            self._alive += spawn - 1
+        if spawn:
+            _thread(self._work)
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._todo:
+                    self._alive -= 1
+                    return
+                job = self._todo.popleft()
+                job.started = time.monotonic()
+            _RUNNING.add(threading.current_thread())
+            try:
+                result = self.compile_one(job.key)
+            finally:
+                _RUNNING.discard(threading.current_thread())
+            with self._lock:
+                if job.abandoned:  # past its limit: the waiter moved on, and another thread took this one's place
+                    return
+                job.result = result
+                job.done.set()
+
+
+def _thread(target) -> None:
+    threading.Thread(target=target, daemon=True, name="grammar-compile").start()
+
+
+@atexit.register
+def _wait_for_compiles() -> None:
+    """Let compiles that are still running end before Python finalizes (each is bounded in size, so in time)."""
+    running = list(_RUNNING)
+    if running:
+        log.warning("waiting for %d constraint compile(s) that ran past their limit before exiting", len(running))
+    for t in running:
+        t.join()
