@@ -132,7 +132,14 @@ class FlexbatchLM(TemplateLM):
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """(summed log-probability, every token the argmax) of each continuation after its context, as the `hf`
-        backend scores it: the last max_length + 1 tokens of context + continuation."""
+        backend scores it: the last max_length + 1 tokens of context + continuation. A continuation longer than
+        max_length is refused, as the `hf` backend refuses it: only its last max_length tokens could be scored."""
+        for n, (_, _, continuation) in enumerate(requests):
+            if len(continuation) > self.max_length:
+                raise RequestFailed(f"loglikelihood request {n}: its continuation has {len(continuation)} tokens, "
+                                    f"more than max_length={self.max_length}, so it cannot be scored whole (lm-eval's "
+                                    "hf backend refuses it too); raise max_length (up to the model's context less "
+                                    f"{CONTEXT_SPARE}) or shorten the continuation")
         rows = [(tuple((context + continuation)[-(self.max_length + 1):]), len(continuation))
                 for _, context, continuation in requests]
         results = self._score(rows)

@@ -110,3 +110,14 @@ def test_the_module_runs_lm_evals_command_line_and_refuses_unknown_args(checkpoi
         FlexbatchLM(pretrained=model, temprature=0.5)
     with pytest.raises(ConfigError, match="max_length=0 is invalid"):
         FlexbatchLM(pretrained=model, max_length=0)
+
+
+def test_a_continuation_longer_than_max_length_is_refused_as_the_hf_backend_refuses_it(checkpoint):
+    """Only its last max_length tokens could be scored: a partial sum is not the request's log-likelihood."""
+    from flexbatch.lm_eval import FlexbatchLM, RequestFailed
+
+    lm = FlexbatchLM(pretrained=checkpoint(VARIANT), dtype="float32", max_length=8, plan=False)
+    fits = lm._loglikelihood_tokens([(None, [1, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14])])
+    assert len(fits) == 1 and fits[0][0] < 0
+    with pytest.raises(RequestFailed, match="request 1: its continuation has 9 tokens, more than max_length=8"):
+        lm._loglikelihood_tokens([(None, [1, 5], [7, 8]), (None, [1, 5, 6], list(range(7, 16)))])
