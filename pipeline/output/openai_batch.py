@@ -6,7 +6,8 @@ config hash and the line, so a resumed job writes the same ids for the same line
 
 A completions line with `echo: true` has its prompt before the text; with `logprobs` its `tokens` and
 `token_logprobs` start with the prompt's tokens, the first one's log-probability `null` (it has no context), as
-OpenAI's legacy completions wrote them. A `max_tokens: 0` line's choices hold no generated token."""
+OpenAI's legacy completions wrote them; `text_offset` indexes the returned `text`, where a BOS the tokenizer added
+is not written (it takes no characters). A `max_tokens: 0` line's choices hold no generated token."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def _choice(index: int, c: Completion, line: BatchLine, tokenizer) -> dict:
                 "logprobs": _chat_logprobs(c, tokenizer), "finish_reason": finish}
     if line.echo:
         text, ids = _echoed(line, c, tokenizer)
-        return {"index": index, "text": text + c.text, "logprobs": _echo_logprobs(c, ids, tokenizer),
+        return {"index": index, "text": text + c.text, "logprobs": _echo_logprobs(c, ids, tokenizer, text + c.text),
                 "finish_reason": finish}
     return {"index": index, "text": c.text, "logprobs": _completion_logprobs(c, tokenizer), "finish_reason": finish}
 
@@ -102,23 +103,30 @@ def _chat_logprobs(c: Completion, tokenizer) -> dict | None:
 def _completion_logprobs(c: Completion, tokenizer) -> dict | None:
     if c.logprobs is None:
         return None
-    return _logprobs_object(_scored(c, tokenizer))
+    return _logprobs_object(_scored(c, tokenizer), c.text)
 
 
-def _echo_logprobs(c: Completion, prompt_ids: list[int], tokenizer) -> dict | None:
-    """The prompt's tokens (the first with a null log-probability) and then the generated ones."""
+def _echo_logprobs(c: Completion, prompt_ids: list[int], tokenizer, text: str) -> dict | None:
+    """The prompt's tokens (the first with a null log-probability) and then the generated ones; `text` is the
+    choice's text (the prompt as echoed, then the answer)."""
     if c.prompt_logprobs is None:
         return None
     prompt = [tokenizer.decode([t]) for t in prompt_ids]
     lps = [None, *(float(lp) for lp in c.prompt_logprobs)]
-    return _logprobs_object(list(zip(prompt, lps)) + _scored(c, tokenizer))
+    special = set(getattr(tokenizer, "all_special_ids", None) or ())
+    hidden = {i for i, t in enumerate(prompt_ids) if t in special}
+    return _logprobs_object(list(zip(prompt, lps)) + _scored(c, tokenizer), text, hidden)
 
 
-def _logprobs_object(scored: list[tuple[str, float | None]]) -> dict:
+def _logprobs_object(scored: list[tuple[str, float | None]], text: str, hidden: set[int] = frozenset()) -> dict:
+    """OpenAI's logprobs object. `text_offset` is where each token starts in the choice's `text`, as OpenAI's and
+    vLLM's offsets index the returned text; a special token that the text does not show (the BOS a tokenizer
+    adds, which an echoed prompt does not hold) takes no characters, so the next token starts where it stands."""
     offsets, at = [], 0
-    for t, _ in scored:
-        offsets.append(at)
-        at += len(t)
+    for i, (t, _) in enumerate(scored):
+        offsets.append(min(at, len(text)))
+        if i not in hidden or text.startswith(t, at):
+            at += len(t)
     return {"tokens": [t for t, _ in scored], "token_logprobs": [lp for _, lp in scored], "top_logprobs": None,
             "text_offset": offsets}
 

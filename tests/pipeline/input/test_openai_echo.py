@@ -62,6 +62,10 @@ def test_echo_lines_answer_in_openais_shape(tmp_path, checkpoint):
         tok.decode([t]) for t in gen.token_ids]
     assert both["logprobs"]["token_logprobs"][1:] == pytest.approx(lps + gen.logprobs, abs=1e-4)
 
+    for c in (choice, both):  # every prompt token is where its offset says, in the text returned
+        tokens, offsets = c["logprobs"]["tokens"][: len(ids)], c["logprobs"]["text_offset"][: len(ids)]
+        assert [c["text"][o : o + len(t)] for t, o in zip(tokens, offsets)] == tokens
+
     echo_only = out[2]["response"]["body"]["choices"][0]
     assert echo_only["text"] == TEXT and echo_only["logprobs"] is None
     two = out[3]["response"]["body"]
@@ -72,3 +76,21 @@ def test_echo_lines_answer_in_openais_shape(tmp_path, checkpoint):
     assert "max_tokens=0" in out[4]["error"]["message"] and "echo: true" in out[4]["error"]["message"]
     assert "echo='yes' is invalid" in out[5]["error"]["message"]
     assert summary.error_rows == 2 and summary.completion_tokens == 3
+
+
+def test_echo_offsets_index_the_returned_text_when_the_tokenizer_adds_a_bos(tmp_path, demo_model_dir):
+    """The BOS is the first token (scored as OpenAI's first token: null) but not part of the echoed text: it
+    takes no characters, and every other token is found at its offset in `text`, as OpenAI's and vLLM's are."""
+    lines = [_line("score", {"prompt": TEXT, "echo": True, "logprobs": 0, "max_tokens": 0}),
+             _line("both", {"prompt": TEXT, "echo": True, "logprobs": 0, "max_tokens": 4})]
+    (tmp_path / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    run_job(RunConfig(model=demo_model_dir, input=str(tmp_path / "requests.jsonl"), output=tmp_path / "out",
+                      dtype="float32", use_ray=False))
+    tok = load_tokenizer(demo_model_dir)
+    for line in (tmp_path / "out" / "requests.jsonl").read_text().splitlines():
+        choice = json.loads(line)["response"]["body"]["choices"][0]
+        lp, text = choice["logprobs"], choice["text"]
+        assert lp["tokens"][0] == tok.decode([tok.bos_token_id]) and text.startswith(TEXT)
+        assert lp["text_offset"][:2] == [0, 0] and lp["token_logprobs"][0] is None
+        assert [text[o : o + len(t)] for t, o in zip(lp["tokens"][1:], lp["text_offset"][1:])] == lp["tokens"][1:]
+        assert lp["text_offset"] == sorted(lp["text_offset"])
