@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from jobs.helm.errors import SpecError
+from jobs.helm.fields import output_mapping_problem, request_problem, result_problem
 from jobs.helm.scoring import is_scoring, scoring_problem
 
 RESULTS_FILE = "results.jsonl"
@@ -35,7 +36,8 @@ def request_key(request: dict) -> str:
 
 
 def read_results(store: Path) -> dict[str, dict]:
-    """The stored results by request key (a later line of a key wins)."""
+    """The stored results by request key (a later line of a key wins); a line whose result HELM's client could
+    not read is a SpecError naming the line, the request and the field."""
     path = Path(store) / RESULTS_FILE
     results = {}
     for n, line in enumerate(path.read_text().splitlines() if path.is_file() else [], 1):
@@ -45,6 +47,10 @@ def read_results(store: Path) -> dict[str, dict]:
         except (ValueError, KeyError, TypeError) as e:
             raise SpecError(f"{path} line {n} is not a stored result ({type(e).__name__}); remove the line or the "
                             "store and run flexbatch helm-batch again") from e
+        problem = result_problem(record["result"])
+        if problem:
+            raise SpecError(f"{path} line {n} (request {str(record['key'])[:12]}): {problem}; remove the line (or "
+                            "the store) and run flexbatch helm-batch again to recompute it")
     return results
 
 
@@ -61,7 +67,8 @@ def add_results(store: Path, records: list[dict]) -> None:
 
 def suite_requests(helm_output: Path, suite: str) -> list[dict]:
     """Every distinct request of the suite's HELM run folders (their scenario_state.json), in run and request
-    order, as request states (instance and request)."""
+    order, as request states (instance, request, and a multiple_choice_joint request's output_mapping, which
+    constrains its answer to one of the letters as `flexbatch helm` does: jobs/helm/execute.py)."""
     suite_dir = Path(helm_output) / "runs" / suite
     if not suite_dir.is_dir():
         raise SpecError(f"no suite folder {suite_dir}; run helm-run --suite {suite} --dry-run first (or give "
@@ -74,10 +81,15 @@ def suite_requests(helm_output: Path, suite: str) -> list[dict]:
                 raise SpecError(f"{path}: request_states[{i}] has no request object; run helm-run --dry-run of that "
                                 "run entry again to rewrite the file")
             _check_runnable(request, f"{path}: request_states[{i}]")
+            problem = output_mapping_problem(rs.get("output_mapping"))
+            if problem:
+                raise SpecError(f"{path}: request_states[{i}]: {problem}; run helm-run --dry-run of that run entry "
+                                "again to rewrite the file")
             key = request_key(request)
             if key not in seen:
                 seen.add(key)
-                states.append({"instance": rs.get("instance") or {}, "request": request})
+                mapping = {"output_mapping": rs["output_mapping"]} if rs.get("output_mapping") else {}
+                states.append({"instance": rs.get("instance") or {}, "request": request, **mapping})
     return states
 
 
@@ -97,6 +109,10 @@ def _request_states(path: Path) -> list:
 
 
 def _check_runnable(request: dict, where: str) -> None:
+    problem = request_problem(request)
+    if problem:
+        raise SpecError(f"{where} (prompt {str(request.get('prompt'))[:40]!r}): {problem}; run helm-run --dry-run of "
+                        "that run entry again to rewrite the file")
     if not isinstance(request.get("prompt"), str) or not request["prompt"] or request.get("messages"):
         raise SpecError(f"{where}: no text prompt (chat `messages` and multimodal requests are not supported)")
     if request.get("embedding"):

@@ -59,10 +59,59 @@ def test_a_missing_suite_names_the_dry_run(tmp_path):
 
 
 def test_results_append_and_a_later_line_wins(tmp_path):
-    add_results(tmp_path, [{"key": "a", "request": {}, "result": {"success": True}}])
-    add_results(tmp_path, [{"key": "b", "request": {}, "result": {"success": False}},
-                           {"key": "a", "request": {}, "result": {"success": False}}])
-    assert read_results(tmp_path) == {"a": {"success": False}, "b": {"success": False}}
+    def result(ok):
+        return {"success": ok, "embedding": [], "completions": [], "cached": False}
+
+    add_results(tmp_path, [{"key": "a", "request": {}, "result": result(True)}])
+    add_results(tmp_path, [{"key": "b", "request": {}, "result": result(False)},
+                           {"key": "a", "request": {}, "result": result(False)}])
+    assert read_results(tmp_path) == {"a": result(False), "b": result(False)}
     (tmp_path / "results.jsonl").write_text("not json\n")
     with pytest.raises(SpecError, match="line 1 is not a stored result"):
+        read_results(tmp_path)
+
+
+def test_a_multiple_choice_joint_requests_output_mapping_is_kept_and_constrains_its_answer(tmp_path):
+    """helm-batch constrains the letters as `flexbatch helm` does (the request state's output_mapping)."""
+    from jobs.helm.execute import request_rows
+
+    run = tmp_path / "runs" / "S" / "a"
+    run.mkdir(parents=True)
+    states = [{"instance": {"id": "i0"}, "request": REQUEST, "output_mapping": {"A": "red", "B": "blue"}},
+              {"instance": {"id": "i1"}, "request": {**REQUEST, "prompt": "free"}}]
+    (run / "scenario_state.json").write_text(json.dumps({"request_states": states}))
+    read = suite_requests(tmp_path, "S")
+    assert read[0]["output_mapping"] == {"A": "red", "B": "blue"} and "output_mapping" not in read[1]
+    rows = request_rows(read)
+    assert json.loads(rows[0]["guided"]) == {"choice": [" A", " B", "A", "B"]} and rows[3]["guided"] is None
+
+
+@pytest.mark.parametrize("change, fragment", [({"temperature": "hot"}, "field temperature='hot' is not a number"),
+                                              ({"max_tokens": "8"}, "field max_tokens='8' is not a whole number"),
+                                              ({"num_completions": 0}, "num_completions=0 is not a whole number >= 1"),
+                                              ({"stop_sequences": "."}, "stop_sequences='.' is not a list")])
+def test_a_request_field_of_the_wrong_type_is_one_error_naming_file_request_and_field(tmp_path, change, fragment):
+    _suite(tmp_path, {"a": [REQUEST, {**REQUEST, **change}]})
+    with pytest.raises(SpecError, match=fragment) as e:
+        suite_requests(tmp_path, "S")
+    assert "scenario_state.json: request_states[1]" in str(e.value) and "--dry-run" in str(e.value)
+
+
+def test_a_stored_result_helms_client_could_not_read_names_the_line_and_field(tmp_path):
+    good = {"success": True, "embedding": [], "cached": False, "request_time": 0.5, "batch_size": 2,
+            "completions": [{"text": " B", "logprob": -0.5, "tokens": [{"text": " B", "logprob": -0.5}],
+                             "finish_reason": {"reason": "length"}}]}
+    bad = {**good, "completions": [{**good["completions"][0], "logprob": "x"}]}
+    add_results(tmp_path, [{"key": "k1", "request": REQUEST, "result": good},
+                           {"key": "k2", "request": REQUEST, "result": bad}])
+    with pytest.raises(SpecError, match=r"results.jsonl line 2 \(request k2\): result field completions\[0\].logprob="
+                                        r"'x' is not a number; remove the line"):
+        read_results(tmp_path)
+    import dacite
+    from helm.common.request import RequestResult
+
+    dacite.from_dict(RequestResult, good)  # what the checks accept, HELM's client reads
+    (tmp_path / "results.jsonl").unlink()
+    add_results(tmp_path, [{"key": "k2", "request": REQUEST, "result": {**good, "batch_size": 2.5}}])
+    with pytest.raises(SpecError, match="line 1 .*batch_size=2.5"):
         read_results(tmp_path)
