@@ -112,5 +112,24 @@ def test_the_store_names_the_bad_line(tmp_path):
     _run_state(tmp_path, json.dumps({"request_states": []}))
     store = tmp_path / "benchmark_output" / "flexbatch_store"
     store.mkdir(parents=True)
-    (store / "results.jsonl").write_text('{"key": "a", "request": {}, "result": {}}\nnot json\n')
+    result = {"success": True, "embedding": [], "completions": [], "cached": False}
+    (store / "results.jsonl").write_text(json.dumps({"key": "a", "request": {}, "result": result}) + "\nnot json\n")
     _one_line_error(_batch(tmp_path), "results.jsonl line 2 is not a stored result")
+
+
+def test_a_request_or_stored_result_of_the_wrong_type_is_one_line_naming_file_request_and_field(tmp_path):
+    request = {"prompt": "Q: 1+1? A:", "temperature": "hot", "max_tokens": 2, "num_completions": 1}
+    state = _run_state(tmp_path, json.dumps({"request_states": [{"instance": {"id": "i0"}, "request": request}]}))
+    _one_line_error(_batch(tmp_path), str(state), "request_states[0]", "field temperature='hot' is not a number")
+    state.write_text(json.dumps({"request_states": [{"instance": {"id": "i0"}, "request": {**request,
+                                                                                            "temperature": 0}}]}))
+    from jobs.helm.store import request_key
+
+    store = tmp_path / "benchmark_output" / "flexbatch_store"
+    store.mkdir(parents=True)
+    result = {"success": True, "embedding": [], "cached": False,
+              "completions": [{"text": " 2", "logprob": "low", "tokens": []}]}
+    key = request_key({**request, "temperature": 0})
+    (store / "results.jsonl").write_text(json.dumps({"key": key, "request": request, "result": result}) + "\n")
+    _one_line_error(_batch(tmp_path), "results.jsonl line 1", f"request {key[:12]}",
+                    "completions[0].logprob='low' is not a number")
