@@ -75,6 +75,10 @@ class RunConfig(EngineSettings):
                               f"the decoding options as keywords (max_new_tokens=..., temperature=...)")
         check_bool("overwrite", self.overwrite)
         check_bool("score", self.score)
+        if self.score and self.params.guided is not None:
+            raise ConfigError(f"--score scores the rows' own tokens and generates none, so the answer constraint "
+                              f"({self.params.guided.describe(40)}) would never apply: drop --choice, --regex or "
+                              "--json-schema (a guided column is not read by a scoring job)")
         if self.score:  # one token asked for and dropped: the prefill scores the row (pipeline/input/scoring.py)
             object.__setattr__(self, "params", scoring_params(self.params))
         object.__setattr__(self, "shard_rows", whole_number("shard_rows", self.shard_rows, 1, "rows per shard "

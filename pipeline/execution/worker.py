@@ -20,7 +20,7 @@ from pipeline.errors import InputError
 from pipeline.input.openai_batch import line_completions, read_batch_shard
 from pipeline.input.parquet import output_table, write_part_atomic
 from pipeline.input.requests import build_requests, row_ids
-from pipeline.input.scoring import CONTINUATION_COLUMN, score_columns, scored, scoring_items
+from pipeline.input.scoring import CONTINUATION_COLUMN, UNUSED_COLUMNS, score_columns, scored, scoring_items
 from pipeline.input.shards import Shard, read_shard
 from pipeline.input.utf8 import column_values
 from pipeline.job import JobSetup
@@ -121,7 +121,8 @@ class ShardWorker:
             raise InputError(f"{shard.path}: expected {shard.num_rows} rows at {shard.row_start}, read "
                              f"{table.num_rows}; was the file modified during the job?")
         ids = row_ids(table, shard.part_stem, offset=shard.row_start)
-        items = build_requests(table, ids, config.prompt_column, config.params, chat=self.job.chat)
+        items = build_requests(table, ids, config.prompt_column, config.params, chat=self.job.chat,
+                               unused=UNUSED_COLUMNS if config.score else ())
         if self.job.sample is not None:  # the rows the driver sampled are tokenized already
             items = self.job.sample.with_ids(items, shard)
         if config.score:  # prompt ids + continuation ids (pipeline/input/scoring.py)

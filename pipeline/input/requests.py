@@ -38,13 +38,15 @@ def derive_seed(base_seed: int, row_id: str) -> int:
 
 
 def build_requests(
-    table: pa.Table, ids: Sequence[str], prompt_column: str, defaults: SamplingParams, chat: bool = False
+    table: pa.Table, ids: Sequence[str], prompt_column: str, defaults: SamplingParams, chat: bool = False,
+    unused: Sequence[str] = (),
 ) -> list[Request | Completion]:
     """One item per row, in row order: a `Request` to run, or a failed `Completion` for a bad row. Chat rows
-    take their conversation from the `messages` column instead of the prompt column."""
+    take their conversation from the `messages` column instead of the prompt column; the `unused` parameter
+    columns are not read (a scoring job's `guided`)."""
     column = MESSAGES_COLUMN if chat else prompt_column
     prompts = column_values(table, column)
-    overrides = {c: column_values(table, c) for c in ROW_PARAM_COLUMNS if c in table.column_names}
+    overrides = {c: column_values(table, c) for c in ROW_PARAM_COLUMNS if c in table.column_names and c not in unused}
     bad_ids = bad_id_rows(table)
     items: list[Request | Completion] = []
     for i, (row_id, prompt) in enumerate(zip(ids, prompts)):

@@ -25,9 +25,15 @@ CONTINUATION_COLUMN = "continuation"
 SCORE_COLUMNS = ("prompt_logprobs", "continuation_logprob", "continuation_is_greedy")
 
 
+# row columns a scored row does not use: it generates nothing, so an answer constraint would never apply (and
+# is not compiled: a bad one fails no row), as its max_new_tokens column is overridden
+UNUSED_COLUMNS = ("guided",)
+
+
 def scoring_params(params: SamplingParams) -> SamplingParams:
-    """`params` for a row that is scored, not completed: the prompt scored, one token asked for (and dropped)."""
-    return dataclasses.replace(params, max_new_tokens=1, prompt_logprobs=True, stop=(), logprobs=False)
+    """`params` for a row that is scored, not completed: the prompt scored, one token asked for (and dropped),
+    no answer constraint."""
+    return dataclasses.replace(params, max_new_tokens=1, prompt_logprobs=True, stop=(), logprobs=False, guided=None)
 
 
 def continuation_problem(value) -> str | None:

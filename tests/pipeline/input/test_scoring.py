@@ -120,3 +120,22 @@ def test_the_command_scores_with_score_and_says_so_in_its_help(tmp_path, checkpo
     assert [r["completion"] for r in out] == ["", ""] and all(r["continuation_logprob"] < 0 for r in out)
     text = " ".join(CliRunner().invoke(cli.main, ["run", "--help"]).output.split())
     assert "--score" in text and "continuation_logprob" in text and "python -m flexbatch.lm_eval" in text
+
+
+def test_a_constraint_a_scoring_job_never_applies_fails_no_row(tmp_path, checkpoint):
+    """A guided column (even a bad one) is not read by a scoring job; a job-wide constraint is refused at once."""
+    from click.testing import CliRunner
+
+    from jobs import cli
+
+    model = checkpoint(VARIANT)
+    guided = ['{"regex": "(a"}', "{not json", '{"choice": ["a"]}']
+    path = write_parquet(tmp_path / "in.parquet", prompt=PROMPTS[:3], continuation=CONTS[:3], guided=guided)
+    summary = flexbatch.run(model, str(path), tmp_path / "out", score=True, dtype="float32", use_ray=False,
+                            plan=False)
+    out = pq.read_table(summary.parts[0]).to_pylist()
+    assert summary.error_rows == 0 and all(r["prompt_logprobs"] for r in out), [r["error"] for r in out]
+    result = CliRunner().invoke(cli.main, ["run", "--model", str(model), "--input", str(path), "--output",
+                                           str(tmp_path / "out2"), "--score", "--regex", "(a", "--no-ray"])
+    assert result.exit_code == 2 and "--score scores the rows' own tokens" in result.output, result.output
+    assert "drop --choice, --regex or --json-schema" in result.output
