@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -27,8 +26,11 @@ def fail(error: Exception | str) -> None:
 
 
 def setup_logging() -> None:
-    """Library code logs; a command shows INFO and above, with the time and the logger's name."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    """Library code logs; a command shows INFO and above, with the time and the logger's name, as its workers
+    do (pipeline/execution/logs.py)."""
+    from pipeline.execution.logs import setup_logging as setup
+
+    setup()
 
 
 def demo_model_dir() -> Path:

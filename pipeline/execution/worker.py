@@ -17,6 +17,7 @@ from engine.errors import FlexbatchError
 from engine.memory.room import oom_kills_here
 from engine.request import Completion, Request
 from pipeline.errors import InputError
+from pipeline.execution.logs import setup_logging
 from pipeline.input.openai_batch import line_completions, read_batch_shard
 from pipeline.input.parquet import output_table, write_part_atomic
 from pipeline.input.requests import build_requests, row_ids
@@ -55,7 +56,7 @@ class ShardWorker:
                  node_engines: int = 1):
         """Load the model once and plan the policy for this node and `planned_rows` rows (this worker's share),
         within this worker's share of the node's memory (`node_engines` engines start on it)."""
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+        setup_logging()
         if threads:
             import torch
 
