@@ -225,10 +225,7 @@ class Engine:
                                      f"prompt in the model's context of {context} tokens; lower it", len(ids))
         if len(ids) > room:
             if truncate != "left":
-                return Completion.failed(
-                    req.id, f"prompt has {len(ids)} tokens; with max_new_tokens={req.params.max_new_tokens} it "
-                    f"exceeds the model's context of {context}; shorten it, lower max_new_tokens, or truncate left",
-                    len(ids))
+                return Completion.failed(req.id, _too_long(len(ids), req.params, context), len(ids))
             ids = ids[-room:]
         matcher = None
         if req.params.guided is not None:
@@ -240,6 +237,17 @@ class Engine:
             except GuidedError as e:
                 return Completion.failed(req.id, str(e), len(ids))
         return RowState(req, ids, self.eos_ids, matcher)
+
+
+def _too_long(tokens: int, params, context: int) -> str:
+    """The error of a row longer than the model's context: a scored row (one token asked for, and dropped) can
+    only be shortened, a generating row can also generate less."""
+    if params.prompt_logprobs and params.max_new_tokens == 1:
+        return (f"the row to score has {tokens} tokens, more than the {context - 1} that the model's context of "
+                f"{context} holds beside the one token a scored row asks for; shorten its prompt or continuation, "
+                "or truncate left (which drops the prompt's first tokens)")
+    return (f"prompt has {tokens} tokens; with max_new_tokens={params.max_new_tokens} it exceeds the model's "
+            f"context of {context}; shorten it, lower max_new_tokens, or truncate left")
 
 
 def _eos_ids(model_dir: str | Path, spec: ModelSpec) -> tuple[int, ...]:

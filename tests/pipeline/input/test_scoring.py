@@ -139,3 +139,13 @@ def test_a_constraint_a_scoring_job_never_applies_fails_no_row(tmp_path, checkpo
                                            str(tmp_path / "out2"), "--score", "--regex", "(a", "--no-ray"])
     assert result.exit_code == 2 and "--score scores the rows' own tokens" in result.output, result.output
     assert "drop --choice, --regex or --json-schema" in result.output
+
+
+def test_a_scored_row_past_the_context_is_told_to_shorten_not_to_generate_less(tmp_path, checkpoint):
+    model = checkpoint(VARIANT)  # a context of 256 tokens
+    path = write_parquet(tmp_path / "in.parquet", prompt=["x " * 400, PROMPTS[1]], continuation=[" y", " jumps"])
+    summary = flexbatch.run(model, str(path), tmp_path / "out", score=True, dtype="float32", use_ray=False, plan=False)
+    long, fine = pq.read_table(summary.parts[0]).to_pylist()
+    assert fine["error"] is None and long["finish_reason"] == "error"
+    assert "the row to score has" in long["error"] and "shorten its prompt or continuation" in long["error"]
+    assert "max_new_tokens" not in long["error"]
