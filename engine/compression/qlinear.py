@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.compression.int4 import Int4Packed
-from engine.compression.int8 import Int8Weight, dequantize_int8, int8_linear
-from engine.kernels import int4_tiles
+from engine.compression.int8 import Int8Weight, dequantize_int8
+from engine.kernels import int4_tiles, int8_rows
 from engine.kernels.int4_tiles import Int4Tiles
+from engine.kernels.int8_rows import Int8Rows
 from engine.kernels.rates import ROWS
 
 LARGEST_MEASURED = ROWS[-1]
@@ -37,7 +38,7 @@ class QWeight:
     compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows)."""
 
     stored: object
-    fast: Int4Tiles | Int4Packed | Int8Weight | None
+    fast: Int4Tiles | Int4Packed | Int8Rows | Int8Weight | None
     max_rows: int
 
 
@@ -85,7 +86,7 @@ class QLinear:
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         rows, w = x.numel() // x.shape[-1], self.weight
-        takes_any_rows = isinstance(w.fast, (Int8Weight, Int4Tiles))
+        takes_any_rows = isinstance(w.fast, (Int8Rows, Int8Weight, Int4Tiles))
         if self.uses_fast(rows) or (takes_any_rows and w.max_rows >= LARGEST_MEASURED):
             y = _kernel(x, w.fast)
         elif w.fast is not None and w.max_rows >= LARGEST_MEASURED:  # still faster at the largest row count
@@ -96,5 +97,7 @@ class QLinear:
         return y if b is None else y.add_(b)
 
 
-def _kernel(x: torch.Tensor, fast: Int4Tiles | Int4Packed | Int8Weight) -> torch.Tensor:
-    return int8_linear(x, fast) if isinstance(fast, Int8Weight) else int4_tiles.fast_linear(x, fast)
+def _kernel(x: torch.Tensor, fast: Int4Tiles | Int4Packed | Int8Rows | Int8Weight) -> torch.Tensor:
+    if isinstance(fast, (Int8Rows, Int8Weight)):
+        return int8_rows.fast_linear(x, fast)
+    return int4_tiles.fast_linear(x, fast)

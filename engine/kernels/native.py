@@ -25,7 +25,7 @@ from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
-from engine.kernels import int4_tiles, onednn_dense, rates
+from engine.kernels import int4_tiles, int8_rows, onednn_dense, rates
 from engine.kernels.onednn_dense import OnednnWeight
 from engine.kernels.rates import max_rows
 from engine.kernels.rope import apply_rope, cos_sin
@@ -115,7 +115,7 @@ def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:
     (`pack`, done once for resident layers) and is packed only where it was measured faster somewhere."""
     if isinstance(w, Int8Weight):
         n, k = w.codes.shape
-        return QWeight(w, w, max_rows("int8", n, k, dtype))
+        return QWeight(w, int8_rows.pack_fast(w), max_rows("int8", n, k, dtype))
     if isinstance(w, Bf16Weight):  # no kernel of its own: widened, then the dense GEMM
         return QWeight(w, None, 0)
     n, k = w.shape

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 
 from engine.cache_root import CACHE_ROOT
 from engine.compression.int4 import DEFAULT_CONFIG, dequantize, quantize
-from engine.compression.int8 import dequantize_int8, int8_linear, quantize_int8
+from engine.compression.int8 import dequantize_int8, quantize_int8
 from engine.dtypes import cpu_info
-from engine.kernels import compiled, int4_tiles, onednn_dense
+from engine.kernels import compiled, int4_tiles, int8_rows, onednn_dense
 
 log = logging.getLogger(__name__)
 ROWS = (1, 4, 16, 64, 256, 1024)
@@ -62,7 +62,8 @@ def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
         return (lambda x: onednn_dense.linear(x, packed)), (lambda x: F.linear(x, plain))
     if fmt == "int8":
         w8 = quantize_int8(w)
-        return (lambda x: int8_linear(x, w8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
+        fast8 = int8_rows.pack_fast(w8)
+        return (lambda x: int8_rows.fast_linear(x, fast8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
     qt = quantize(w.to(dtype), DEFAULT_CONFIG)
     fast = int4_tiles.pack_fast(qt)
     return (lambda x: int4_tiles.fast_linear(x, fast)), (lambda x: F.linear(x, dequantize(qt, dtype=dtype)))

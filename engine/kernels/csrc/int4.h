@@ -3,6 +3,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "out.h"
+
 namespace flexbatch {
 
 // 4-bit weights in the tile layout (engine/kernels/int4_tiles.py): for each tile of 16 output columns, for each
@@ -25,8 +27,6 @@ struct QuantRows {
   int64_t kp;     // padded inputs (a multiple of group)
   int64_t group;  // inputs per group (a multiple of 8)
 };
-
-enum OutKind { OUT_F32 = 0, OUT_BF16 = 1 };
 
 struct Int4Kernels {
   const char* name;

@@ -147,8 +147,8 @@ def test_unknown_weight_format_names_the_choices():
 
 
 def test_rows_beyond_the_measured_range_run_the_kernel_in_chunks(monkeypatch):
-    from engine.compression.int8 import int8_linear
     from engine.compression.qlinear import LARGEST_MEASURED
+    from engine.kernels.int8_rows import fast_linear
 
     monkeypatch.setattr("engine.kernels.native.max_rows", lambda f, n, k, dtype: LARGEST_MEASURED)
     codec, stored, meta = _layer("int8", torch.float32)
@@ -156,7 +156,7 @@ def test_rows_beyond_the_measured_range_run_the_kernel_in_chunks(monkeypatch):
     q = kernels.ready(stored, meta, codec, "cpu")[0][NAME]
     x = torch.randn(2, LARGEST_MEASURED // 2 + 3, 192)  # more rows than measured, in two chunks
     y = kernels.linear(x, q)
-    assert q._dense is None and torch.equal(y, int8_linear(x, q.weight.fast))  # rows are quantized one by one
+    assert q._dense is None and torch.equal(y, fast_linear(x, q.weight.fast))  # rows are quantized one by one
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

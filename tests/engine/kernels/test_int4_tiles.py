@@ -9,6 +9,7 @@ import torch
 
 from engine.compression.int4 import Int4Packed, QuantConfig, dequantize, quantize
 from engine.kernels import compiled, int4_tiles
+from tests.engine.kernels.own_isas import isas, pinned  # noqa: F401  (a fixture)
 
 
 def reference(x: torch.Tensor, qt, group: int) -> torch.Tensor:
@@ -23,21 +24,6 @@ def reference(x: torch.Tensor, qt, group: int) -> torch.Tensor:
     return xq @ dequantize(qt, dtype=torch.float64).T
 
 
-def isas():
-    mod = compiled.ops()
-    if mod is None:
-        return []
-    best = mod.isa()
-    return ["avx512", "avx2"] if best == "avx512" else ["avx2"] if best == "avx2" else []
-
-
-@pytest.fixture
-def pinned():
-    mod = compiled.ops()
-    yield lambda isa: mod.select_isa(isa)
-    mod.select_isa("")
-
-
 def test_the_kernels_build_where_a_compiler_is():
     if compiled.compiler() is None:
         pytest.skip("no C++ compiler")
@@ -49,7 +35,7 @@ def test_the_kernels_build_where_a_compiler_is():
 @pytest.mark.parametrize("n,k,group", [(48, 128, 64), (17, 100, 32), (96, 1024, 64), (40, 256, 128)])
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 70])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, group, rows, dtype):
+def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, group, rows, dtype):  # noqa: F811
     pinned(isa)
     torch.manual_seed(n * rows + k)
     qt = quantize(torch.randn(n, k) * 0.05, QuantConfig(group_size=group))
@@ -62,7 +48,7 @@ def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, group, rows, 
 
 
 @pytest.mark.skipif("avx512" not in isas(), reason="needs an AVX-512 CPU to compare both instruction sets")
-def test_both_instruction_sets_agree(pinned):
+def test_both_instruction_sets_agree(pinned):  # noqa: F811
     qt = quantize(torch.randn(80, 320) * 0.05, QuantConfig(group_size=64))
     tiles = int4_tiles.pack(qt)
     x = torch.randn(9, 320)

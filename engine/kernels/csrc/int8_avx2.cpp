@@ -1,0 +1,117 @@
+// int8 x int8 GEMM on AVX2 over the weight as stored ([N][K] row-major). vpmaddubsw multiplies unsigned by signed
+// bytes into saturating int16 pairs, so each product is taken as |w| * (x with w's sign): at most 2 * 127 * 127
+// per pair, which never saturates; vpmaddwd then sums pairs into int32 lanes. Activation codes stay signed.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "int8.h"
+
+namespace flexbatch {
+namespace {
+
+inline float load1(const void* p, int bf16, int64_t i) {
+  if (!bf16) return static_cast<const float*>(p)[i];
+  uint32_t b = (uint32_t) static_cast<const uint16_t*>(p)[i] << 16;
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even (values here are finite)
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  b += 0x7FFF + ((b >> 16) & 1);
+  return (uint16_t)(b >> 16);
+}
+
+void quantize_rows(const void* x, int bf16, int64_t ldx, int64_t k, int64_t r0, int64_t r1, uint8_t* codes,
+                   float* scale, int64_t kp) {
+  const int64_t esize = bf16 ? 2 : 4;
+  for (int64_t r = r0; r < r1; ++r) {
+    const void* xr = static_cast<const char*>(x) + r * ldx * esize;
+    float m = 0.0f;
+    for (int64_t i = 0; i < k; ++i) m = fmaxf(m, fabsf(load1(xr, bf16, i)));
+    const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
+    int8_t* out = reinterpret_cast<int8_t*>(codes + r * kp);
+    for (int64_t i = 0; i < kp; i += 8) {
+      float v[8];
+      for (int j = 0; j < 8; ++j) v[j] = i + j < k ? load1(xr, bf16, i + j) : 0.0f;
+      __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inv));  // round to nearest even
+      q = _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+      int32_t qi[8];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi), q);
+      for (int j = 0; j < 8; ++j) out[i + j] = (int8_t)qi[j];
+    }
+    scale[r] = m / 127.0f;
+  }
+}
+
+inline int32_t hsum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// R rows x C columns (R, C <= 2) starting at (r0, c0); the last partial 32 inputs go through a zero-padded copy.
+template <int R, int C>
+void micro(const Int8Weight* w, const uint8_t* codes, const float* scale, int64_t kp, int64_t r0, int64_t c0,
+           void* y, int64_t ldy, int out_kind) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_si256();
+  const int64_t k = w->k;
+  for (int64_t i = 0; i < k; i += 32) {
+    __m256i wv[C];
+    for (int c = 0; c < C; ++c) {
+      const int8_t* src = w->codes + (c0 + c) * k + i;
+      if (k - i >= 32) {
+        wv[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+      } else {
+        int8_t tail[32] = {0};
+        memcpy(tail, src, k - i);
+        wv[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tail));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (r0 + r) * kp + i));
+      for (int c = 0; c < C; ++c) {
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[c], wv[c]), _mm256_sign_epi8(xv, wv[c]));
+        acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(p, ones));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const float v = (float)hsum(acc[r][c]) * (scale[r0 + r] * w->scales[c0 + c]);
+      const int64_t off = (r0 + r) * ldy + c0 + c;
+      if (out_kind == OUT_F32) static_cast<float*>(y)[off] = v;
+      else static_cast<uint16_t*>(y)[off] = f32_to_bf16(v);
+    }
+}
+
+template <int R>
+void rows_block(const Int8Weight* w, const uint8_t* codes, const float* scale, int64_t kp, int64_t r0,
+                int64_t c0, int64_t c1, void* y, int64_t ldy, int out_kind) {
+  int64_t c = c0;
+  for (; c + 2 <= c1; c += 2) micro<R, 2>(w, codes, scale, kp, r0, c, y, ldy, out_kind);
+  if (c < c1) micro<R, 1>(w, codes, scale, kp, r0, c, y, ldy, out_kind);
+}
+
+void gemm(const Int8Weight* w, const uint8_t* codes, const float* scale, int64_t kp, int64_t r0, int64_t r1,
+          int64_t c0, int64_t c1, void* y, int64_t ldy, int out_kind) {
+  int64_t r = r0;
+  for (; r + 2 <= r1; r += 2) rows_block<2>(w, codes, scale, kp, r, c0, c1, y, ldy, out_kind);
+  if (r < r1) rows_block<1>(w, codes, scale, kp, r, c0, c1, y, ldy, out_kind);
+}
+
+const Int8Kernels table = {"avx2", quantize_rows, gemm};
+
+}  // namespace
+
+const Int8Kernels* avx2_int8() { return &table; }
+
+}  // namespace flexbatch

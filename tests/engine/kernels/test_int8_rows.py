@@ -1,0 +1,55 @@
+"""The int8 x int8 kernel (engine/kernels/int8_rows.py) against the same arithmetic written in PyTorch, on every
+instruction set this CPU runs, and the fallback where the kernels are off."""
+
+import pytest
+import torch
+
+from engine.compression.int8 import Int8Weight, quantize_int8
+from engine.kernels import compiled, int8_rows
+from tests.engine.kernels.own_isas import isas, pinned  # noqa: F401  (a fixture)
+
+
+def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    """x quantized per row as the kernel does (round half to even, |code| <= 127), times the codes, rescaled, in
+    float64: what the kernel computes up to float32 rounding."""
+    x = x.double()
+    a = x.abs().amax(-1, keepdim=True) / 127
+    qx = torch.where(a > 0, x / a, 0.0).round().clamp(-127, 127)
+    return (qx @ w.codes.double().T) * a * w.scales.double()
+
+
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("n,k", [(96, 1024), (17, 100), (5, 64), (70, 200)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 70])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, rows, dtype):  # noqa: F811
+    pinned(isa)
+    torch.manual_seed(n * rows + k)
+    w = quantize_int8(torch.randn(n, k) * 0.05)
+    x = torch.randn(rows, k).to(dtype)
+    y = int8_rows.fast_linear(x, int8_rows.pack_fast(w))
+    assert y.dtype == dtype and y.shape == (rows, n)
+    ref = reference(x, w)
+    # float32: the activation codes are x * (127 / max) rounded, the reference's x / (max / 127): a value on a
+    # rounding tie may land one code apart, one step of one input
+    tol = 2e-3 if dtype == torch.float32 else 8e-3
+    assert (y.double() - ref).abs().max() <= tol * ref.abs().max()
+
+
+@pytest.mark.skipif("avx512" not in isas(), reason="needs an AVX-512 CPU to compare both instruction sets")
+def test_both_instruction_sets_agree(pinned):  # noqa: F811
+    w = int8_rows.pack_fast(quantize_int8(torch.randn(80, 333)))
+    x = torch.randn(9, 333)
+    pinned("avx2")
+    a = int8_rows.fast_linear(x, w)
+    pinned("avx512")
+    b = int8_rows.fast_linear(x, w)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_kernels_off_keep_the_pytorch_path(monkeypatch):
+    monkeypatch.setattr(compiled, "_loaded", [None])
+    w = quantize_int8(torch.randn(32, 64))
+    assert int8_rows.pack_fast(w) is w
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(int8_rows.fast_linear(x, w), reference(x, w).float(), rtol=2e-2, atol=2e-2)
