@@ -40,6 +40,7 @@ SPLIT_FIT_SHARE = 0.8  # of the GPU capacity, for the weights of a split's GPU l
 TOP_ALTERNATIVES = 5
 FULL_ENUMERATION = 200  # above this many (shape, mode) pairs, rank the modes first
 TOP_MODES = 4
+LOSSY_FORMATS = ("int4", "int8")  # the compressed formats the search weighs where compression is allowed and none is pinned
 
 
 @dataclass(frozen=True)
@@ -109,13 +110,15 @@ def modes(model: ModelSpec, hw: HardwareSpec, pins: Mapping, allow_compression: 
 
 
 def weight_forms(model: ModelSpec, pins: Mapping, allow_compression: bool, dtype_bytes: int) -> list[tuple]:
-    """The (compress_weight, weight_format) choices: as pinned; else uncompressed, the (pinned or default) lossy
-    format where compression is allowed, and bfloat16 at rest wherever it loses nothing: a checkpoint stored in
-    bfloat16 computing in float32 (engine/compression/bf16.py)."""
+    """The (compress_weight, weight_format) choices: as pinned; else uncompressed, the pinned lossy format where
+    compression is allowed or, with no format pinned, both int4 and int8 (the cost model prices each format's
+    kernel from the profile, so the search takes whichever is faster where both fit), and bfloat16 at rest
+    wherever it loses nothing: a checkpoint stored in bfloat16 computing in float32 (engine/compression/bf16.py)."""
     fmt = pins.get("weight_format", Policy.weight_format)
     if "compress_weight" in pins:
         return [(pins["compress_weight"], fmt)]
-    forms = [(False, fmt)] + ([(True, fmt)] if allow_compression else [])
+    lossy = [fmt] if "weight_format" in pins else list(LOSSY_FORMATS)
+    forms = [(False, fmt)] + ([(True, f) for f in lossy] if allow_compression else [])
     if "weight_format" not in pins and dtype_bytes == 4 and model.checkpoint_dtype == "bfloat16":
         forms.append((True, "bf16"))
     return forms

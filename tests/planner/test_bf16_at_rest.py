@@ -42,6 +42,6 @@ def test_only_lossless_cases_get_it_unasked():
     assert (True, "bf16") not in weight_forms(BF16_7B, {}, False, 2)  # a bfloat16 run
     assert weight_forms(BF16_7B, {"compress_weight": False}, False, 4) == [(False, "int4")]
     assert weight_forms(BF16_7B, {"weight_format": "int8"}, True, 4) == [(False, "int8"), (True, "int8")]
-    assert weight_forms(BF16_7B, {}, True, 4) == [(False, "int4"), (True, "int4"), (True, "bf16")]
+    assert weight_forms(BF16_7B, {}, True, 4) == [(False, "int4"), (True, "int4"), (True, "int8"), (True, "bf16")]
     assert search(BF16_7B, server_cpu(), replace(DECODE_HEAVY, dtype="bfloat16"),
                   budgets={"cpu": 6 * GIB}).policy.weight_format != "bf16"
