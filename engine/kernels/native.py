@@ -61,10 +61,11 @@ class NativeKernels:
     def rope_qkv(self, qkv: torch.Tensor, tables, num_heads: int, num_kv_heads: int, head_dim: int):
         """qkv [B, S, (NH + 2 KVH) D] from the fused projection -> q [B, NH, S, D], k, v [B, KVH, S, D], q and k
         rotated by position: in place in qkv (one pass, views returned) where the fused kernel takes it."""
-        NH, KVH, D = num_heads, num_kv_heads, head_dim
-        rotated = layer_ops.fused_rope_(qkv, *tables, NH + KVH, D)
-        q, k, v = layer_ops.split_heads(qkv, NH, KVH, D)
-        return (q, k, v) if rotated else (*self.rope(q, k, tables), v)
+        fused = layer_ops.fused_rope_qkv(qkv, *tables, num_heads, num_kv_heads, head_dim)
+        if fused is not None:
+            return fused
+        q, k, v = layer_ops.split_heads(qkv, num_heads, num_kv_heads, head_dim)
+        return (*self.rope(q, k, tables), v)
 
     def rms_norm(self, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """h [*, H] float32 -> RMSNorm(h) * weight [*, H] in the weight's dtype."""

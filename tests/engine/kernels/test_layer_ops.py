@@ -112,15 +112,33 @@ def test_the_seam_falls_back_where_the_kernels_do_not_take_the_operands():
     h, w = torch.randn(4, 3, 40), torch.randn(40, dtype=torch.float16)
     assert layer_ops.fused_add_rms_norm(h, None, w, 1e-5, True) is None  # float16: PyTorch
     torch.testing.assert_close(native.rms_norm(h, w, 1e-5), layer_ops.rms_norm(h, w, 1e-5), rtol=0, atol=0)
+    assert layer_ops.fused_add_rms_norm(h.to(torch.bfloat16), None, w.float(), 1e-5, True) is None  # h not float32
     strided = torch.randn(4, 80)[:, ::2]
     assert layer_ops.fused_silu_mul(strided) is None
     torch.testing.assert_close(native.silu_mul(strided), layer_ops.silu_mul(strided), rtol=0, atol=0)
+    assert layer_ops.fused_silu_mul(torch.randn(3, 7)) is None  # odd width
     qkv = torch.randn(2, 3, 4 * 16)
     cos, sin = cos_sin(inv_frequencies(RopeSpec(), 16), torch.arange(3).view(1, 3), torch.float32)
-    assert not layer_ops.fused_rope_(qkv, cos, sin, 3, 16)  # tables broadcast over the batch: PyTorch
+    assert layer_ops.fused_rope_qkv(qkv, cos, sin, 2, 1, 16) is None  # tables broadcast over the batch: PyTorch
     q, k, _ = native.rope_qkv(qkv, (cos, sin), 2, 1, 16)
     want = native.rope(*layer_ops.split_heads(qkv, 2, 1, 16)[:2], (cos, sin))
     assert torch.equal(q, want[0]) and torch.equal(k, want[1])
+
+
+@pytest.mark.skipif(not isas(), reason="kernels not built for this CPU")
+def test_strided_rows_are_taken_where_they_are_evenly_spaced():
+    """The head's norm gets the last position of each row, h[:, -1]: rows S * H apart."""
+    h, w = torch.randn(3, 5, 40), torch.randn(40)
+    last = h[:, -1]
+    torch.testing.assert_close(layer_ops.fused_add_rms_norm(last, None, w, 1e-5, True)[1],
+                               layer_ops.rms_norm(last, w, 1e-5), rtol=F32_ULPS, atol=1e-6)
+    gate_up = torch.randn(4, 6, 2 * 24)[:, 2:4]  # [4, 2, 48] with rows 48 apart, batches 288 apart: not even
+    assert layer_ops.fused_silu_mul(gate_up) is None
+    qkv = torch.randn(2, 4, 2 * 4 * 16)[:, :, : 4 * 16]  # rows 128 apart
+    cos, sin = cos_sin(inv_frequencies(RopeSpec(), 16), torch.arange(8).view(2, 4), torch.float32)
+    want_q, want_k = NativeKernels().rope(*layer_ops.split_heads(qkv, 2, 1, 16)[:2], (cos, sin))
+    q, k, _ = layer_ops.fused_rope_qkv(qkv, cos, sin, 2, 1, 16)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
 
 
 @pytest.mark.skipif(not isas(), reason="kernels not built for this CPU")
