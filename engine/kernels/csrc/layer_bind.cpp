@@ -4,7 +4,7 @@
 // float32 / bfloat16, rows that are not evenly strided): one call from Python, which then runs PyTorch.
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <optional>
@@ -70,7 +70,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> add_rms_norm(const at::Tensor&
   const float* hp = h.data_ptr<float>();
   float* op = delta ? h_out.data_ptr<float>() : nullptr;
   const void* dp = delta ? delta->data_ptr() : nullptr;
-  at::parallel_for(0, R, grain(n), [&](int64_t r0, int64_t r1) {
+  flexbatch::parallel_for(0, R, grain(n), [&](int64_t r0, int64_t r1) {
     k->add_rms_norm(hp, ldh, dp, delta_bf16, ldd, op, ldo, w.data_ptr(), x.data_ptr(), n, bf16, n, (float)eps, r0,
                     r1);
   });
@@ -87,7 +87,7 @@ std::optional<at::Tensor> silu_mul(const at::Tensor& gate_up) {
   shape.back() = f;
   auto out = at::empty(shape, gate_up.options());
   const int bf16 = gate_up.scalar_type() == at::kBFloat16;
-  at::parallel_for(0, R, grain(2 * f), [&](int64_t r0, int64_t r1) {
+  flexbatch::parallel_for(0, R, grain(2 * f), [&](int64_t r0, int64_t r1) {
     k->silu_mul(gate_up.data_ptr(), ld, out.data_ptr(), f, f, bf16, r0, r1);
   });
   return out;
@@ -108,7 +108,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> rope_qkv(at::Tenso
       return std::nullopt;
   if (ld < 0) return std::nullopt;
   const int bf16 = qkv.scalar_type() == at::kBFloat16;
-  at::parallel_for(0, B * S, grain((nh + kvh) * d), [&](int64_t r0, int64_t r1) {
+  flexbatch::parallel_for(0, B * S, grain((nh + kvh) * d), [&](int64_t r0, int64_t r1) {
     k->rope(qkv.data_ptr(), ld, nh + kvh, d, cos.data_ptr(), sin.data_ptr(), d, bf16, r0, r1);
   });
   // rows (b, s) are ld apart whatever B and S, so batch b starts S * ld in

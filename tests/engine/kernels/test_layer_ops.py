@@ -6,6 +6,8 @@ Tolerances: RoPE is bit-equal. RMSNorm differs from PyTorch only in the order of
 that sum is exact (small integers), else float32 within 4 ulp and bfloat16 one rounding step apart for at most
 1 value in 10^4. SiLU * up: exp within 2 ulp, so float32 within 4 ulp and bfloat16 as for the norm."""
 
+import threading
+
 import pytest
 import torch
 
@@ -159,3 +161,27 @@ def test_off_the_kernels_the_pytorch_path_runs(monkeypatch):
     h, w = torch.randn(3, 40), torch.randn(40)
     assert layer_ops.fused_add_rms_norm(h, None, w, 1e-5, True) is None
     assert torch.equal(NativeKernels().rms_norm(h, w, 1e-5), layer_ops.rms_norm(h, w, 1e-5))
+
+
+@pytest.mark.skipif(not isas(), reason="kernels not built for this CPU")
+def test_a_kernel_call_keeps_the_calling_threads_torch_threads():
+    """The weight prefetcher sets one torch thread for itself; a thread's first kernel call must not apply that
+    to the calling thread (csrc/parallel.h)."""
+    before, seen = torch.get_num_threads(), {}
+
+    def caller():
+        torch.set_num_threads(2)
+        torch.get_num_threads()  # torch's own first-use initialization of this thread, done before the prefetcher
+        prefetcher = threading.Thread(target=torch.set_num_threads, args=(1,))
+        prefetcher.start()
+        prefetcher.join()
+        NativeKernels().rms_norm(torch.randn(4, 64), torch.ones(64), 1e-5)
+        seen["threads"] = torch.get_num_threads()
+
+    try:
+        thread = threading.Thread(target=caller)
+        thread.start()
+        thread.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen["threads"] == 2
