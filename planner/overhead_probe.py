@@ -95,8 +95,8 @@ def elementwise_bytes_per_s(dtype: torch.dtype, tokens: int = 1024, hidden: int 
     """Rate of a Llama layer's elementwise work as the engine does it (two RMSNorms, rotary on q and k, SiLU
     gating, two residual adds, the attention output's transpose), in the cost model's unit: bytes of
     (ELEMENTWISE_PASSES_H * H + ELEMENTWISE_PASSES_F * F) * dtype_bytes per token."""
+    from engine.kernels.layer_ops import rms_norm
     from engine.kernels.rope import RopeSpec, apply_rope, cos_sin, inv_frequencies
-    from engine.models.llama import rms_norm
     from planner.cost_model import ELEMENTWISE_PASSES_F, ELEMENTWISE_PASSES_H
 
     ffn, d = int(2.75 * hidden), hidden // heads

@@ -30,6 +30,7 @@ from engine.checkpoint import LayerWeights
 from engine.compression.codecs import is_linear_weight
 from engine.compression.int4 import QTensor, unpack_codes
 from engine.kernels.attention import attend
+from engine.kernels.layer_ops import split_heads
 from engine.kernels.native import NativeKernels
 
 log = logging.getLogger(__name__)
@@ -235,6 +236,11 @@ class IpexKernels(NativeKernels):
             cos, sin = (torch.cat([t, t], -1).to(q.dtype).unsqueeze(1) for t in (cos, sin))
             return super().rope(q, k, (cos, sin))
         return _ipex_rope(q, sincos, positions), _ipex_rope(k, sincos, positions)
+
+    def rope_qkv(self, qkv, tables, num_heads, num_kv_heads, head_dim):
+        """IPEX's rotary kernel over its own tables (`rope_tables`), not the native in-place one."""
+        q, k, v = split_heads(qkv, num_heads, num_kv_heads, head_dim)
+        return (*self.rope(q, k, tables), v)
 
     def prefill_attention(self, q, k, v, mask, scale=None):
         """q [B, NH, S, D], k/v [B, KVH, S, D], mask [B, 1, S, S] bool -> [B, NH, S, D]."""

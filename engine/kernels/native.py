@@ -1,12 +1,13 @@
 """The kernel seam: the few operations a backend may implement its own way, everything else being shared.
 
-A backend supplies Linear, rotary positions, prefill attention, and how a layer's stored weights become
-ready to compute (dense tensors, compressed ones computed on directly or dequantized, or the backend's own
-packed form). The Policy, the
-block schedule, placement and the KV caches are the same for every backend.
+A backend supplies Linear, rotary positions, a layer's norms and gating, prefill attention, and how a layer's
+stored weights become ready to compute (dense tensors, compressed ones computed on directly or dequantized, or the
+backend's own packed form). The Policy, the block schedule, placement and the KV caches are the same for every
+backend.
 
     native   PyTorch (the default): F.linear, or oneDNN's reordered weights where measured faster
-             (engine/kernels/onednn_dense.py), engine/kernels/rope.py, the caches' SDPA, and compressed weights
+             (engine/kernels/onednn_dense.py), engine/kernels/rope.py, the caches' SDPA, the project's fused
+             norm / RoPE / SiLU kernels on the CPU (engine/kernels/layer_ops.py), and compressed weights
              through engine/compression/qlinear.py (int4 / int8 kernels, or dequantize + GEMM, by measured rate)
     aten     native with every dense Linear through aten's F.linear as loaded (no reordered weights): the
              baseline the reordering is measured against
@@ -25,7 +26,7 @@ from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
-from engine.kernels import int4_tiles, int8_rows, onednn_dense, rates
+from engine.kernels import int4_tiles, int8_rows, layer_ops, onednn_dense, rates
 from engine.kernels.onednn_dense import OnednnWeight
 from engine.kernels.rates import max_rows
 from engine.kernels.rope import apply_rope, cos_sin
@@ -56,6 +57,31 @@ class NativeKernels:
         """q [B, NH, S, D], k [B, KVH, S, D] (transposed views of [B, S, H, D]), rotated by position."""
         cos, sin = tables
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    def rope_qkv(self, qkv: torch.Tensor, tables, num_heads: int, num_kv_heads: int, head_dim: int):
+        """qkv [B, S, (NH + 2 KVH) D] from the fused projection -> q [B, NH, S, D], k, v [B, KVH, S, D], q and k
+        rotated by position: in place in qkv (one pass, views returned) where the fused kernel takes it."""
+        fused = layer_ops.fused_rope_qkv(qkv, *tables, num_heads, num_kv_heads, head_dim)
+        if fused is not None:
+            return fused
+        q, k, v = layer_ops.split_heads(qkv, num_heads, num_kv_heads, head_dim)
+        return (*self.rope(q, k, tables), v)
+
+    def rms_norm(self, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """h [*, H] float32 -> RMSNorm(h) * weight [*, H] in the weight's dtype."""
+        fused = layer_ops.fused_add_rms_norm(h, None, weight, eps, in_place=True)
+        return layer_ops.rms_norm(h, weight, eps) if fused is None else fused[1]
+
+    def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                     in_place: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add and the next norm: (h + delta in float32, into h when `in_place`; its RMSNorm)."""
+        fused = layer_ops.fused_add_rms_norm(h, delta, weight, eps, in_place)
+        return layer_ops.add_rms_norm(h, delta, weight, eps, in_place) if fused is None else fused
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [*, 2F] -> silu(gate) * up [*, F]."""
+        fused = layer_ops.fused_silu_mul(gate_up)
+        return layer_ops.silu_mul(gate_up) if fused is None else fused
 
     def pack_resident(self, stored: LayerWeights, meta: dict[str, str] | None, codec=None) -> LayerWeights:
         """A layer that stays in CPU memory and only ever computes on the CPU, in the form it is kept in

@@ -6,7 +6,7 @@ loop (and later the block schedule) calls layer by layer:
     layer(lw, h, ctx, i) -> h  one transformer layer with its KV cache, on the compute device `ctx.device`
     head(gw, h) -> logits      hidden [B, H] -> float32 logits [B, V]
 
-Linear layers and rotary positions go through the backend's kernels (engine/kernels/native.py).
+Linear layers, norms, rotary positions and gating go through the backend's kernels (engine/kernels/native.py).
 """
 
 from __future__ import annotations
@@ -51,19 +51,20 @@ class StepContext:
 CHUNK_BYTES = 16 << 20  # the widest row-local temporary a chunk of rows may take (see by_rows)
 
 
-def by_rows(fn, h: torch.Tensor, width: int) -> torch.Tensor:
-    """h [*, H] updated in place, chunk of rows by chunk: `fn(rows)` gets a [r, H] view and writes into it.
-    For the row-local part of a layer (norm, MLP, residual add) over many rows (prefill): each chunk's
-    temporaries (`width` float32 values per row at most) stay small enough to be reused from the heap and
-    cached, instead of mapped fresh and faulted in per call (on the CPU; a GPU takes the rows at once). Each
-    row's arithmetic is the same either way."""
+def by_rows(fn, h: torch.Tensor, width: int, *aligned: torch.Tensor) -> torch.Tensor:
+    """h [*, H] updated in place, chunk of rows by chunk: `fn(rows, *aligned_rows)` gets a [r, H] view (and the
+    same rows of each tensor in `aligned`, [*, H'] each) and writes into it. For the row-local part of a layer
+    (norm, MLP, residual add) over many rows (prefill): each chunk's temporaries (`width` float32 values per row at
+    most) stay small enough to be reused from the heap and cached, instead of mapped fresh and faulted in per call
+    (on the CPU; a GPU takes the rows at once). Each row's arithmetic is the same either way."""
     rows = max(1, CHUNK_BYTES // (4 * width))
     flat = h.view(-1, h.shape[-1])
+    others = [t.reshape(-1, t.shape[-1]) for t in aligned]
     if flat.shape[0] <= rows or h.device.type != "cpu":
-        fn(flat)
+        fn(flat, *others)
     else:
-        for chunk in flat.split(rows):
-            fn(chunk)
+        for chunks in zip(flat.split(rows), *(t.split(rows) for t in others)):
+            fn(*chunks)
     return h
 
 

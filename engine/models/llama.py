@@ -16,13 +16,6 @@ from engine.spec import ModelSpec
 _ACT = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu}
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalized in float32, scaled in the weight's dtype (the compute dtype)."""
-    x32 = x.float()
-    normed = (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)).to(weight.dtype)
-    return normed.mul_(weight)
-
-
 class LlamaModel:
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels):
         self.spec = spec
@@ -40,30 +33,35 @@ class LlamaModel:
         return F.embedding(ids, require(gw, "embed_tokens.weight", "the embeddings")).float()
 
     def layer(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
-        eps = self.spec.norm_eps
-        x = rms_norm(h, require(lw, "input_layernorm.weight", f"layer {i}"), eps)
-        h = h + self._attention(lw, x, ctx, i)  # a new tensor: the layer's input may be stored elsewhere
+        eps, kernels = self.spec.norm_eps, self.kernels
+        x = kernels.rms_norm(h, require(lw, "input_layernorm.weight", f"layer {i}"), eps)
         norm = require(lw, "post_attention_layernorm.weight", f"layer {i}")
-        return by_rows(lambda r: r.add_(self._mlp(lw, rms_norm(r, norm, eps))), h, 2 * self.spec.ffn_size)
+        # a new h: the layer's input may be stored elsewhere; x = the MLP's input, normed in the same pass
+        h, x = kernels.add_rms_norm(h, self._attention(lw, x, ctx, i), norm, eps, in_place=False)
+        return by_rows(lambda r, xr: r.add_(self._mlp(lw, xr)), h, 2 * self.spec.ffn_size, x)
 
     def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         B, S, _ = x.shape
         NH, KVH, D = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
         p, linear = "self_attn.", self.kernels.linear
         qkv = linear(x, lw[p + "qkv_proj.weight"], lw.get(p + "qkv_proj.bias"))  # [B, S, (NH + 2 KVH) D]
-        q, k, v = qkv.split((NH * D, KVH * D, KVH * D), dim=-1)
-        q = q.view(B, S, NH, D).transpose(1, 2)
-        k, v = (t.view(B, S, KVH, D).transpose(1, 2) for t in (k, v))
-        q, k = self.kernels.rope(q, k, ctx.rope)
+        q, k, v = self.kernels.rope_qkv(qkv, ctx.rope, NH, KVH, D)  # [B, NH | KVH, S, D], q and k rotated
         o = ctx.attend(i, q, k, v)  # [B, NH, S, D]
         o = o.transpose(1, 2).reshape(B, S, NH * D)
         return linear(o, lw[p + "o_proj.weight"], lw.get(p + "o_proj.bias"))
 
     def _mlp(self, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         p, linear = "mlp.", self.kernels.linear
-        gate, up = linear(x, lw[p + "gate_up_proj.weight"], lw.get(p + "gate_up_proj.bias")).chunk(2, dim=-1)
-        return linear(self.act(gate).mul_(up), lw[p + "down_proj.weight"], lw.get(p + "down_proj.bias"))
+        gate_up = linear(x, lw[p + "gate_up_proj.weight"], lw.get(p + "gate_up_proj.bias"))  # [*, 2F]
+        return linear(self._gate(gate_up), lw[p + "down_proj.weight"], lw.get(p + "down_proj.bias"))
+
+    def _gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up [*, F]: the fused kernel for SiLU (Llama's), PyTorch for the other activations."""
+        if self.spec.activation == "silu":
+            return self.kernels.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act(gate).mul_(up)
 
     def head(self, gw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(h, require(gw, "norm.weight", "the final norm"), self.spec.norm_eps)
+        h = self.kernels.rms_norm(h, require(gw, "norm.weight", "the final norm"), self.spec.norm_eps)
         return self.kernels.linear(h, head_weight(gw, self.spec)).float()

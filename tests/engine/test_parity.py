@@ -36,10 +36,10 @@ def test_the_row_local_part_of_a_layer_in_small_row_chunks_keeps_the_tokens(chec
     eng = Engine.load(model_dir, dtype="float32")
     calls = []
 
-    def by_rows(fn, h, width):
+    def by_rows(fn, h, width, *aligned):
         monkeypatch.setattr(models, "CHUNK_BYTES", 3 * 4 * width)
         calls.append(h.numel() // h.shape[-1])
-        return models.by_rows(fn, h, width)
+        return models.by_rows(fn, h, width, *aligned)
 
     for family in (llama, opt):
         monkeypatch.setattr(family, "by_rows", by_rows)

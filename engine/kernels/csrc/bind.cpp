@@ -12,6 +12,7 @@ namespace flexbatch {
 
 void bind_int4(pybind11::module_& m);
 void bind_int8(pybind11::module_& m);
+void bind_layer(pybind11::module_& m);
 
 namespace {
 
@@ -53,4 +54,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", [] { return std::string(flexbatch::name(flexbatch::current_isa())); }, "the instruction set chosen");
   flexbatch::bind_int4(m);
   flexbatch::bind_int8(m);
+  flexbatch::bind_layer(m);
 }
