@@ -260,6 +260,12 @@ def sdpa_decode(monkeypatch):
 
 
 @pytest.fixture
+def own_decode(monkeypatch):
+    """Decode attention by the project's own kernel wherever it takes the shape (engine/kernels/own_attention.py)."""
+    monkeypatch.setattr("engine.kernels.decode_choice.decode_kernel", lambda *a: "own")
+
+
+@pytest.fixture
 def compressed_kernels(monkeypatch):
     """Compressed weights computed by the compressed kernels (int4pack, int8 x int8) at every row count."""
     monkeypatch.setattr("engine.kernels.native.max_rows", lambda fmt, n, k, dtype: 1 << 30)

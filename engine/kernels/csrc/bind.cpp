@@ -11,6 +11,7 @@
 namespace flexbatch {
 
 void bind_int4(pybind11::module_& m);
+void bind_attn(pybind11::module_& m);
 
 namespace {
 
@@ -51,4 +52,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("select_isa", &flexbatch::select_isa, "choose the instruction set ('' = the best this CPU runs)");
   m.def("isa", [] { return std::string(flexbatch::name(flexbatch::current_isa())); }, "the instruction set chosen");
   flexbatch::bind_int4(m);
+  flexbatch::bind_attn(m);
 }
