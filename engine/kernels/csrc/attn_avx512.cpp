@@ -90,16 +90,14 @@ inline __m512 reduce16(const __m512* a) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), r);
 }
 
-// Ask for the rows of slots [t0, t0 + count) (those that exist) ahead of their use: the cache is read once, as
-// a stream with a stride, and the hardware prefetcher alone left the kernel waiting on memory.
-inline void prefetch_rows(const void* base, int64_t stride_bytes, int64_t row_bytes, int64_t t0, int64_t count,
-                          int64_t t) {
-  for (int64_t j = t0; j < t0 + count && j < t; ++j)
-    for (int64_t b = 0; b < row_bytes; b += 64)
-      _mm_prefetch(static_cast<const char*>(base) + j * stride_bytes + b, _MM_HINT_T0);
-}
-
 // ---- plain caches: pass 1, scores ----
+
+// Scores of 8 slots for query rows h and h + 1 (r: lanes 0-7 and 8-15), scaled, -inf where not allowed (allow8).
+inline void store_pair(const Scratch& w, int64_t h, int64_t t0, __m512 r, __m512 sc, unsigned allow8) {
+  r = _mm512_mask_blend_ps((__mmask16)(allow8 | allow8 << 8), _mm512_set1_ps(-INFINITY), _mm512_mul_ps(r, sc));
+  _mm256_storeu_ps(w.s + h * w.tp + t0, _mm512_castps512_ps256(r));
+  _mm256_storeu_ps(w.s + (h + 1) * w.tp + t0, _mm512_extractf32x8_ps(r, 1));
+}
 
 template <int NC>  // NC = d / 16
 void scores_f32(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
@@ -107,10 +105,25 @@ void scores_f32(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
   const __m512 neg = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(a->scale);
   for (int64_t t0 = 0; t0 < a->t; t0 += 16) {
     const __mmask16 allow = allowed16(a->mask, t0, a->t);
-    prefetch_rows(K, 4 * kv->k_stride, 4 * a->d, t0 + 32, 16, a->t);
     const float* rows[16];
     for (int j = 0; j < 16; ++j) rows[j] = t0 + j < a->t ? K + (t0 + j) * kv->k_stride : w.zero;
-    for (int64_t h = 0; h < a->n; ++h) {
+    int64_t h = 0;
+    for (; h + 2 <= a->n && allow; h += 2)  // two query rows share each load of a key
+      for (int half = 0; half < 16; half += 8) {
+        __m512 acc[16];
+        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+        for (int c = 0; c < NC; ++c) {
+          const __m512 q0 = _mm512_loadu_ps(a->q + h * a->dp + 16 * c);
+          const __m512 q1 = _mm512_loadu_ps(a->q + (h + 1) * a->dp + 16 * c);
+          for (int j = 0; j < 8; ++j) {
+            const __m512 k = _mm512_loadu_ps(rows[half + j] + 16 * c);
+            acc[j] = _mm512_fmadd_ps(q0, k, acc[j]);
+            acc[8 + j] = _mm512_fmadd_ps(q1, k, acc[8 + j]);
+          }
+        }
+        store_pair(w, h, t0 + half, reduce16(acc), sc, (allow >> half) & 0xFF);
+      }
+    for (; h < a->n; ++h) {
       float* out = w.s + h * w.tp + t0;
       if (!allow) {
         _mm512_storeu_ps(out, neg);
@@ -149,11 +162,31 @@ void scores_bf16(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
   const __m512 neg = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(a->scale);
   for (int64_t t0 = 0; t0 < a->t; t0 += 16) {
     const __mmask16 allow = allowed16(a->mask, t0, a->t);
-    prefetch_rows(K, 2 * kv->k_stride, 2 * a->d, t0 + 32, 16, a->t);
     const uint16_t* rows[16];
     for (int j = 0; j < 16; ++j)
       rows[j] = t0 + j < a->t ? K + (t0 + j) * kv->k_stride : reinterpret_cast<const uint16_t*>(w.zero);
-    for (int64_t h = 0; h < a->n; ++h) {
+    int64_t h = 0;
+    for (; h + 2 <= a->n && allow; h += 2)  // two query rows share each load of a key
+      for (int half = 0; half < 16; half += 8) {
+        __m512 acc[16];
+        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+        for (int c = 0; c < NB; ++c) {
+          const __mmask32 m = chunk_mask(c, NB, a->d);
+          const __m512i q0 = _mm512_loadu_si512(w.qh + h * a->dp + 32 * c);
+          const __m512i q1 = _mm512_loadu_si512(w.qh + (h + 1) * a->dp + 32 * c);
+          for (int j = 0; j < 8; ++j) {
+            const __m512i k = _mm512_maskz_loadu_epi16(m, rows[half + j] + 32 * c);
+            acc[j] = dot_bf16(acc[j], q0, k);
+            acc[8 + j] = dot_bf16(acc[8 + j], q1, k);
+            if constexpr (LO) {
+              acc[j] = dot_bf16(acc[j], _mm512_loadu_si512(w.ql + h * a->dp + 32 * c), k);
+              acc[8 + j] = dot_bf16(acc[8 + j], _mm512_loadu_si512(w.ql + (h + 1) * a->dp + 32 * c), k);
+            }
+          }
+        }
+        store_pair(w, h, t0 + half, reduce16(acc), sc, (allow >> half) & 0xFF);
+      }
+    for (; h < a->n; ++h) {
       float* out = w.s + h * w.tp + t0;
       if (!allow) {
         _mm512_storeu_ps(out, neg);
@@ -242,9 +275,6 @@ void pv_f32_rows(const AttnQuery* a, const PlainKv* kv, const Scratch& w, int64_
     // (no branch inside: a conditional step keeps GCC from holding the accumulators in registers)
     for (int64_t t = t0; t < t1; ++t) {
       const float* vr = V + t * stride;
-      const char* ahead = reinterpret_cast<const char*>(t + 16 < T ? vr + 16 * stride : vr);
-#pragma GCC unroll 16
-      for (int c = 0; c < NC; c += 4) _mm_prefetch(ahead + 64 * c, _MM_HINT_T0);
 #pragma GCC unroll 16
       for (int c = 0; c < NC; ++c) {
         const __m512 v = _mm512_loadu_ps(vr + 16 * c);
@@ -290,12 +320,6 @@ void pv_bf16_rows(const AttnQuery* a, const PlainKv* kv, const Scratch& w, int64
       }
       const uint16_t* v0 = V + t * stride;
       const uint16_t* v1 = t + 1 < T ? v0 + stride : zero;
-      const char* ahead = reinterpret_cast<const char*>(t + 17 < T ? v0 + 16 * stride : v0);
-#pragma GCC unroll 8
-      for (int c = 0; c < NB; ++c) {
-        _mm_prefetch(ahead + 64 * c, _MM_HINT_T0);
-        _mm_prefetch(ahead + 2 * stride + 64 * c, _MM_HINT_T0);
-      }
 #pragma GCC unroll 8
       for (int c = 0; c < NB; ++c) {
         const __mmask32 m = c == NB - 1 ? last : (__mmask32)0xFFFFFFFFu;
