@@ -14,7 +14,11 @@ Masked slots are skipped (left padding costs no reads of V); a slot no query may
 
 Shapes: q [B, KVH, n, D] (n query rows per KV head), K/V [B, KVH, T, D] (strided views of a longer cache are read
 in place: rows must be contiguous), mask [B, T] bool shared by the n rows; state m, l [B, KVH, n], o [B, KVH, n, D]
-float32. D must be a multiple of 16 up to 256 (`supports`); elsewhere the caller keeps the PyTorch path."""
+float32. D must be a multiple of 16 up to 256 (`supports`); elsewhere the caller keeps the PyTorch path.
+
+Prefill attention (`prefill_attention`, bf16 only) runs as flash attention does: blocks of 64 query rows (the g
+heads of a KV head at 64 / g positions) against blocks of 64 keys, K and V packed once per (row, KV head) into the
+pairs vdpbf16ps multiplies, the online softmax in float32 between the two products."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import torch
 
 from engine.compression.int4 import QTensor
 from engine.kernels import compiled
+from engine.kernels.attention import is_causal
 
 MAX_HEAD_DIM = 256
 
@@ -75,3 +80,28 @@ def decode_attention(q: torch.Tensor, k, v, mask: torch.Tensor, scale: float | N
     qg = q.reshape(B, KVH, NH // KVH, D)
     _, denom, o = fold(new_state(B, KVH, NH // KVH, D), qg, k, v, mask.reshape(B, T), scale)
     return (o / denom.unsqueeze(-1)).reshape(B, NH, 1, D).to(q.dtype)
+
+
+def supports_prefill(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the prefill kernel takes this query and K/V: bf16 on the CPU (its products are vdpbf16ps: an
+    instruction set without them, or float32, keeps SDPA), rows contiguous, a head size that is a multiple of 16
+    up to 256."""
+    D = q.shape[-1]
+    if not isinstance(k, torch.Tensor) or q.device.type != "cpu" or D % 16 or D > MAX_HEAD_DIM:
+        return False
+    if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or q.stride(-1) != 1 or k.stride(-1) != 1:
+        return False
+    return available() and compiled.ops().has_prefill()
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float | None = None) -> torch.Tensor:
+    """softmax(scale * q K^T, masked) V for a prefill, blocked as flash attention is (64 query rows x 64 keys,
+    float32 online softmax, bf16 products): q [B, NH, S, D], k/v [B, KVH, T, D] bf16, mask [B, 1, S, T] bool ->
+    [B, NH, S, D] bf16. A plain causal mask (S = T, no padding) is not read: the blocks above the diagonal are
+    skipped."""
+    B, NH, S, D = q.shape
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    if S == k.shape[2] and is_causal(mask):
+        return compiled.ops().attn_prefill(q, k, v, torch.empty(0, dtype=torch.bool), True, scale)
+    return compiled.ops().attn_prefill(q, k, v, mask.expand(B, 1, S, k.shape[2])[:, 0], False, scale)

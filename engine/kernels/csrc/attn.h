@@ -45,11 +45,43 @@ struct Int4Kv {
   int64_t groups, group;
 };
 
+// Prefill attention of one (row, KV head), bf16 in and out, float32 accumulation: its g query heads at s positions
+// (element (head j, position i, d) at q + j * q_head + i * q_pos + d; out alike) against t keys (k, v: slot
+// stride k_stride, v_stride). Key n is visible to position i where mask[i * mask_row + n] is nonzero, or, with no
+// mask, where n <= i + t - s when causal (blocks above the diagonal skipped), always when not.
+struct PrefillItem {
+  const uint16_t* q;
+  int64_t q_head, q_pos;
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t k_stride, v_stride;
+  uint16_t* out;
+  int64_t o_head, o_pos;
+  int64_t g, s, t, d;
+  const uint8_t* mask;
+  int64_t mask_row;
+  int causal;
+  float scale;
+  void* scratch;  // prefill_scratch_bytes(g, t, d)
+};
+
 struct AttnKernels {
   const char* name;
   void (*decode_plain)(const AttnQuery* a, const PlainKv* kv);
   void (*decode_int4)(const AttnQuery* a, const Int4Kv* k, const Int4Kv* v);
+  void (*prefill_bf16)(const PrefillItem* p);  // null where the instruction set has no bf16 dot product
 };
+
+// Prefill blocks: query rows (position-major, the g heads of a position together) and keys.
+static inline int64_t prefill_rows(int64_t g) { return ((g > 64 ? g : 64 / g * g) + 7) / 8 * 8; }
+static const int64_t PREFILL_KEYS = 64;
+
+// Packed K and V of the whole item [t rounded up to 64][d] bf16 each, the block's queries [rows][d] bf16, scores
+// [rows][64] float32, probabilities [rows][64] bf16, output [rows][d] float32, max and sum [rows] float32.
+static inline int64_t prefill_scratch_bytes(int64_t g, int64_t t, int64_t d) {
+  const int64_t tp = (t + 63) / 64 * 64 + 64, rows = prefill_rows(g);
+  return 2 * 2 * tp * d + 2 * rows * d + 4 * rows * 64 + 2 * rows * 64 + 4 * rows * d + 8 * rows + 256;
+}
 
 const AttnKernels* avx512_attn();
 const AttnKernels* avx2_attn();

@@ -292,7 +292,7 @@ void decode_int4(const AttnQuery* a, const Int4Kv* k, const Int4Kv* v) {
   int4_pass(a, k, v, w, 1);
 }
 
-const AttnKernels table = {"avx2", decode_plain, decode_int4};
+const AttnKernels table = {"avx2", decode_plain, decode_int4, nullptr};
 
 }  // namespace
 

@@ -125,9 +125,51 @@ void attn_fold_int4(const at::Tensor& q, const at::Tensor& kd, const at::Tensor&
   });
 }
 
+// Prefill attention, bf16: q [B, NH, S, D], k/v [B, KVH, T, D] (rows contiguous, any other strides), mask
+// [B, S, T] bool (empty: none, then `causal` says whether key n is visible to position i for n <= i + T - S).
+at::Tensor attn_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                        bool causal, double scale) {
+  const auto& kern = kernels();
+  TORCH_CHECK(kern.prefill_bf16 != nullptr, "attn_prefill: this instruction set has no bf16 dot product");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(), "attn_prefill: q [B, NH, S, D], k/v [B, KVH, T, D]");
+  for (const auto* x : {&q, &k, &v})
+    TORCH_CHECK(x->scalar_type() == at::kBFloat16 && x->stride(3) == 1, "attn_prefill: bf16 with contiguous rows");
+  const int64_t B = q.size(0), NH = q.size(1), S = q.size(2), D = q.size(3), KVH = k.size(1), T = k.size(2);
+  TORCH_CHECK(k.size(0) == B && k.size(3) == D && NH % KVH == 0 && D % 16 == 0 && D <= 256,
+              "attn_prefill: shapes do not match, or the head size is no multiple of 16 up to 256");
+  at::Tensor m8;
+  if (mask.numel()) {
+    TORCH_CHECK(mask.dim() == 3 && mask.size(0) == B && mask.size(1) == S && mask.size(2) == T,
+                "attn_prefill: mask must be [B, S, T]");
+    m8 = mask.to(at::kByte).contiguous();
+  }
+  auto out = at::empty({B, NH, S, D}, q.options());
+  const int64_t g = NH / KVH, bytes = prefill_scratch_bytes(g, T, D);
+  const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
+  const auto* kp = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
+  const auto* vp = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const uint8_t* mp = m8.defined() ? m8.data_ptr<uint8_t>() : nullptr;
+  at::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scratch(bytes / 4 + 16);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / KVH, h = i % KVH;
+      PrefillItem it{qp + b * q.stride(0) + h * g * q.stride(1), q.stride(1), q.stride(2),
+                     kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1),
+                     k.stride(2), v.stride(2), op + b * out.stride(0) + h * g * out.stride(1), out.stride(1),
+                     out.stride(2), g, S, T, D, mp ? mp + b * S * T : nullptr, T, causal, (float)scale,
+                     scratch.data()};
+      kern.prefill_bf16(&it);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 void bind_attn(pybind11::module_& m) {
+  m.def("attn_prefill", &attn_prefill, "prefill attention over bf16 q, k, v (blocked, online softmax)");
+  m.def("has_prefill", [] { return kernels().prefill_bf16 != nullptr; }, "whether the chosen set has attn_prefill");
   m.def("attn_fold", &attn_fold, "fold a float32/bf16 K/V cache into decode attention's online-softmax state");
   m.def("attn_fold_int4", &attn_fold_int4, "fold a 4-bit K/V cache into decode attention's online-softmax state");
 }

@@ -14,7 +14,7 @@ import torch
 from engine.compression.int4 import dequantize, quantize
 from engine.engine import Engine
 from engine.kernels import compiled, decode_choice, own_attention
-from engine.kernels.attention import attend
+from engine.kernels.attention import attend, prefill_mask
 from engine.kernels.shared_attention import shared_prefix_attention
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
@@ -160,3 +160,60 @@ def test_greedy_fp32_with_own_decode_matches_transformers(checkpoint, variant, c
         return
     ref = hf_model(model_dir)
     assert got == [hf_greedy(ref, engine.tokenizer, p, MAX_NEW, engine.eos_ids) for p in PROMPTS]
+
+
+def prefill_isas():
+    """The instruction sets with the prefill kernel (AVX-512 BF16; AVX2 keeps SDPA)."""
+    return [isa for isa in isas() if isa == "avx512"]
+
+
+@pytest.mark.parametrize("isa", prefill_isas())
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (3, 1)])
+@pytest.mark.parametrize("D", [16, 64, 80, 128])
+@pytest.mark.parametrize("S", [1, 37, 130])
+@pytest.mark.parametrize("padded", [False, True])
+def test_prefill_equals_attention_in_float64(pinned, isa, heads, D, S, padded):
+    """Causal prompts (blocks above the diagonal skipped) and left-padded ones (the mask read), in bf16: within
+    1e-2 (the output's bf16 rounding on values up to ~3, and bf16 probabilities)."""
+    pinned(isa)
+    torch.manual_seed(S + D)
+    B, (NH, KVH) = 2, heads
+    q = torch.randn(B, S, NH, D).bfloat16().transpose(1, 2)  # a strided view, as the layers make
+    k, v = (torch.randn(B, KVH, S + 3, D).bfloat16()[:, :, :S] for _ in range(2))
+    valid = torch.ones(B, S, dtype=torch.bool)
+    if padded:
+        valid[0, : S // 2] = False
+    mask = prefill_mask(valid)
+    assert own_attention.supports_prefill(q, k)
+    got = own_attention.prefill_attention(q, k, v, mask)
+    assert got.dtype == torch.bfloat16 and got.shape == q.shape
+    torch.testing.assert_close(got.double(), reference(q, k, v, mask), atol=1e-2, rtol=0)
+
+
+def test_prefill_keeps_sdpa_where_the_kernel_does_not_apply(own_prefill):
+    """float32 queries (the kernel is bf16 only) and a head size that is no multiple of 16 run SDPA."""
+    from engine.kernels import prefill_choice
+
+    mask = prefill_mask(torch.ones(2, 9, dtype=torch.bool))
+    for dtype, D in ((torch.float32, 64), (torch.bfloat16, 24)):
+        q, k, v = torch.randn(2, 4, 9, D).to(dtype), torch.randn(2, 2, 9, D).to(dtype), torch.randn(2, 2, 9, D).to(dtype)
+        assert not own_attention.supports_prefill(q, k)
+        torch.testing.assert_close(prefill_choice.prefill(q, k, v, mask), attend(q, k, v, mask))
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa_llama3", "opt"])
+def test_bf16_generation_with_own_prefill_and_decode_is_close_to_sdpa(checkpoint, variant, own_prefill, own_decode):
+    """bf16 end to end through the engine: the own kernels' tokens agree with SDPA's on most positions (bf16
+    rounds differently in each, and a near tie may flip a greedy token)."""
+    from engine.kernels import prefill_choice
+
+    model_dir = checkpoint(variant)
+    engine = Engine.load(model_dir, dtype="bfloat16", policy=Policy(gbs=4, num_gb=1))
+    requests = [Request(str(i), p, SamplingParams(max_new_tokens=MAX_NEW)) for i, p in enumerate(PROMPTS)]
+    got = [c.token_ids for c in engine.generate(requests)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prefill_choice, "prefill_kernel", lambda *a: "sdpa")
+        mp.setattr(decode_choice, "decode_kernel", lambda *a: "sdpa")
+        want = [c.token_ids for c in engine.generate(requests)]
+    first = [a[0] == b[0] for a, b in zip(got, want)]
+    assert sum(first) >= len(first) - 1, (got, want)
