@@ -95,13 +95,15 @@ def supports_prefill(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                      scale: float | None = None) -> torch.Tensor:
+                      scale: float | None = None, state=None) -> torch.Tensor:
     """softmax(scale * q K^T, masked) V for a prefill, blocked as flash attention is (64 query rows x 64 keys,
     float32 online softmax, bf16 products): q [B, NH, S, D], k/v [B, KVH, T, D] bf16, mask [B, 1, S, T] bool ->
     [B, NH, S, D] bf16. A plain causal mask (S = T, no padding) is not read: the blocks above the diagonal are
-    skipped."""
+    skipped. `state`: the (m, l, o) each query row starts from (another source's, e.g. a shared prefix: float32
+    [B, KVH, g S], [B, KVH, g S], [B, KVH, g S, D], row j S + s for head j of the group at position s)."""
     B, NH, S, D = q.shape
     scale = 1 / math.sqrt(D) if scale is None else scale
+    state = [] if state is None else [x.contiguous() for x in state]
     if S == k.shape[2] and is_causal(mask):
-        return compiled.ops().attn_prefill(q, k, v, torch.empty(0, dtype=torch.bool), True, scale)
-    return compiled.ops().attn_prefill(q, k, v, mask.expand(B, 1, S, k.shape[2])[:, 0], False, scale)
+        return compiled.ops().attn_prefill(q, k, v, torch.empty(0, dtype=torch.bool), True, scale, state)
+    return compiled.ops().attn_prefill(q, k, v, mask.expand(B, 1, S, k.shape[2])[:, 0], False, scale, state)

@@ -3,8 +3,8 @@ Hydragen): the shared keys are seen by every query, so the queries of all rows m
 per KV head instead of one small product per row, and the shared K/V exist once instead of once per row. The two
 parts are merged exactly by their log-sum-exp: the prefix's (max, sum of exponentials, weighted values) is the
 starting state of the online softmax that then folds in the row's own slots (engine/kernels/cpu_attention.py, or
-at decode the project's own kernel, engine/kernels/own_attention.py, where it is the decode kernel measured
-fastest for the shape).
+the project's own kernels, engine/kernels/own_attention.py, where they were measured fastest for the shape: the
+prefill kernel starts its query rows from the prefix's state, the decode kernel folds the slots into it).
 
 Shapes: q [B, NH, S, D] (S = 1 at decode), the row's own K/V [B, KVH, T, D] (tensors or 4-bit QTensors) under
 mask [B, 1, S, T], the shared K/V [1, KVH, P, D], visible to every query. GQA: the g = NH / KVH query heads of a
@@ -17,7 +17,7 @@ import math
 import torch
 
 from engine.compression.int4 import QTensor
-from engine.kernels import decode_choice, own_attention
+from engine.kernels import decode_choice, own_attention, prefill_choice
 from engine.kernels.cpu_attention import fold_cache
 
 SCORE_BYTES = 64 << 20  # float32 scores of the shared part computed at once (rows are taken in groups to fit)
@@ -51,6 +51,9 @@ def shared_prefix_attention(q: torch.Tensor, k, v, mask: torch.Tensor, shared: t
     scale = 1 / math.sqrt(D) if scale is None else scale
     qg = q.reshape(B, KVH, g * S, D).float() * scale  # query row j * S + s: head j of the group, position s
     state = shared_state(qg, *shared)
+    if S > 1 and own_prefill(q, k):
+        m, denom, o = state
+        return own_attention.prefill_attention(q, k, v, mask, scale, (m.squeeze(-1), denom.squeeze(-1), o))
     if S == 1 and own_decode(q, k):
         _, denom, o = fold_own(state, qg, k, v, mask.reshape(B, T))
     else:
@@ -65,6 +68,13 @@ def own_decode(q: torch.Tensor, k) -> bool:
     kind = "4bit" if isinstance(k, QTensor) else "plain"
     return (q.device.type == "cpu" and own_attention.supports(q, k)
             and decode_choice.decode_kernel(kind, q.dtype, B, NH, k.shape[1], D) == "own")
+
+
+def own_prefill(q: torch.Tensor, k) -> bool:
+    """Whether a prefill attends over the row's own tokens with the own kernel (bf16, measured faster)."""
+    B, NH, _, D = q.shape
+    return (own_attention.supports_prefill(q, k)
+            and prefill_choice.prefill_kernel(q.dtype, B, NH, k.shape[1], D) == "own")
 
 
 def fold_own(state, qg: torch.Tensor, k, v, mask: torch.Tensor):

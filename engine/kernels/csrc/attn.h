@@ -62,6 +62,11 @@ struct PrefillItem {
   int64_t mask_row;
   int causal;
   float scale;
+  // the online-softmax state each query row starts from (another source's, e.g. a shared prefix), or null: none;
+  // row j * s + i is head j at position i: max m0, sum l0, weighted values o0 [d]
+  const float* m0;
+  const float* l0;
+  const float* o0;
   void* scratch;  // prefill_scratch_bytes(g, t, d)
 };
 

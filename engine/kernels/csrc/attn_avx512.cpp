@@ -695,8 +695,14 @@ void load_queries(const PrefillItem* it, const PrefillWork& w, int64_t s0, int64
     w.l[r] = 0.0f;
   }
   for (int64_t i = s0; i < s0 + positions && i < it->s; ++i)
-    for (int64_t j = 0; j < it->g; ++j)
-      memcpy(w.qb + ((i - s0) * it->g + j) * D, it->q + j * it->q_head + i * it->q_pos, 2 * D);
+    for (int64_t j = 0; j < it->g; ++j) {
+      const int64_t r = (i - s0) * it->g + j;
+      memcpy(w.qb + r * D, it->q + j * it->q_head + i * it->q_pos, 2 * D);
+      if (!it->m0) continue;
+      w.m[r] = it->m0[j * it->s + i];
+      w.l[r] = it->l0[j * it->s + i];
+      memcpy(w.ob + r * D, it->o0 + (j * it->s + i) * D, 4 * D);
+    }
 }
 
 void store_outputs(const PrefillItem* it, const PrefillWork& w, int64_t s0, int64_t positions) {

@@ -127,8 +127,10 @@ void attn_fold_int4(const at::Tensor& q, const at::Tensor& kd, const at::Tensor&
 
 // Prefill attention, bf16: q [B, NH, S, D], k/v [B, KVH, T, D] (rows contiguous, any other strides), mask
 // [B, S, T] bool (empty: none, then `causal` says whether key n is visible to position i for n <= i + T - S).
+// state: empty, or the (m, l, o) [B, KVH, g S] / [B, KVH, g S, D] float32 each query row starts from (row j S + i:
+// head j of the KV head's group at position i).
 at::Tensor attn_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                        bool causal, double scale) {
+                        bool causal, double scale, const std::vector<at::Tensor>& state) {
   const auto& kern = kernels();
   TORCH_CHECK(kern.prefill_bf16 != nullptr, "attn_prefill: this instruction set has no bf16 dot product");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(), "attn_prefill: q [B, NH, S, D], k/v [B, KVH, T, D]");
@@ -145,6 +147,13 @@ at::Tensor attn_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tens
   }
   auto out = at::empty({B, NH, S, D}, q.options());
   const int64_t g = NH / KVH, bytes = prefill_scratch_bytes(g, T, D);
+  TORCH_CHECK(state.empty() || state.size() == 3, "attn_prefill: state must be (m, l, o) or empty");
+  for (const auto& x : state)
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() % (B * KVH * g * S) == 0,
+                "attn_prefill: the state must be contiguous float32 [B, KVH, g S(, D)]");
+  const float* m0 = state.empty() ? nullptr : state[0].data_ptr<float>();
+  const float* l0 = state.empty() ? nullptr : state[1].data_ptr<float>();
+  const float* o0 = state.empty() ? nullptr : state[2].data_ptr<float>();
   const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
   const auto* kp = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
   const auto* vp = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
@@ -158,7 +167,8 @@ at::Tensor attn_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tens
                      kp + b * k.stride(0) + h * k.stride(1), vp + b * v.stride(0) + h * v.stride(1),
                      k.stride(2), v.stride(2), op + b * out.stride(0) + h * g * out.stride(1), out.stride(1),
                      out.stride(2), g, S, T, D, mp ? mp + b * S * T : nullptr, T, causal, (float)scale,
-                     scratch.data()};
+                     m0 ? m0 + i * g * S : nullptr, l0 ? l0 + i * g * S : nullptr,
+                     o0 ? o0 + i * g * S * D : nullptr, scratch.data()};
       kern.prefill_bf16(&it);
     }
   });

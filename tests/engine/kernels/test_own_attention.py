@@ -217,3 +217,22 @@ def test_bf16_generation_with_own_prefill_and_decode_is_close_to_sdpa(checkpoint
         want = [c.token_ids for c in engine.generate(requests)]
     first = [a[0] == b[0] for a, b in zip(got, want)]
     assert sum(first) >= len(first) - 1, (got, want)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_shared_prefix_prefill_by_the_own_kernel(own_prefill, padded):
+    """The prefill kernel started from the shared prefix's state equals attention over [prefix ; own tokens]."""
+    if not prefill_isas():
+        pytest.skip("no AVX512-BF16")
+    torch.manual_seed(4)
+    B, NH, KVH, S, P, D = 3, 8, 2, 70, 9, 32
+    q, k, v = (torch.randn(B, h, S, D).bfloat16() for h in (NH, KVH, KVH))
+    pk, pv = torch.randn(1, KVH, P, D).bfloat16(), torch.randn(1, KVH, P, D).bfloat16()
+    valid = torch.ones(B, S, dtype=torch.bool)
+    if padded:
+        valid[1, :30] = False
+    mask = prefill_mask(valid)
+    got = shared_prefix_attention(q, k, v, mask, (pk, pv))
+    K, V = (torch.cat([p.expand(B, -1, -1, -1), x], 2) for p, x in ((pk, k), (pv, v)))
+    seen = torch.cat([torch.ones(B, 1, S, P, dtype=torch.bool), mask], -1)
+    torch.testing.assert_close(got.double(), reference(q, K, V, seen), atol=1e-2, rtol=0)
