@@ -90,6 +90,8 @@ static inline int64_t prefill_scratch_bytes(int64_t g, int64_t t, int64_t d) {
 
 const AttnKernels* avx512_attn();
 const AttnKernels* avx2_attn();
+void avx512_prefill_bf16(const PrefillItem* p);  // attn_prefill_avx512.cpp
+void avx512_decode_int4(const AttnQuery* a, const Int4Kv* k, const Int4Kv* v);  // attn_int4_avx512.cpp
 
 // Slots rounded up for the scratch rows (static: each object file keeps its own copy, no shared weak symbol).
 static inline int64_t attn_padded_slots(int64_t t) { return (t + 31) / 32 * 32 + 32; }
