@@ -222,10 +222,13 @@ void prefill_bf16(const PrefillItem* it) {
     }
     for (int64_t kb = 0; kb < nkb; ++kb) {
       const int64_t nk = it->t - kb * 64 < 64 ? it->t - kb * 64 : 64;
+      // causal: keys past the block's last position are seen by none of its rows (the diagonal block's tail)
+      const int64_t seen = !it->mask && it->causal ? last + it->t - it->s - kb * 64 + 1 : nk;
+      const int64_t used = seen < nk ? seen : nk;
       for (int64_t r0 = 0; r0 < w.rows; r0 += 8)
-        for (int64_t n0 = 0; n0 < nk; n0 += 32) qk_8x32(it, w, kb, r0, n0);
+        for (int64_t n0 = 0; n0 < used; n0 += 32) qk_8x32(it, w, kb, r0, n0);
       for (int64_t r = 0; r < w.rows; ++r) softmax_row(it, w, r, s0 + r / it->g, kb, nk);
-      pv_block(it, w, kb, nk);
+      pv_block(it, w, kb, used);
     }
     store_outputs(it, w, s0, positions);
   }
