@@ -259,6 +259,25 @@ def sdpa_decode(monkeypatch):
     monkeypatch.setattr("engine.kernels.decode_choice.decode_kernel", lambda *a: "sdpa")
 
 
+@pytest.fixture(autouse=True)
+def sdpa_prefill_attention(monkeypatch):
+    """Prefill attention by SDPA in every test unless the test picks the own kernel (`own_prefill`): which is
+    faster is measured per machine, and tests must not depend on it."""
+    monkeypatch.setattr("engine.kernels.prefill_choice.prefill_kernel", lambda *a: "sdpa")
+
+
+@pytest.fixture
+def own_prefill(monkeypatch):
+    """Prefill attention by the project's own kernel wherever it takes the shape (bf16)."""
+    monkeypatch.setattr("engine.kernels.prefill_choice.prefill_kernel", lambda *a: "own")
+
+
+@pytest.fixture
+def own_decode(monkeypatch):
+    """Decode attention by the project's own kernel wherever it takes the shape (engine/kernels/own_attention.py)."""
+    monkeypatch.setattr("engine.kernels.decode_choice.decode_kernel", lambda *a: "own")
+
+
 @pytest.fixture
 def compressed_kernels(monkeypatch):
     """Compressed weights computed by the compressed kernels (int4pack, int8 x int8) at every row count."""

@@ -7,7 +7,8 @@ backend.
 
     native   PyTorch (the default): F.linear, or oneDNN's reordered weights where measured faster
              (engine/kernels/onednn_dense.py), engine/kernels/rope.py, the caches' SDPA, the project's fused
-             norm / RoPE / SiLU kernels on the CPU (engine/kernels/layer_ops.py), and compressed weights
+             norm / RoPE / SiLU kernels on the CPU (engine/kernels/layer_ops.py), prefill attention by SDPA or the
+             project's own kernel (engine/kernels/prefill_choice.py), and compressed weights
              through engine/compression/qlinear.py (int4 / int8 kernels, or dequantize + GEMM, by measured rate)
     aten     native with every dense Linear through aten's F.linear as loaded (no reordered weights): the
              baseline the reordering is measured against
@@ -26,7 +27,7 @@ from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
-from engine.kernels import int4_tiles, int8_rows, layer_ops, onednn_dense, rates
+from engine.kernels import int4_tiles, int8_rows, layer_ops, onednn_dense, prefill_choice, rates
 from engine.kernels.onednn_dense import OnednnWeight
 from engine.kernels.rates import max_rows
 from engine.kernels.rope import apply_rope, cos_sin
@@ -37,8 +38,12 @@ class NativeKernels:
 
     name = "native"
     reorders_dense = True  # dense resident weights reordered for oneDNN where measured faster (rates.packs_dense)
-    # full attention of a prefill; None leaves it to the KV caches (SDPA), as they do for decode
-    prefill_attention = None
+
+    def prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                          scale: float | None = None) -> torch.Tensor:
+        """Full attention of a prefill over its new K/V (q [B, NH, S, D], k/v [B, KVH, S, D], mask [B, 1, S, S]):
+        the project's own kernel where measured faster, else SDPA (engine/kernels/prefill_choice.py)."""
+        return prefill_choice.prefill(q, k, v, mask, scale)
 
     def linear(self, x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(w, QLinear):

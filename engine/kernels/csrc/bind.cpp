@@ -13,6 +13,7 @@ namespace flexbatch {
 void bind_int4(pybind11::module_& m);
 void bind_int8(pybind11::module_& m);
 void bind_layer(pybind11::module_& m);
+void bind_attn(pybind11::module_& m);
 
 namespace {
 
@@ -55,4 +56,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   flexbatch::bind_int4(m);
   flexbatch::bind_int8(m);
   flexbatch::bind_layer(m);
+  flexbatch::bind_attn(m);
 }
