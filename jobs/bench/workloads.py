@@ -24,7 +24,12 @@ With --whole-process FORMAT the same prompts are also timed as users compare eng
 to exit: `flexbatch run --no-ray` with FORMAT weights against a CTranslate2 int8 script doing load + generate
 (jobs/bench/whole_process.py); --no-in-process leaves the in-process lines out. --vllm-venv DIR adds a vLLM job
 (jobs/bench/vllm_script.py, run by DIR/bin/python) to the whole processes: its seconds start to exit, and the
-seconds inside it spent in `llm.generate` and before it (start-up: imports, load, compile warm-up)."""
+seconds inside it spent in `llm.generate` and before it (start-up: imports, load, compile warm-up).
+
+--llama-cpp DIR adds llama.cpp's lines (jobs/bench/llama_cpp.py: `llama-batched-bench` on GGUFs of the checkpoint,
+bf16, Q8_0 and Q4_0) to the in-process table, interleaved with the others round by round: tokens/s from its own
+prefill and decode seconds (load excluded), its phases as flexbatch's, its process's peak RSS as the memory, and
+the ratio of the flexbatch line of the same weight width (uncompressed, int8, int4) to it."""
 
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ from engine.dtypes import cpu_info
 from engine.engine import Engine
 from engine.policy import Policy
 from engine.spec import load_model_spec
+from jobs.bench import llama_cpp as lc
 from jobs.bench import models as bm
 from jobs.bench import whole_process as wp
 from jobs.bench.line_process import LineProcess
@@ -70,6 +76,7 @@ class WorkloadConfig:
     whole_process: tuple[str, ...] = ()  # flexbatch run's weight formats (whole_process.FORMATS)
     threads: int | None = None  # of every line; None: torch's
     vllm_venv: str | None = None  # a vLLM line among the whole processes (options.vllm_option)
+    llama_cpp: str | None = None  # a llama.cpp build (scripts/setup_llama_cpp.sh): its lines in process
     backends: tuple[str, ...] = ("native",)  # kernels of the uncompressed lines (engine/kernels/backend.py)
     cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
 
@@ -206,11 +213,13 @@ def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak
     interleaved round by round."""
     rows, P, spec = len(prompts), len(prompts[0]), load_model_spec(model_dir)
     threads = cfg.threads or torch.get_num_threads()
-    procs: dict[str, LineProcess] = {}
+    procs: dict[str, LineProcess | lc.LlamaCppLine] = {}
     try:
         for name, (make, *args) in line_specs(cfg, model_dir, prompts).items():
             log.info("loading %s in its own process", name)
             procs[name] = LineProcess(name, make, *args, threads=threads)
+        if cfg.llama_cpp:
+            procs |= lc.llama_cpp_lines(lc.llama_cpp_tools(cfg.llama_cpp), model_dir, rows, P, threads)
         runs: dict[str, list[dict]] = {name: [] for name in procs}
         for r in range(cfg.repeats):
             for name, proc in procs.items():
@@ -226,8 +235,16 @@ def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak
     return [{"line": k, "tokens_per_s": r["tokens_per_s"], "vs_ct2_int8": base and r["tokens_per_s"] / base,
              "tokens_per_cpu_s": r["tokens_per_cpu_s"],
              "gemm_fraction": flops / r["seconds"] / 1e9 / peak, "added_rss_bytes": procs[k].added_rss_bytes,
-             "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]]}
+             "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]],
+             "same_bits_ratio": same_bits_ratio(cfg, res, k)}
             | phase_fractions(spec, prompts, G, r["runs"], peak, decode_rate) for k, r in res.items()]
+
+
+def same_bits_ratio(cfg: WorkloadConfig, res: dict[str, dict], line: str) -> float | None:
+    """For a llama.cpp line, the tokens/s of the flexbatch line of its weights' width over its own."""
+    fmt = next((f for f in lc.FORMATS if lc.line_name(f) == line), None)
+    flex = res.get(lc.same_bits_line(fmt, cfg.dtype)) if fmt else None
+    return flex and flex["tokens_per_s"] / res[line]["tokens_per_s"]
 
 
 def run_workloads(cfg: WorkloadConfig) -> dict:
@@ -243,7 +260,11 @@ def run_workloads(cfg: WorkloadConfig) -> dict:
 
 COLUMNS = tuple(Column(t) for t in ("workload", "line", "tokens/s (median)", "tokens per CPU-s", "vs CTranslate2 int8",
                                      "fraction of GEMM peak", "prefill / GEMM peak", "decode / GEMM at its rows",
-                                     "memory added"))
+                                     "memory added", "flexbatch same weight width / this"))
+
+
+def ratio(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def fraction(x) -> str:
@@ -261,7 +282,8 @@ def table_text(report: dict) -> str:
              f"{ln['tokens_per_cpu_s']:.1f}" if ln.get("tokens_per_cpu_s") else "-",
              f"{ln['vs_ct2_int8']:.2f}x" if ln["vs_ct2_int8"] else "-", fraction(ln["gemm_fraction"]),
              fraction(ln.get("prefill_fraction")), fraction(ln.get("decode_fraction")),
-             f"{ln['added_rss_bytes'] / 2**20:.0f} MiB") for w in report["workloads"] for ln in w["lines"]]
+             f"{ln['added_rss_bytes'] / 2**20:.0f} MiB", ratio(ln.get("same_bits_ratio")))
+            for w in report["workloads"] for ln in w["lines"]]
     if rows:
         out.append(format_table(COLUMNS, rows, markdown=True, above=[
             f"Generation, each line in a loaded process of its own: {report['config']['dtype']} GEMM peak (widest "
@@ -301,6 +323,10 @@ def table_text(report: dict) -> str:
                    "Parquet file; separate processes, interleaved round by round after a warm-up round; every row "
                    "checked to generate exactly G tokens.  [default: none]")
 @vllm_option("a vLLM job among the whole processes (generation seconds inside it, and start to exit)")
+@click.option("--llama-cpp", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Add llama.cpp's lines to the in-process table: GGUFs of the checkpoint (bf16, Q8_0, Q4_0, made "
+                   "on first use) timed by its llama-batched-bench, separate prompts; DIR is a build of "
+                   f"{lc.SETUP_SCRIPT} DIR.  [default: no llama.cpp lines]")
 @click.option("--backend", "backends", type=click.Choice(["native", "aten"]), multiple=True,
               help="Kernels of the uncompressed flexbatch line (repeatable): aten adds a line without oneDNN's "
                    "reordered dense weights, to measure what the reordering gives.  [default: native]")
@@ -310,7 +336,7 @@ def table_text(report: dict) -> str:
 @click.option("--cache-dir", default=WorkloadConfig.cache_dir, show_default=True, help="Checkpoints.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/workloads.json"),
               show_default=True)
-def workloads_command(workloads, whole_process, threads, vllm_venv, backends, output: Path, **kw):
+def workloads_command(workloads, whole_process, threads, vllm_venv, llama_cpp, backends, output: Path, **kw):
     """W1/W2/W3: flexbatch (uncompressed, int4, int8 weights) vs CTranslate2, side by side; with --whole-process
     also as whole processes (`flexbatch run` vs a CTranslate2 script).
 
@@ -320,15 +346,20 @@ def workloads_command(workloads, whole_process, threads, vllm_venv, backends, ou
       flexbatch bench workloads --workload W2 --dtype bfloat16 --backend aten --no-ctranslate2
       flexbatch bench workloads --workload W3 --threads 2 --no-in-process --whole-process int8 --whole-process uncompressed
       flexbatch bench workloads --workload W3 --threads 2 --no-in-process --whole-process uncompressed --vllm-venv .venv-vllm
+      flexbatch bench workloads --preset 100m --workload gen --threads 2 --no-ctranslate2 --llama-cpp .llama-cpp
     """
     setup_logging()
     if not kw["in_process"] and not whole_process and not vllm_venv:
         raise click.UsageError("--no-in-process leaves no line: add --whole-process int8 (or another format)")
-    vllm_python(vllm_venv)  # a missing venv is an error before any line runs
+    vllm_python(vllm_venv)  # a missing venv or build is an error before any line runs
+    lc.llama_cpp_tools(llama_cpp)
+    if llama_cpp and not kw["in_process"]:
+        raise click.UsageError("--llama-cpp adds lines to the in-process table: leave --no-in-process out")
     if threads:
         torch.set_num_threads(threads)
     cfg = WorkloadConfig(workloads=tuple(workloads) or WorkloadConfig.workloads, whole_process=tuple(whole_process),
                          threads=threads, vllm_venv=vllm_venv and str(vllm_venv),
+                         llama_cpp=llama_cpp and str(llama_cpp),
                          backends=tuple(dict.fromkeys(("native", *backends))), **kw)
     report = run_and_save(run_workloads, cfg, output)
     click.echo(table_text(report))

@@ -1,0 +1,218 @@
+"""llama.cpp as a peer of `flexbatch bench workloads --llama-cpp DIR`: the lines "llama.cpp bf16", "llama.cpp Q8_0" and
+"llama.cpp Q4_0", each timed by llama.cpp's own `llama-batched-bench` (built into DIR by scripts/setup_llama_cpp.sh
+from the source vendored in the llama-cpp-python sdist) on a GGUF of the bench's checkpoint.
+
+The GGUF: convert_hf_to_gguf.py refuses the checkpoint's word-level tokenizer (an unknown tokenizer, refused by
+hash) but accepts a SentencePiece `tokenizer.model`, so it converts a folder holding links to the checkpoint's
+config and weights and a SentencePiece model of the same vocabulary size, trained (in DIR's venv) on generated
+text; bf16 as the checkpoint is, then `llama-quantize` to Q8_0 and Q4_0. The tokenizer never runs:
+llama-batched-bench makes its own random prompt tokens. The GGUFs are cached beside the checkpoint
+(`<preset>-gguf/`), rebuilt when the checkpoint is.
+
+A run: `llama-batched-bench -npp P -ntg G-1 -npl N -no-kvu` decodes N separate prompts of P tokens in one batched
+prefill (logits of each prompt's last token: its first generated token), then G-1 batched decode steps of N tokens:
+the P + G - 1 tokens per row that flexbatch's lines run through the layers for G generated tokens. Its table's
+columns T_PP s (the prefill) and T_TG s (the decode steps) are the line's seconds: tokens/s = N * G / (T_PP + T_TG),
+counted as the other lines count theirs, model load, weight repacking and its warm-up excluded (as the loaded
+processes of the other lines exclude theirs). A context holds at most 256 sequences (LLAMA_MAX_SEQ): a larger
+batch runs as several, as even as possible (`-npl 256,256` for 512 rows), one after the other in one process,
+their seconds summed. Its logger prints from a thread of its own that the process does not wait for at exit, so on
+a busy machine the last result line can be lost: a run missing any expected line is run again."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from jobs.bench import whole_process as wp
+
+log = logging.getLogger(__name__)
+SETUP_SCRIPT = "scripts/setup_llama_cpp.sh"
+FORMATS = {"bf16": "", "Q8_0": " int8", "Q4_0": " int4"}  # GGUF type -> the flexbatch line (suffix) of its width
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context holds
+BATCH, UBATCH = 2048, 512  # llama.cpp's defaults of -b (tokens per llama_decode call) and -ub (per graph)
+ATTEMPTS = 3  # runs of llama-batched-bench until every expected result line was printed
+COLUMNS = ("pp", "tg", "pl", "n_kv", "t_pp", "s_pp", "t_tg", "s_tg", "t", "s")  # its table: PP .. S t/s
+_NUM = r"\s*(-?(?:[\d.]+|nan|inf))\s*"
+ROW = re.compile(r"^\|" + r"\|".join([_NUM] * len(COLUMNS)) + r"\|\s*$", re.M)
+
+# Trains the SentencePiece model the converter accepts, on generated words (syllable strings, enough distinct
+# ones for the vocabulary), in DIR's venv: argv out_prefix vocab_size.
+SPM_TRAIN = r"""
+import random, sys
+import sentencepiece as spm
+prefix, vocab = sys.argv[1], int(sys.argv[2])
+rng = random.Random(0)
+syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
+words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(4 * vocab)]
+lines = [" ".join(rng.choice(words) for _ in range(16)) for _ in range(max(2000, 3 * vocab))]
+spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=vocab, model_type="bpe",
+                               byte_fallback=True, character_coverage=1.0, num_threads=1, minloglevel=2)
+print(spm.SentencePieceProcessor(model_file=prefix + ".model").vocab_size())
+"""
+
+
+@dataclass(frozen=True)
+class LlamaCpp:
+    """What scripts/setup_llama_cpp.sh builds in `root`."""
+
+    root: Path
+
+    @property
+    def bench(self) -> Path:
+        return self.root / "build" / "bin" / "llama-batched-bench"
+
+    @property
+    def quantize(self) -> Path:
+        return self.root / "build" / "bin" / "llama-quantize"
+
+    @property
+    def python(self) -> Path:
+        return self.root / "venv" / "bin" / "python"
+
+    @property
+    def convert_script(self) -> Path:
+        return self.root / "src" / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+
+
+def llama_cpp_tools(root: str | Path | None) -> LlamaCpp | None:
+    """The llama.cpp build in `root` (None: no llama.cpp lines); a one-line error where any part is missing."""
+    if root is None:
+        return None
+    tools = LlamaCpp(Path(root).absolute())
+    missing = [p for p in (tools.bench, tools.quantize, tools.python, tools.convert_script) if not p.is_file()]
+    if missing:
+        raise click.UsageError(f"no llama.cpp build at {root} ({missing[0]} is missing): build it with "
+                               f"{SETUP_SCRIPT} {root}, or leave --llama-cpp out")
+    return tools
+
+
+def _run(argv: list, what: str) -> str:
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise click.ClickException(f"{what} exited {done.returncode}: {(done.stderr or done.stdout).strip()[-600:]}")
+    return done.stdout
+
+
+def gguf_models(tools: LlamaCpp, model_dir: Path) -> dict[str, Path]:
+    """The checkpoint as GGUF files, one per FORMATS type, cached in `<checkpoint>-gguf/` beside it (rebuilt when
+    the checkpoint's complete.json changes)."""
+    out = model_dir.parent / f"{model_dir.name}-gguf"
+    files = {fmt: out / f"{fmt}.gguf" for fmt in FORMATS}
+    stamp, built = model_dir / "complete.json", out / "complete.json"
+    if built.is_file() and built.read_text() == stamp.read_text() and all(f.is_file() for f in files.values()):
+        return files
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    log.info("converting %s to GGUF (%s) in %s", model_dir, ", ".join(FORMATS), out)
+    with tempfile.TemporaryDirectory(prefix="flexbatch-gguf-") as tmp:
+        hf = Path(tmp) / model_dir.name  # the converter names the model after its folder
+        hf.mkdir()
+        for f in model_dir.iterdir():
+            if f.name == "config.json" or f.name == "generation_config.json" or f.name.startswith("model"):
+                (hf / f.name).symlink_to(f.absolute())
+        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        trained = int(_run([tools.python, "-c", SPM_TRAIN, hf / "tokenizer", vocab], "training SentencePiece")
+                      .split()[-1])
+        assert trained == vocab, f"SentencePiece trained {trained} pieces, not {vocab}"
+        _run([tools.python, tools.convert_script, hf, "--outtype", "bf16", "--outfile", files["bf16"]],
+             "convert_hf_to_gguf.py")
+    for fmt in FORMATS:
+        if fmt != "bf16":
+            _run([tools.quantize, files["bf16"], files[fmt], fmt], f"llama-quantize to {fmt}")
+    built.write_text(stamp.read_text())
+    return files
+
+
+def sequence_chunks(rows: int) -> list[int]:
+    """`rows` prompts as batches of at most MAX_SEQUENCES, as even as possible: 512 -> [256, 256]."""
+    n = math.ceil(rows / MAX_SEQUENCES)
+    return [rows // n + (i < rows % n) for i in range(n)]
+
+
+def bench_command(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, gen_len: int, threads: int) -> list[str]:
+    """llama-batched-bench on `rows` separate prompts of prompt_len tokens generating gen_len tokens each (prefill
+    + gen_len - 1 decode steps), with a context of every sequence of the largest chunk (-c: pl * (pp + tg))."""
+    chunks, tg = sequence_chunks(rows), gen_len - 1
+    return [str(tools.bench), "-m", str(gguf), "-npp", str(prompt_len), "-ntg", str(tg),
+            "-npl", ",".join(map(str, chunks)), "-no-kvu", "-fa", "auto", "-t", str(threads), "-tb", str(threads),
+            "-c", str(max(chunks) * (prompt_len + tg)), "-b", str(BATCH), "-ub", str(UBATCH)]
+
+
+def parse_results(text: str) -> list[dict]:
+    """The rows of llama-batched-bench's result table (Markdown): PP, TG, B, N_KV, T_PP s, S_PP t/s, T_TG s,
+    S_TG t/s, T s, S t/s, in order; a line cut short is not a row."""
+    return [{k: (int(v) if k in ("pp", "tg", "pl", "n_kv") else float(v)) for k, v in zip(COLUMNS, m.groups())}
+            for m in ROW.finditer(text)]
+
+
+def missing_rows(results: list[dict], rows: int, prompt_len: int, gen_len: int) -> list[int]:
+    """The chunk sizes (B) with no result row of the expected PP and TG."""
+    left = sequence_chunks(rows)
+    for r in results:
+        if r["pp"] == prompt_len and r["tg"] == gen_len - 1 and r["pl"] in left:
+            left.remove(r["pl"])
+    return left
+
+
+def run_batched_bench(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, gen_len: int, threads: int) -> dict:
+    """One timed run (see the module docstring): seconds = the chunks' T_PP + T_TG, tokens = rows * gen_len; also
+    the process's peak RSS, its wall seconds (load included) and the rows of its table."""
+    argv = bench_command(tools, gguf, rows, prompt_len, gen_len, threads)
+    for attempt in range(1, ATTEMPTS + 1):
+        with tempfile.TemporaryDirectory(prefix="flexbatch-llama-cpp-") as tmp:
+            done = wp.run_process(argv, threads, Path(tmp))
+        results = parse_results(done["stdout"])
+        if not (left := missing_rows(results, rows, prompt_len, gen_len)):
+            break
+        log.warning("llama-batched-bench printed no result line for B=%s (attempt %d of %d)", left, attempt, ATTEMPTS)
+    else:
+        raise click.ClickException(f"llama-batched-bench printed no result line for B={left} in {ATTEMPTS} runs of "
+                                   f"`{' '.join(argv)}`: {done['stdout'].strip()[-300:]!r}")
+    prefill, decode = sum(r["t_pp"] for r in results), sum(r["t_tg"] for r in results)
+    tokens, seconds = rows * gen_len, prefill + decode
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rss_growth_bytes": None,
+            "cpu_seconds": None, "tokens_per_cpu_s": None, "phase_seconds": {"prefill": prefill, "decode": decode},
+            "peak_rss_bytes": done["peak_rss_bytes"], "process_seconds": done["seconds"], "attempts": attempt,
+            "results": results, "command": argv}
+
+
+class LlamaCppLine:
+    """A llama.cpp line among the loaded processes of `bench workloads` (the same run/close/added_rss_bytes as
+    jobs/bench/line_process.LineProcess): each run is a llama-batched-bench process; the memory is its peak RSS."""
+
+    def __init__(self, tools: LlamaCpp, gguf: Path, prompt_len: int, rows: int, threads: int):
+        self.tools, self.gguf, self.prompt_len, self.rows, self.threads = tools, gguf, prompt_len, rows, threads
+        self.added_rss_bytes = 0
+
+    def run(self, gen_len: int) -> dict:
+        res = run_batched_bench(self.tools, self.gguf, self.rows, self.prompt_len, gen_len, self.threads)
+        self.added_rss_bytes = max(self.added_rss_bytes, res["peak_rss_bytes"])
+        return res
+
+    def close(self) -> None:
+        pass
+
+
+def llama_cpp_lines(tools: LlamaCpp, model_dir: Path, rows: int, prompt_len: int, threads: int) -> dict:
+    """The lines "llama.cpp bf16", "llama.cpp Q8_0", "llama.cpp Q4_0" (GGUFs converted on first use)."""
+    return {line_name(fmt): LlamaCppLine(tools, gguf, prompt_len, rows, threads)
+            for fmt, gguf in gguf_models(tools, model_dir).items()}
+
+
+def line_name(fmt: str) -> str:
+    return f"llama.cpp {fmt}"
+
+
+def same_bits_line(fmt: str, dtype: str) -> str:
+    """The flexbatch line whose weights have the width of GGUF type `fmt` (bf16: the uncompressed line)."""
+    return f"flexbatch {dtype}{FORMATS[fmt]}"

@@ -1,0 +1,145 @@
+"""The llama.cpp lines of `flexbatch bench workloads --llama-cpp DIR`: the command built for each workload (a batch
+over 256 sequences split), its result table read back (a last line lost at exit run again), the one-line error
+where the build is missing, the ratio to flexbatch's line of the same weight width; the real line runs on the tiny
+preset where .llama-cpp exists (scripts/setup_llama_cpp.sh; CI does not build it)."""
+
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from jobs.bench import llama_cpp as lc
+from jobs.bench import models as bm
+from jobs.bench import whole_process as wp
+from jobs.bench import workloads as wl
+
+BUILD = Path(__file__).resolve().parents[3] / ".llama-cpp"
+
+# llama-batched-bench's stdout for `-npp 128 -ntg 31 -npl 256,256` (its Markdown table; the log lines go to stderr)
+SAMPLE = """
+llama_batched_bench: n_kv_max = 40960, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0, \
+is_tg_separate = 0, n_gpu_layers = -1, n_threads = 2, n_threads_batch = 2
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   128 |     31 |  256 |  40704 |   41.250 |   794.33 |   15.500 |   512.00 |   56.750 |   717.27 |
+|   128 |     31 |  256 |  40704 |   40.750 |   804.12 |   16.500 |   480.97 |   57.250 |   711.00 |
+
+"""
+DROPPED = SAMPLE[:SAMPLE.rindex("|   128")]  # the logger's thread lost the last line at exit
+
+
+def tools(root: Path) -> lc.LlamaCpp:
+    return lc.LlamaCpp(root)
+
+
+def test_batches_over_256_sequences_are_split_as_evenly_as_possible():
+    assert lc.sequence_chunks(96) == [96] and lc.sequence_chunks(256) == [256]
+    assert lc.sequence_chunks(512) == [256, 256] and lc.sequence_chunks(257) == [129, 128]
+    assert lc.sequence_chunks(600) == [200, 200, 200]
+
+
+@pytest.mark.parametrize("workload", sorted(wl.WORKLOADS))
+def test_the_command_runs_separate_prompts_through_a_prefill_and_g_minus_1_decode_steps(workload, tmp_path):
+    rows, P, G = wl.WORKLOADS[workload]
+    argv = lc.bench_command(tools(tmp_path), tmp_path / "Q4_0.gguf", rows, P, G, 2)
+
+    def arg(flag):
+        return argv[argv.index(flag) + 1]
+
+    assert argv[0] == str(tmp_path / "build" / "bin" / "llama-batched-bench") and arg("-m") == str(tmp_path / "Q4_0.gguf")
+    chunks = [int(n) for n in arg("-npl").split(",")]
+    assert sum(chunks) == rows and max(chunks) <= lc.MAX_SEQUENCES and "-pps" not in argv  # separate prompts
+    assert chunks == ([256, 256] if rows == 512 else [rows])
+    assert arg("-npp") == str(P) and arg("-ntg") == str(G - 1)  # the prefill gives each row its first token
+    assert int(arg("-c")) == max(chunks) * (P + G - 1)  # every sequence of a chunk fits: its rows are not skipped
+    assert "-no-kvu" in argv and arg("-fa") == "auto" and arg("-t") == arg("-tb") == "2"
+    assert (arg("-b"), arg("-ub")) == ("2048", "512")
+
+
+def test_the_result_table_is_read_row_by_row_and_a_lost_last_line_is_missing():
+    rows = lc.parse_results(SAMPLE)
+    assert [(r["pp"], r["tg"], r["pl"], r["n_kv"]) for r in rows] == [(128, 31, 256, 40704)] * 2
+    assert rows[1]["t_pp"] == 40.75 and rows[1]["t_tg"] == 16.5 and rows[0]["s_tg"] == 512.0
+    assert lc.missing_rows(rows, 512, 128, 32) == []
+    assert lc.missing_rows(lc.parse_results(DROPPED), 512, 128, 32) == [256]
+    cut = SAMPLE[:SAMPLE.rindex("|   57.250")]  # a line cut short is no row
+    assert len(lc.parse_results(cut)) == 1
+    assert lc.missing_rows(rows, 512, 128, 16) == [256, 256]  # rows of another run count for nothing
+
+
+def test_tokens_per_s_count_g_tokens_per_row_over_prefill_and_decode_seconds_retrying_a_lost_line(tmp_path,
+                                                                                                   monkeypatch):
+    outputs = [DROPPED, SAMPLE]
+    calls = []
+
+    def fake_run_process(argv, threads, workdir, env=None):
+        calls.append(argv)
+        return {"seconds": 70.0, "cpu_seconds": 139.0, "peak_rss_bytes": 900 << 20, "stdout": outputs.pop(0)}
+
+    monkeypatch.setattr(wp, "run_process", fake_run_process)
+    line = lc.LlamaCppLine(tools(tmp_path), tmp_path / "bf16.gguf", 128, 512, 2)
+    res = line.run(32)
+    assert len(calls) == 2 and res["attempts"] == 2 and calls[0] == calls[1]
+    assert res["tokens"] == 512 * 32 and res["seconds"] == pytest.approx(41.25 + 15.5 + 40.75 + 16.5)
+    assert res["tokens_per_s"] == pytest.approx(512 * 32 / 114.0)
+    assert res["phase_seconds"] == {"prefill": 82.0, "decode": 32.0}
+    assert line.added_rss_bytes == 900 << 20 and res["tokens_per_cpu_s"] is None  # its CPU-s include the load
+
+    outputs[:] = [DROPPED] * lc.ATTEMPTS
+    with pytest.raises(click.ClickException, match=r"no result line for B=\[256\] in 3 runs"):
+        line.run(32)
+
+
+def test_a_missing_build_is_a_one_line_error_naming_the_setup_script(tmp_path):
+    assert lc.llama_cpp_tools(None) is None
+    with pytest.raises(click.UsageError, match=f"{lc.SETUP_SCRIPT} {tmp_path / 'nowhere'}") as err:
+        lc.llama_cpp_tools(tmp_path / "nowhere")
+    assert "\n" not in err.value.message
+    t = tools(tmp_path / "b")
+    for path in (t.quantize, t.python, t.convert_script):  # all but the bench binary
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    with pytest.raises(click.UsageError, match="llama-batched-bench is missing"):
+        lc.llama_cpp_tools(tmp_path / "b")
+    res = CliRunner().invoke(wl.workloads_command, ["--llama-cpp", str(tmp_path / "nowhere"), "--cache-dir",
+                                                    str(tmp_path), "--output", str(tmp_path / "o.json")])
+    assert res.exit_code == 2 and "scripts/setup_llama_cpp.sh" in res.output, res.output
+    assert not (tmp_path / "o.json").exists() and not (tmp_path / "110m").exists()  # before any line runs
+    text = " ".join(CliRunner().invoke(wl.workloads_command, ["--help"]).output.split())
+    assert "--llama-cpp DIRECTORY" in text and "scripts/setup_llama_cpp.sh" in text
+
+
+def test_each_llama_cpp_line_is_compared_with_the_flexbatch_line_of_its_weight_width():
+    cfg = wl.WorkloadConfig(dtype="bfloat16")
+    res = {name: {"tokens_per_s": tps} for name, tps in [
+        ("flexbatch bfloat16", 300.0), ("flexbatch bfloat16 int8", 400.0), ("flexbatch bfloat16 int4", 250.0),
+        ("llama.cpp bf16", 200.0), ("llama.cpp Q8_0", 500.0), ("llama.cpp Q4_0", 250.0)]}
+    assert wl.same_bits_ratio(cfg, res, "llama.cpp bf16") == 1.5
+    assert wl.same_bits_ratio(cfg, res, "llama.cpp Q8_0") == 0.8
+    assert wl.same_bits_ratio(cfg, res, "llama.cpp Q4_0") == 1.0
+    assert wl.same_bits_ratio(cfg, res, "flexbatch bfloat16") is None
+    report = {"machine": {"cpu_flags": "avx512_bf16"}, "config": {"dtype": "bfloat16"}, "gemm_peak_gflops": 200.0,
+              "workloads": [{"workload": "gen", "rows": 32, "prompt_tokens": 64, "generated": 64, "lines": [
+                  {"line": "llama.cpp Q4_0", "tokens_per_s": 250.0, "vs_ct2_int8": None, "gemm_fraction": 0.1,
+                   "tokens_per_cpu_s": None, "prefill_fraction": 0.3, "decode_fraction": 0.2,
+                   "added_rss_bytes": 300 << 20, "same_bits_ratio": 1.0}]}]}
+    assert "| gen 32x64 gen 64 | llama.cpp Q4_0 | 250.0 | - | - | 0.10 | 0.30 | 0.20 | 300 MiB | 1.00x |" in (
+        wl.table_text(report))
+
+
+@pytest.mark.skipif(not (BUILD / "build" / "bin" / "llama-batched-bench").is_file(),
+                    reason="no .llama-cpp build (scripts/setup_llama_cpp.sh)")
+def test_the_real_line_converts_the_tiny_checkpoint_and_times_separate_prompts(tmp_path):
+    model_dir = bm.build_checkpoint("tiny", tmp_path)
+    t = lc.llama_cpp_tools(BUILD)
+    lines = lc.llama_cpp_lines(t, model_dir, 3, 8, 2)
+    assert sorted(lines) == ["llama.cpp Q4_0", "llama.cpp Q8_0", "llama.cpp bf16"]
+    assert all((tmp_path / "tiny-gguf" / f"{fmt}.gguf").stat().st_size > 0 for fmt in lc.FORMATS)
+    res = lines["llama.cpp Q4_0"].run(5)
+    assert res["tokens"] == 15 and [(r["pp"], r["tg"], r["pl"]) for r in res["results"]] == [(8, 4, 3)]
+    assert res["phase_seconds"]["prefill"] > 0 and res["phase_seconds"]["decode"] > 0
+    mtime = (tmp_path / "tiny-gguf" / "bf16.gguf").stat().st_mtime
+    lc.gguf_models(t, model_dir)  # cached
+    assert (tmp_path / "tiny-gguf" / "bf16.gguf").stat().st_mtime == mtime
