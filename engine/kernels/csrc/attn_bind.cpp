@@ -8,6 +8,7 @@
 
 #include "attn.h"
 #include "isa.h"
+#include "parallel.h"
 
 namespace flexbatch {
 namespace {
@@ -54,7 +55,7 @@ void for_items(const Prepared& p, float scale, int precise, at::Tensor& m, at::T
   const uint8_t* mask = p.mask.defined() ? p.mask.data_ptr<uint8_t>() : nullptr;
   float *mp = m.data_ptr<float>(), *lp = l.data_ptr<float>(), *op = o.data_ptr<float>();
   const float* qp = p.q.data_ptr<float>();
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+  flexbatch::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scratch(bytes / 4 + 16);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / p.KVH, h = i % p.KVH;
@@ -159,7 +160,7 @@ at::Tensor attn_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tens
   const auto* vp = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const uint8_t* mp = m8.defined() ? m8.data_ptr<uint8_t>() : nullptr;
-  at::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
+  flexbatch::parallel_for(0, B * KVH, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scratch(bytes / 4 + 16);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / KVH, h = i % KVH;

@@ -8,6 +8,7 @@
 
 #include "int4.h"
 #include "isa.h"
+#include "parallel.h"
 
 namespace flexbatch {
 namespace {
@@ -36,7 +37,7 @@ std::vector<at::Tensor> quantize_groups(const at::Tensor& x, int64_t kp, int64_t
   auto scale = at::empty({M, ng}, x.options().dtype(at::kFloat));
   auto scaled_sum = at::empty({M, ng}, x.options().dtype(at::kFloat));
   const auto& k = kernels();
-  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+  flexbatch::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
     k.quantize_groups(x.data_ptr(), bf16, x.stride(0), x.size(1), r0, r1, codes.data_ptr<int8_t>(),
                       scale.data_ptr<float>(), scaled_sum.data_ptr<float>(), kp, group);
   });
@@ -72,7 +73,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const auto* sbase = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const auto* mbase = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
   char* ybase = static_cast<char*>(y.data_ptr());
-  at::parallel_for(0, row_blocks * tiles, 1, [&](int64_t w0, int64_t w1) {
+  flexbatch::parallel_for(0, row_blocks * tiles, 1, [&](int64_t w0, int64_t w1) {
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / tiles, t = w % tiles;
       Int4Tile tile{cbase + t * kp * 8, sbase + t * ng * 16, mbase + t * ng * 16};

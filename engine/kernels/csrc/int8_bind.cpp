@@ -8,6 +8,7 @@
 
 #include "int8.h"
 #include "isa.h"
+#include "parallel.h"
 
 namespace flexbatch {
 namespace {
@@ -40,7 +41,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const auto& kern = kernels();
   auto act = at::empty({M, kp}, x.options().dtype(at::kByte));
   auto act_scale = at::empty({M}, x.options().dtype(at::kFloat));
-  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+  flexbatch::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
     kern.quantize_rows(x2.data_ptr(), bf16, x2.stride(0), k, r0, r1, act.data_ptr<uint8_t>(),
                        act_scale.data_ptr<float>(), kp);
   });
@@ -48,7 +49,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const Int8Weight w{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), code_sums.data_ptr<int32_t>(), n, k};
   const int out_kind = bf16 ? OUT_BF16 : OUT_F32;
   const int64_t rb = 64, cb = 64, row_blocks = (M + rb - 1) / rb, col_blocks = (n + cb - 1) / cb;
-  at::parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t w0, int64_t w1) {
+  flexbatch::parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t w0, int64_t w1) {
     for (int64_t i = w0; i < w1; ++i) {
       const int64_t b = i / col_blocks, c = i % col_blocks;
       kern.gemm(&w, act.data_ptr<uint8_t>(), act_scale.data_ptr<float>(), kp, b * rb, std::min(M, (b + 1) * rb),
