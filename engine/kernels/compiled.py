@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -68,6 +69,13 @@ def _load_or_none():
         return None
     module.select_isa(os.environ.get("FLEXBATCH_ISA", ""))
     return module
+
+
+def profiled(name: str):
+    """A profiler range named `name` around a kernel call while torch's profiler runs (`flexbatch bench ops` sees the
+    compiled kernels through these, as it sees aten's ops), else nothing: outside profiling a call costs one flag
+    read."""
+    return torch.profiler.record_function(name) if torch.autograd.profiler._is_profiler_enabled else nullcontext()
 
 
 def compiler() -> str | None:

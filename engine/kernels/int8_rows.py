@@ -15,6 +15,7 @@ import torch
 
 from engine.compression.int8 import Int8Weight, int8_linear
 from engine.kernels import compiled
+from engine.kernels.int4_tiles import GEMM_RANGE
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ def fast_linear(x: torch.Tensor, fast: Int8Rows | Int8Weight) -> torch.Tensor:
     """y = x W^T through whichever int8 path `pack_fast` chose, in x's dtype."""
     if isinstance(fast, Int8Weight):
         return int8_linear(x, fast)
-    if x.dtype not in (torch.float32, torch.bfloat16):
-        return compiled.ops().int8_linear(x.float(), fast.codes, fast.scales, fast.code_sums).to(x.dtype)
-    return compiled.ops().int8_linear(x, fast.codes, fast.scales, fast.code_sums)
+    n, k = fast.codes.shape
+    with compiled.profiled(f"{GEMM_RANGE}-int8 {x.numel() // k}x{n}x{k}"):
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            return compiled.ops().int8_linear(x.float(), fast.codes, fast.scales, fast.code_sums).to(x.dtype)
+        return compiled.ops().int8_linear(x, fast.codes, fast.scales, fast.code_sums)

@@ -46,6 +46,7 @@ import torch
 from engine.engine import Engine
 from engine.errors import FlexbatchError
 from engine.kernels import onednn_dense
+from engine.kernels.int4_tiles import GEMM_RANGE
 from engine.loop.schedule import GpuBatch
 from engine.models import PHASES, StepContext
 from engine.policy import WEIGHT_FORMATS, Policy
@@ -140,7 +141,7 @@ def category(name: str, labels: set[str]) -> str:
         return "reorder"
     if "attention" in labels:
         return "attention"
-    if name in GEMM_OPS:
+    if name in GEMM_OPS or name.startswith(GEMM_RANGE):
         return "gemm"
     if "linear" in labels:
         return "linear other"
@@ -153,7 +154,9 @@ def gemm_mnk(name: str, shapes: list) -> tuple[int, int, int] | None:
     """(M, N, K) of a GEMM kernel call from its recorded input shapes (a batched product: M counts every batch's
     rows); None where the shapes are not the ones expected."""
     try:
-        if name in ("aten::mm", "aten::_int_mm"):
+        if name.startswith(GEMM_RANGE):  # the own kernels' range: "flexbatch::gemm MxNxK"
+            m, n, k = name.rsplit(" ", 1)[1].split("x")
+        elif name in ("aten::mm", "aten::_int_mm"):
             (m, k), (_, n) = shapes[0], shapes[1]
         elif name == "aten::addmm":
             (m, k), (_, n) = shapes[1], shapes[2]
@@ -199,7 +202,7 @@ def tally(events, wall_s: float) -> dict:
         if e.thread == main:
             phases[e.name]["wall_s"] += (e.time_range.end - e.time_range.start) / 1e6
     for e in events:
-        if e.is_user_annotation:
+        if e.is_user_annotation and not e.name.startswith(GEMM_RANGE):  # the own kernels' calls count as ops
             continue
         labels, phase, up = set(), REST, e.cpu_parent
         while up is not None:
@@ -224,7 +227,7 @@ def tally(events, wall_s: float) -> dict:
             flops = 2.0 * math.prod(mnk)
             ph["gemm_flops"] += flops
             ph["flops_by_rows"][mnk[0]] += flops
-            ph["int8_flops"] += flops if e.name == "aten::_int_mm" else 0.0
+            ph["int8_flops"] += flops if e.name == "aten::_int_mm" or e.name.startswith(GEMM_RANGE + "-int8") else 0.0
     phases[REST]["wall_s"] = max(0.0, wall_s - sum(phases[p]["wall_s"] for p in PHASES))
     for ph in phases.values():
         ph["seconds"]["overhead"] = ph["wall_s"] - sum(v for k, v in ph["seconds"].items() if k != "overhead")
