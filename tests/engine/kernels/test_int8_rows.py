@@ -6,7 +6,7 @@ import torch
 
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.kernels import compiled, int8_rows
-from tests.engine.kernels.own_isas import isas, pinned  # noqa: F401  (a fixture)
+from tests.engine.kernels.own_isas import isas
 
 
 def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
@@ -22,7 +22,7 @@ def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 @pytest.mark.parametrize("n,k", [(96, 1024), (17, 100), (5, 64), (70, 200)])
 @pytest.mark.parametrize("rows", [1, 3, 4, 9, 70])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, rows, dtype):  # noqa: F811
+def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, rows, dtype):
     pinned(isa)
     torch.manual_seed(n * rows + k)
     w = quantize_int8(torch.randn(n, k) * 0.05)
@@ -37,7 +37,7 @@ def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, rows, dtype):
 
 
 @pytest.mark.skipif("avx512" not in isas(), reason="needs an AVX-512 CPU to compare both instruction sets")
-def test_both_instruction_sets_agree(pinned):  # noqa: F811
+def test_both_instruction_sets_agree(pinned):
     w = int8_rows.pack_fast(quantize_int8(torch.randn(80, 333)))
     x = torch.randn(9, 333)
     pinned("avx2")

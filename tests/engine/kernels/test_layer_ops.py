@@ -15,25 +15,11 @@ from engine.kernels import compiled, layer_ops
 from engine.kernels.native import NativeKernels
 from engine.kernels.rope import cos_sin, inv_frequencies
 from engine.spec import RopeSpec
+from tests.engine.kernels.own_isas import isas
 
 DTYPES = [torch.float32, torch.bfloat16]
 F32_ULPS = 4 * torch.finfo(torch.float32).eps
 BF16_STEP = 2 * torch.finfo(torch.bfloat16).eps  # two roundings: the normalized value, then its product
-
-
-def isas():
-    mod = compiled.ops()
-    if mod is None:
-        return []
-    best = mod.isa()
-    return ["avx512", "avx2"] if best == "avx512" else ["avx2"] if best == "avx2" else []
-
-
-@pytest.fixture
-def pinned():
-    mod = compiled.ops()
-    yield lambda isa: mod.select_isa(isa)
-    mod.select_isa("")
 
 
 def assert_close_to(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:

@@ -18,24 +18,10 @@ from engine.kernels.attention import attend, prefill_mask
 from engine.kernels.shared_attention import shared_prefix_attention
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
+from tests.engine.kernels.own_isas import isas
 from tests.engine.reference import PROMPTS, hf_greedy, hf_model
 
 MAX_NEW = 12
-
-
-def isas():
-    mod = compiled.ops()
-    if mod is None:
-        return []
-    best = mod.isa()
-    return ["avx512", "avx2"] if best == "avx512" else ["avx2"] if best == "avx2" else []
-
-
-@pytest.fixture
-def pinned():
-    mod = compiled.ops()
-    yield lambda isa: mod.select_isa(isa)
-    mod.select_isa("")
 
 
 def reference(q, k, v, mask, scale=None):
