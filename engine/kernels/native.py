@@ -90,8 +90,9 @@ class NativeKernels:
 
     def pack_resident(self, stored: LayerWeights, meta: dict[str, str] | None, codec=None) -> LayerWeights:
         """A layer that stays in CPU memory and only ever computes on the CPU, in the form it is kept in
-        (called once at load). Compressed weights become QWeights, 4-bit ones packed for aten's int4 GEMM when
-        that was measured faster at some row count (kept beside the stored form, which the dense path reads);
+        (called once at load). Compressed weights become QWeights, 4-bit ones packed for the 4-bit kernel
+        (engine/kernels/int4_tiles.py) when that was measured faster at some row count (kept beside the stored
+        form, which the dense path reads);
         dense ones are reordered for oneDNN where that was measured faster (engine/kernels/onednn_dense.py)."""
         if codec is None or meta is None:
             return {name: onednn_dense.pack(w) if self.reorders_dense and rates.packs_dense(w) else w
