@@ -79,6 +79,7 @@ def test_kernels_off_fall_back_to_aten(monkeypatch):
 def test_a_failed_build_is_logged_once_and_the_pytorch_path_runs(monkeypatch, tmp_path, caplog):
     """No compiler: ops() is None, with one warning naming why."""
     monkeypatch.setattr(compiled, "_loaded", [])
+    monkeypatch.delenv("FLEXBATCH_KERNELS", raising=False)
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     monkeypatch.delitem(sys.modules, compiled.NAME, raising=False)
     monkeypatch.setattr(compiled, "compiler", lambda: None)
