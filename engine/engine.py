@@ -29,7 +29,7 @@ from engine.memory.weight_store import WeightStore, globals_tier, head_in_int8
 from engine.models import family_for
 from engine.policy import Policy
 from engine.prompt_ids import PromptError, request_prompt_ids
-from engine.request import TRUNCATE_CHOICES, Completion, Request
+from engine.request import TRUNCATE, Completion, Request
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
 
@@ -113,8 +113,7 @@ class Engine:
         (engine/batching.py). What may change between calls is an argument: `policy` (the loaded one by default)
         may differ from the loaded policy in all but what the load fixed (`Policy.fixed_at_load`), and
         `batch_size` is a shorthand for one GPU batch of that many rows per block."""
-        if truncate not in TRUNCATE_CHOICES:
-            raise InvalidParamsError(f"truncate={truncate!r} is invalid: use one of {', '.join(TRUNCATE_CHOICES)}")
+        TRUNCATE.check(truncate)
         policy = self.call_policy(policy, batch_size)
         results: list[Completion | None] = [None] * len(requests)
         grammars = self.grammars()  # each distinct constraint compiled once in this call, in the background

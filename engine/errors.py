@@ -20,3 +20,7 @@ class WeightFormatError(FlexbatchError):
 class InvalidParamsError(FlexbatchError, ValueError):
     """A generation parameter has a bad value."""
 
+
+class ConfigError(FlexbatchError, ValueError):
+    """A job option has a bad value."""
+

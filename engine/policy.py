@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from engine.errors import InvalidParamsError
+from engine.options import Flag, Option, check_fields, option
 
 TIERS = ("gpu", "cpu", "disk")
 PHASE_DEVICES = ("cpu", "gpu", "split")
@@ -18,6 +19,15 @@ WEIGHT_FORMATS = ("int4", "int8", "bf16")
 DEFAULT_GBS = 8
 DEFAULT_NUM_GB = 2
 FRACTION_NAMES = ("weight_gpu", "weight_cpu", "cache_gpu", "cache_cpu", "act_gpu", "act_cpu")  # --percent's order
+# every policy field is a pin of the command line, of flexbatch.run (pins=) and of lm-eval's model_args
+_WHOLE = ("ray", "the stage runs a whole Policy (policy=) or plans one from its first batch")
+
+_SHORTHAND = "a command-line shorthand; pin the fields it stands for"
+
+
+def _fraction(default: float, what: str):
+    return option(default, kind="number", low=0, high=1, via="--percent", absent=(_WHOLE,),
+                  help=f"The share of {what} (0 to 1); the rest of each kind goes to disk.")
 
 
 @dataclass(frozen=True)
@@ -27,37 +37,64 @@ class Policy:
     the next waiting row (engine/loop/refill.py) instead of idling until its block ends. With `share_prefix`, the
     leading tokens every row of a block shares are computed and cached once (engine/loop/shared_prefix.py)."""
 
-    gbs: int = DEFAULT_GBS
-    num_gb: int = DEFAULT_NUM_GB
-    weight_gpu: float = 0.0
-    weight_cpu: float = 1.0
-    cache_gpu: float = 0.0
-    cache_cpu: float = 1.0
-    act_gpu: float = 0.0
-    act_cpu: float = 1.0
-    compress_weight: bool = False
-    compress_cache: bool = False
-    weight_format: str = "int4"  # the format of compressed weights (with compress_weight)
-    cpu_attention: bool = True
-    prefill_device: str = "cpu"
-    decode_device: str = "cpu"
-    prefill_split_layer: int = 0
-    decode_split_layer: int = 0
-    refill: bool = False
-    share_prefix: bool = True
+    gbs: int = option(DEFAULT_GBS, kind="int", low=1, absent=(_WHOLE,),
+                      flag=Flag("--gbs", checked=True, default=None,
+                                default_text=f"planned; {DEFAULT_GBS} with --no-plan"),
+                      help="GPU batch size: rows computed together.")
+    num_gb: int = option(DEFAULT_NUM_GB, kind="int", low=1, absent=(_WHOLE,),
+                         flag=Flag("--num-gb", checked=True, default=None,
+                                   default_text=f"planned; {DEFAULT_NUM_GB} with --no-plan"),
+                         help="GPU batches per block; a layer's weights are loaded once per block.")
+    weight_gpu: float = _fraction(0.0, "the weights on the GPU")
+    weight_cpu: float = _fraction(1.0, "the weights in CPU memory")
+    cache_gpu: float = _fraction(0.0, "the KV cache on the GPU")
+    cache_cpu: float = _fraction(1.0, "the KV cache in CPU memory")
+    act_gpu: float = _fraction(0.0, "the activations on the GPU")
+    act_cpu: float = _fraction(1.0, "the activations in CPU memory")
+    compress_weight: bool = option(False, kind="bool", absent=(_WHOLE,),
+                                   flag=Flag("--compress-weight", words=tuple((w, True) for w in WEIGHT_FORMATS),
+                                             word_field="weight_format", flag_value="int4", default=None),
+                                   help="Compressed weights: int4 (the default when given alone: 4-bit group-wise, "
+                                        "group 64), int8 (row-wise, int8 x int8 GEMMs; the LM head in int8 too) or "
+                                        "bf16 (kept and read in bfloat16, computed in float32: lossless for a bf16 "
+                                        "checkpoint, half the bytes of float32).")
+    compress_cache: bool = option(False, kind="bool", absent=(_WHOLE,), flag=Flag("--compress-cache"),
+                                  help="4-bit group-wise KV cache (group 64).")
+    weight_format: str = option("int4", kind="choice", choices=WEIGHT_FORMATS, via="--compress-weight",
+                                absent=(_WHOLE,), help="The format of compressed weights (with compress_weight).")
+    cpu_attention: bool = option(True, kind="bool", absent=(_WHOLE,),
+                                 flag=Flag("--cpu-attention/--no-cpu-attention"),
+                                 help="Decode attention runs where the KV cache lives.")
+    prefill_device: str = option("cpu", kind="choice", choices=PHASE_DEVICES, absent=(_WHOLE,),
+                                 flag=Flag("--prefill-device"),
+                                 help="Where prefill computes; split = CPU below --prefill-split-layer.")
+    decode_device: str = option("cpu", kind="choice", choices=PHASE_DEVICES, absent=(_WHOLE,),
+                                flag=Flag("--decode-device"),
+                                help="Where decode computes; split = CPU below --decode-split-layer.")
+    prefill_split_layer: int = option(0, kind="int", low=0, absent=(_WHOLE,),
+                                      flag=Flag("--prefill-split-layer", checked=True),
+                                      help="First layer computed on the GPU in prefill when --prefill-device split.")
+    decode_split_layer: int = option(0, kind="int", low=0, absent=(_WHOLE,),
+                                     flag=Flag("--decode-split-layer", checked=True),
+                                     help="First layer computed on the GPU in decode when --decode-device split.")
+    refill: bool = option(False, kind="bool", absent=(_WHOLE,),
+                          flag=Flag("--refill", words=(("auto", None), ("on", True), ("off", False)), default="auto"),
+                          help="Finished rows' slots take waiting rows: auto lets the planner decide from the rows' "
+                               "max_new_tokens and stop strings, then from what rows really generate; off with "
+                               "--no-plan unless on.")
+    share_prefix: bool = option(True, kind="bool", absent=(_WHOLE,),
+                                flag=Flag("--prefix-sharing", words=(("auto", None), ("off", False)), default="auto"),
+                                help="The leading tokens every row of a block shares (a few-shot prompt's "
+                                     "instructions and examples, a chat's system prompt) are computed and cached "
+                                     "once, and each row holds only its own tokens: blocks hold more rows and prefill "
+                                     "skips the repeats. auto: where rows share at least 32 tokens; off: every row's "
+                                     "prompt is computed whole.")
     weight_disk: float = field(init=False)
     cache_disk: float = field(init=False)
     act_disk: float = field(init=False)
 
     def __post_init__(self) -> None:
-        for name in ("gbs", "num_gb"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidParamsError(f"{name}={value!r} is invalid: use a positive integer")
-        for name in FRACTION_NAMES:
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise InvalidParamsError(f"{name}={value!r} is invalid: a fraction must lie in [0, 1]")
+        check_fields(self)
         for kind in ("weight", "cache", "act"):
             rest = 1.0 - getattr(self, f"{kind}_gpu") - getattr(self, f"{kind}_cpu")
             if rest < -1e-9:
@@ -65,18 +102,11 @@ class Policy:
                     f"{kind}: gpu {getattr(self, f'{kind}_gpu')} + cpu {getattr(self, f'{kind}_cpu')} exceeds 1; "
                     "the two fractions must sum to at most 1 (the rest goes to disk)")
             object.__setattr__(self, f"{kind}_disk", max(0.0, round(rest, 9)))
-        if self.weight_format not in WEIGHT_FORMATS:
-            raise InvalidParamsError(f"weight_format={self.weight_format!r} is invalid: use one of "
-                                     f"{', '.join(WEIGHT_FORMATS)}")
         for phase in ("prefill", "decode"):
             self._check_phase(phase)
 
     def _check_phase(self, phase: str) -> None:
         device, split = getattr(self, f"{phase}_device"), getattr(self, f"{phase}_split_layer")
-        if device not in PHASE_DEVICES:
-            raise InvalidParamsError(f"{phase}_device={device!r} is invalid: use one of {', '.join(PHASE_DEVICES)}")
-        if isinstance(split, bool) or not isinstance(split, int) or split < 0:
-            raise InvalidParamsError(f"{phase}_split_layer={split!r} is invalid: use a layer index >= 0")
         if device == "split" and split == 0:
             raise InvalidParamsError(f"{phase}_device='split' needs {phase}_split_layer >= 1 (the first GPU layer)")
 
@@ -138,6 +168,20 @@ class Policy:
         return cls(**{n: p / 100 for n, p in zip(FRACTION_NAMES, percent)}, **kw)
 
 
+# the command line's shorthands for policy fields
+BATCH_SIZE = Option("batch_size", kind="int", low=1, flag=Flag("--batch-size", checked=True),
+                    absent=tuple((surface, f"{_SHORTHAND} (gbs=N, num_gb=1)")
+                                 for surface in ("python", "ray", "model_args")),
+                    help="Shorthand for --gbs N --num-gb 1.")
+PERCENT = Option("percent", kind="number",
+                 flag=Flag("--percent", metavar="WG WC CG CC HG HC", nargs=6,
+                           default_text="planned; 0 100 0 100 0 100 with --no-plan"),
+                 absent=tuple((surface, f"{_SHORTHAND} ({', '.join(FRACTION_NAMES)}: 0 to 1)")
+                              for surface in ("python", "ray", "model_args")),
+                 help="FlexGen's placement: percent of weights, KV cache and activations on the gpu and on the cpu; "
+                      "the rest goes to disk.")
+
+
 class Pins(Mapping):
     """The part of a policy its user fixed, by Policy field name (a read-only mapping). The planner chooses every
     other field; without planning they take Policy's defaults (`policy()`). This is refill's one encoding as a
@@ -180,25 +224,3 @@ class Pins(Mapping):
     def policy(self) -> Policy:
         """The policy without planning: the pinned fields, Policy's defaults for the rest."""
         return Policy(**self._values)
-
-
-_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9, "T": 1e12, "TB": 1e12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(text: str | float | int | None, name: str = "memory") -> float | None:
-    """'24GiB', '512MB', '1e9' -> bytes; None or '' -> None (no limit)."""
-    if text is None or text == "":
-        return None
-    if isinstance(text, (int, float)):
-        return float(text)
-    s = str(text).strip().upper().replace(" ", "")
-    num = s.rstrip("KMGTIB")
-    unit = s[len(num):]
-    try:
-        value = float(num) * _UNITS[unit]
-    except (ValueError, KeyError):
-        raise InvalidParamsError(f"{name}={text!r} is not a size; write e.g. 512MiB, 4GiB or 2e9") from None
-    if value <= 0:
-        raise InvalidParamsError(f"{name}={text!r} must be positive")
-    return value

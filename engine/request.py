@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidParamsError
 from engine.guided import Guided
+from engine.options import Flag, Option, check_fields, option
 
 FINISH_REASONS = ("stop", "length", "eos", "error")
 TRUNCATE_CHOICES = ("error", "left")
 DEFAULT_MAX_NEW_TOKENS = 64
+# lm-eval gives the decoding options per request, in each task's generation kwargs, not as model_args
+_PER_REQUEST = ("model_args", "lm-eval gives them per request: a task's generation_kwargs")
+TRUNCATE = Option("truncate", kind="choice", choices=TRUNCATE_CHOICES, default="error", flag=Flag("--truncate"),
+                  absent=(("model_args", "lm-eval's requests are cut on the left, as its hf backend cuts them"),),
+                  help="A prompt longer than the context: 'error' fails that row, 'left' keeps its last tokens.")
 
 
 @dataclass(frozen=True)
@@ -23,33 +28,39 @@ class SamplingParams:
     only. `guided` constrains the answer while decoding (engine/guided.py: one of some choices, a regex, a JSON
     schema, any JSON object, an EBNF grammar); a dict is read by `Guided.from_mapping`."""
 
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    stop: tuple[str, ...] = ()
-    seed: int = 0
-    logprobs: bool = False
+    max_new_tokens: int = option(DEFAULT_MAX_NEW_TOKENS, kind="int", low=1, absent=(_PER_REQUEST,),
+                                 flag=Flag("--max-new-tokens"),
+                                 help="Most tokens to generate per row (per-row column: max_new_tokens).")
+    temperature: float = option(0.0, kind="number", low=0, hint="0 is greedy", absent=(_PER_REQUEST,),
+                                flag=Flag("--temperature"),
+                                help="Sampling temperature; 0 is greedy (per-row column: temperature).")
+    top_p: float = option(1.0, kind="number", low=0, low_open=True, high=1, hint="1 disables it",
+                          absent=(_PER_REQUEST,), flag=Flag("--top-p"),
+                          help="Nucleus sampling mass in (0, 1]; 1 disables it (per-row column: top_p).")
+    top_k: int = option(0, kind="int", low=0, hint="0 disables it", absent=(_PER_REQUEST,), flag=Flag("--top-k"),
+                        help="Sample among the k likeliest tokens; 0 disables it (per-row column: top_k).")
+    stop: tuple[str, ...] = option((), kind="texts", absent=(_PER_REQUEST,),
+                                   flag=Flag("--stop", metavar="TEXT", default_text="none"),
+                                   help="Stop string, repeatable; the completion is cut before it (per-row column: "
+                                        "stop, a list of strings).")
+    seed: int = option(0, kind="int", low=0, absent=(_PER_REQUEST,), flag=Flag("--seed"),
+                       help="Job seed; a row without its own seed gets one derived from this and its id, so rows "
+                            "differ and reruns are identical (per-row column: seed).")
+    logprobs: bool = option(False, kind="bool", flag=Flag("--logprobs", default_text="off"),
+                            absent=(_PER_REQUEST, ("ray", "the stage's output columns are Ray Data LLM's: none")),
+                            help="Add a logprobs column: the log-probability of each generated token.")
     prompt_logprobs: bool = False  # also score the prompt: each token's log-probability given the ones before
     score_last: int = 0  # with prompt_logprobs: score only the prompt's last this many tokens (0: every token)
     guided: Guided | None = None  # what the answer must match, enforced while decoding (engine/loop/grammar.py)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop", tuple(self.stop))
+        check_fields(self)
         if self.guided is not None and not isinstance(self.guided, Guided):
             object.__setattr__(self, "guided", Guided.from_mapping(self.guided))
-        _check_int("max_new_tokens", self.max_new_tokens, low=1, hint="use a positive integer such as 64")
-        _check_float("temperature", self.temperature, ok=lambda v: v >= 0, hint="use 0 for greedy or a value > 0")
-        _check_float("top_p", self.top_p, ok=lambda v: 0 < v <= 1, hint="use a value in (0, 1]; 1 disables it")
-        _check_int("top_k", self.top_k, low=0, hint="use 0 to disable it or a positive integer")
-        _check_int("seed", self.seed, low=0, hint="use a non-negative integer")
         _check_int("score_last", self.score_last, low=0, hint="use 0 to score every prompt token or a positive count")
         if self.score_last and not self.prompt_logprobs:
             raise InvalidParamsError(f"score_last={self.score_last} scores part of the prompt: it needs "
                                      "prompt_logprobs=True")
-        for s in self.stop:
-            if not isinstance(s, str) or s == "":
-                raise InvalidParamsError(f"stop={s!r}: each stop string must be a non-empty string")
 
     @property
     def greedy(self) -> bool:
@@ -58,11 +69,6 @@ class SamplingParams:
 
 def _check_int(name: str, value, low: int, hint: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidParamsError(f"{name}={value!r} is invalid: {hint}")
-
-
-def _check_float(name: str, value, ok, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
         raise InvalidParamsError(f"{name}={value!r} is invalid: {hint}")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from engine.errors import ModelNotFoundError
+from engine.options import OptionError
 
 # Exit codes of a job command. 0: every row completed. The others, most serious first:
 FAILED_SHARDS_EXIT = 1  # shards failed every try: their rows have no output
@@ -19,7 +20,10 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def fail(error: Exception | str) -> None:
-    """Print a user error as one line `flexbatch: error: ...` and exit with USER_ERROR_EXIT."""
+    """Print a user error as one line `flexbatch: error: ...` and exit with USER_ERROR_EXIT; a bad option's value
+    names its flag."""
+    if isinstance(error, OptionError):
+        error = error.given("cli")
     message = " ".join(str(error).splitlines())
     click.echo(f"flexbatch: error: {message}", err=True)
     sys.exit(USER_ERROR_EXIT)

@@ -17,9 +17,8 @@ import click
 
 import flexbatch
 from engine.errors import FlexbatchError
-from engine.request import TRUNCATE_CHOICES, SamplingParams
 from jobs.common import default_model, fail, job_exit_code, setup_logging
-from jobs.engine_options import engine_options, engine_settings
+from jobs.engine_options import engine_options, engine_settings, sampling_options, sampling_values
 from jobs.guided_options import guided_from_options, guided_options
 from pipeline.input.ids import id_text
 from pipeline.input.parquet import CHAT_CHOICES, FORMAT_CHOICES, MESSAGES_COLUMN
@@ -27,7 +26,6 @@ from pipeline.input.utf8 import NotUtf8, column_values
 from pipeline.job import JobSummary, RunConfig
 from pipeline.storage import Folder
 
-_SP = {f.name: f.default for f in fields(SamplingParams)}
 _RC = {f.name: f.default for f in fields(RunConfig)}
 
 
@@ -49,30 +47,13 @@ _RC = {f.name: f.default for f in fields(RunConfig)}
                    "shard of a larger one), _job.json, _manifest.jsonl and _SUCCESS.")
 @click.option("--prompt-column", default=_RC["prompt_column"], show_default=True,
               help="Input column that holds the prompts.")
-@click.option("--max-new-tokens", type=int, default=_SP["max_new_tokens"], show_default=True,
-              help="Most tokens to generate per row (per-row column: max_new_tokens).")
-@click.option("--temperature", type=float, default=_SP["temperature"], show_default=True,
-              help="Sampling temperature; 0 is greedy (per-row column: temperature).")
-@click.option("--top-p", type=float, default=_SP["top_p"], show_default=True,
-              help="Nucleus sampling mass in (0, 1]; 1 disables it (per-row column: top_p).")
-@click.option("--top-k", type=int, default=_SP["top_k"], show_default=True,
-              help="Sample among the k likeliest tokens; 0 disables it (per-row column: top_k).")
-@click.option("--stop", multiple=True, metavar="TEXT",
-              help="Stop string, repeatable; the completion is cut before it (per-row column: stop, a list "
-                   "of strings).  [default: none]")
+@sampling_options
 @guided_options
-@click.option("--seed", type=int, default=_SP["seed"], show_default=True,
-              help="Job seed; a row without its own seed gets one derived from this and its id, so rows "
-                   "differ and reruns are identical (per-row column: seed).")
-@click.option("--logprobs", is_flag=True, default=_SP["logprobs"],
-              help="Add a logprobs column: the log-probability of each generated token.  [default: off]")
 @click.option("--score", is_flag=True, default=_RC["score"],
               help="Score each row instead of completing it: the log-probability of every prompt token given the "
                    "ones before (column prompt_logprobs), and of an optional continuation column's text after the "
                    "prompt (continuation_logprob, the sum; continuation_is_greedy). No text is generated "
                    "(completion is \"\").  [default: off]")
-@click.option("--truncate", type=click.Choice(TRUNCATE_CHOICES), default=_RC["truncate"], show_default=True,
-              help="A prompt longer than the context: 'error' fails that row, 'left' keeps its last tokens.")
 @click.option("--show", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="After the run, print the first N rows' prompts and completions.")
 @click.option("--overwrite", is_flag=True,
@@ -85,8 +66,8 @@ _RC = {f.name: f.default for f in fields(RunConfig)}
               show_default=True, help="Tries after the first for a shard whose worker died or that failed.")
 @engine_options
 @click.pass_context
-def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens, temperature, top_p, top_k, stop,
-        choice, regex, json_schema, seed, logprobs, score, truncate, show, overwrite, shard_rows, max_shard_retries, **engine_opts) -> None:
+def run(ctx, model, input_, format_, chat, output, prompt_column, choice, regex, json_schema, score, truncate, show,
+        overwrite, shard_rows, max_shard_retries, **options) -> None:
     """Complete every prompt (or request) of the input and write parts with the completions.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
@@ -126,13 +107,13 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, max_new_tokens
     """
     setup_logging()
     try:
-        settings = engine_settings(ctx, engine_opts)
+        decoding = sampling_values(options)
+        settings = engine_settings(ctx, options)
         guided = guided_from_options(choice, regex, json_schema)
         summary = flexbatch.run(
             model or default_model(), input_, output, format=format_, chat=chat, prompt_column=prompt_column,
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=tuple(stop),
-            seed=seed, guided=guided, logprobs=logprobs, score=score, truncate=truncate, overwrite=overwrite, shard_rows=shard_rows,
-            max_shard_retries=max_shard_retries, **settings.settings())
+            guided=guided, score=score, truncate=truncate, overwrite=overwrite, shard_rows=shard_rows,
+            max_shard_retries=max_shard_retries, **decoding, **settings.settings())
     except FlexbatchError as e:
         fail(e)
     _print_summary(summary)

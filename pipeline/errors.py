@@ -1,6 +1,8 @@
 """User-facing errors of the pipeline. Each message names the bad value, what was expected, and the fix."""
 
-from engine.errors import FlexbatchError
+from engine.errors import ConfigError, FlexbatchError
+
+__all__ = ["ConfigError", "InputError", "OutputFolderError", "OutputWriteError"]
 
 
 class InputError(FlexbatchError):
@@ -9,10 +11,6 @@ class InputError(FlexbatchError):
 
 class OutputFolderError(FlexbatchError):
     """The output folder holds files of another job or files that flexbatch did not write."""
-
-
-class ConfigError(FlexbatchError, ValueError):
-    """A job option has a bad value."""
 
 
 class OutputWriteError(OutputFolderError):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.kernels.backend import DEFAULT_BACKEND
-from engine.request import TRUNCATE_CHOICES, SamplingParams
+from engine.request import TRUNCATE, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
 from pipeline.errors import ConfigError, InputError
@@ -46,7 +46,7 @@ class RunConfig(EngineSettings):
     chat: str = "auto"  # rows are conversations (`messages`): on, off, or auto (when there is a messages column)
     format: str = "auto"  # parquet, openai (Batch JSONL), or auto (by the input's extension)
     params: SamplingParams = field(default_factory=SamplingParams)
-    truncate: str = "error"
+    truncate: str = TRUNCATE.default
     score: bool = False  # score each row's prompt (and continuation column) instead of completing it
     overwrite: bool = False
     shard_rows: int | None = None  # None: derived from the planned block size
@@ -68,8 +68,7 @@ class RunConfig(EngineSettings):
         if self.chat not in CHAT_CHOICES:
             raise ConfigError(f"--chat {self.chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
         super().__post_init__()
-        if self.truncate not in TRUNCATE_CHOICES:
-            raise ConfigError(f"--truncate {self.truncate!r} is invalid: expected one of {', '.join(TRUNCATE_CHOICES)}")
+        TRUNCATE.check(self.truncate)
         if not isinstance(self.params, SamplingParams):
             raise ConfigError(f"params={self.params!r} is invalid: expected an engine.request.SamplingParams, or "
                               f"the decoding options as keywords (max_new_tokens=..., temperature=...)")

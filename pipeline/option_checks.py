@@ -1,5 +1,5 @@
-"""Type checks of a job's options (`RunConfig`, `EngineSettings`) for callers of the Python API, where nothing
-has parsed the values: a value of the wrong type is refused with a `ConfigError` naming it and the fix, before
+"""Type checks of a job's own options (`RunConfig`; the engine's options are declared on their fields, checked by
+engine/options.py) for callers of the Python API, where nothing has parsed the values: a value of the wrong type is refused with a `ConfigError` naming it and the fix, before
 it can mean something else (the string "no" is true) or fail deep inside a run with a bare TypeError."""
 
 from __future__ import annotations
@@ -8,8 +8,6 @@ import math
 import os
 from numbers import Integral, Real
 
-from engine.errors import InvalidParamsError
-from engine.policy import TIERS, parse_bytes
 from pipeline.errors import ConfigError
 
 
@@ -46,28 +44,3 @@ def check_path(name: str, value, what: str, optional: bool = False) -> None:
 def check_optional_text(name: str, value, what: str) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ConfigError(f"{name}={value!r} is invalid: expected {what} (a str), or None")
-
-
-def tier_budgets(value) -> dict[str, float | None]:
-    """`budgets` as bytes per tier: a dict of tier -> bytes (a number), a size ('16GiB', '512MB') or None (no
-    limit), over the tiers gpu, cpu and disk; None is no budgets."""
-    if value is None:
-        return {}
-    example = "e.g. budgets={'cpu': '8GiB', 'gpu': 16e9}"
-    if not isinstance(value, dict):
-        raise ConfigError(f"budgets={value!r} is invalid: expected a dict of tier -> size; {example}")
-    unknown = sorted(str(k) for k in value if k not in TIERS)
-    if unknown:
-        raise ConfigError(f"budgets names unknown tiers {unknown}: expected the tiers {', '.join(TIERS)}; {example}")
-    out = {}
-    for tier, size in value.items():
-        if isinstance(size, bool) or not (size is None or isinstance(size, (str, Real))):
-            raise ConfigError(f"budgets[{tier!r}]={size!r} is invalid: expected bytes, a size such as '8GiB', "
-                              f"or None for no limit")
-        try:
-            out[tier] = parse_bytes(size, f"budgets[{tier!r}]")
-        except InvalidParamsError as e:
-            raise ConfigError(str(e)) from None
-        if out[tier] is not None and not (math.isfinite(out[tier]) and out[tier] > 0):
-            raise ConfigError(f"budgets[{tier!r}]={size!r} is invalid: expected a size > 0, or None for no limit")
-    return out

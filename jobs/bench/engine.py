@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from engine.engine import Engine
 from engine.errors import FlexbatchError
-from engine.policy import WEIGHT_FORMATS, Policy, parse_bytes
+from engine.options import parse_bytes
+from engine.policy import WEIGHT_FORMATS, Policy
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
 from jobs.bench.backends import backend_lines, parse_backends

@@ -18,7 +18,8 @@ from pathlib import Path
 import click
 
 from engine.errors import FlexbatchError
-from engine.policy import Policy, parse_bytes
+from engine.options import parse_bytes
+from engine.policy import Policy
 from jobs.bench import models as bm
 from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, default_gpu_budget, weight_bytes
 from jobs.bench.gpu_policies import (

@@ -1,5 +1,7 @@
 """How the engines of a job run: the settings every job command shares (`flexbatch run`, `helm`, `wrangle`; `plan`
-reads the planning ones), declared once here and once as command-line options (jobs/engine_options.py)."""
+reads the planning ones), each declared once on its field (engine/options.py). The command-line options
+(jobs/engine_options.py), flexbatch.run's keywords, the Ray Data stage's and lm-eval's model_args are these fields,
+the tiers' budgets and the policy's fields (engine/policy.py), which the user pins."""
 
 from __future__ import annotations
 
@@ -9,9 +11,29 @@ from pathlib import Path
 from engine.dtypes import DTYPE_CHOICES
 from engine.errors import InvalidParamsError
 from engine.kernels.backend import BACKEND_CHOICES, DEFAULT_BACKEND
-from engine.policy import Pins, Policy
+from engine.options import Flag, Option, OptionError, check_fields, option
+from engine.policy import TIERS, Pins, Policy
 from pipeline.errors import ConfigError
-from pipeline.option_checks import check_bool, check_optional_text, check_path, tier_budgets, whole_number
+from pipeline.plan.planning import CPU_BUDGET_SHARE
+
+# where the engines run: a job's choice; the Ray Data stage is an actor of Ray Data's, lm-eval one engine in its process
+_JOB_ONLY = (("ray", "the stage's engines are Ray Data's actors (concurrency=)"),
+             ("model_args", "lm-eval runs one engine in its own process"))
+
+
+def _budget(tier: str, help: str, default_text: str) -> Option:
+    return Option(f"{tier}_mem", kind="size", optional=True, keyword=f"budgets[{tier!r}]", help=help,
+                  flag=Flag(f"--{tier}-mem", metavar="SIZE", default_text=default_text))
+
+
+# each tier's memory budget: --cpu-mem, budgets={'cpu': ...} in Python and the Ray Data stage, cpu_mem in model_args
+BUDGETS = {
+    "gpu": _budget("gpu", "GPU tier budget, e.g. 16GiB.", "no limit"),
+    "cpu": _budget("cpu", "CPU tier budget, e.g. 8GiB.", f"{CPU_BUDGET_SHARE:.0%} of the memory this process may "
+                   "still take (MemAvailable or its memory cgroup's room), shared by the engines starting on the node"),
+    "disk": _budget("disk", "Disk tier budget.", "no limit"),
+}
+assert tuple(BUDGETS) == TIERS
 
 
 @dataclass(frozen=True)
@@ -19,31 +41,43 @@ class EngineSettings:
     """The engine's dtype, kernels, the user's part of the policy (`pins`: planned around, or run with defaults for
     the rest) and budgets, and where the engines run."""
 
-    dtype: str = "auto"
-    backend: str = DEFAULT_BACKEND  # CPU kernels (engine/kernels/native.py): native, aten, ipex or auto
+    dtype: str = option("auto", kind="choice", choices=DTYPE_CHOICES, flag=Flag("--dtype"),
+                        help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else "
+                             "float32.")
+    backend: str = option(DEFAULT_BACKEND, kind="choice", choices=BACKEND_CHOICES, flag=Flag("--backend"),
+                          help="CPU kernels: native (PyTorch, dense weights reordered for oneDNN where measured "
+                               "faster); aten (native with every dense Linear through aten's F.linear as loaded); "
+                               "ipex (Intel Extension for PyTorch, in its own torch 2.8 environment: "
+                               "scripts/setup_ipex_venv.sh); auto (ipex where it imports, else native).")
     pins: Pins = field(default_factory=Pins)  # Policy fields the user fixed (a dict is taken too)
-    budgets: dict = field(default_factory=dict)
-    offload_dir: Path | None = None
-    plan: bool = True  # pick the policy with the planner, keeping `pins`; False runs `pins.policy()`
-    hardware: Path | None = None  # hardware spec file; None: this machine's cached profile
-    use_ray: bool = True  # False: one worker in this process, no Ray
-    address: str | None = None  # Ray cluster to join; None: RAY_ADDRESS, else a local Ray on 127.0.0.1
-    workers: int | None = None  # engines on CPU-only nodes; None: one per node
+    budgets: dict = field(default_factory=dict)  # tier -> bytes, a size ('8GiB') or None (no limit): BUDGETS
+    offload_dir: Path | None = option(None, kind="path", optional=True,
+                                      flag=Flag("--offload-dir", metavar="DIR", default_text="~/.cache/flexbatch/offload"),
+                                      help="Folder for disk-tier weights (written once per model and format, then "
+                                           "reused) and scratch files.")
+    plan: bool = option(True, kind="bool", flag=Flag("--plan/--no-plan"),
+                        help="Pick the policy with the planner (keeping the policy fields given here: the pins); "
+                             "--no-plan runs the pins as given, with the policy's defaults for the rest.")
+    hardware: Path | None = option(None, kind="path", optional=True,
+                                   flag=Flag("--hardware", default_text="this machine, profiled on first use and "
+                                                                        "cached"),
+                                   absent=(("ray", "each actor profiles its own node"),),
+                                   help="Hardware spec for the planner (e.g. infra/hardware/*.json).")
+    use_ray: bool = option(True, kind="bool", flag=Flag("--ray/--no-ray"), absent=_JOB_ONLY,
+                           help="Run the engines as Ray actors; --no-ray runs one engine in this process (no cluster "
+                                "needed).")
+    address: str | None = option(None, kind="text", optional=True, absent=_JOB_ONLY,
+                                 flag=Flag("--address", metavar="ADDR", default_text="RAY_ADDRESS if set, else a "
+                                                                                     "local Ray started for this job"),
+                                 help="Ray cluster to join (e.g. 10.0.0.5:6379, or auto).")
+    workers: int | None = option(None, kind="int", low=1, optional=True, absent=_JOB_ONLY,
+                                 flag=Flag("--workers", metavar="N", checked=True,
+                                           default_text="one per CPU node; GPU nodes always get one per GPU"),
+                                 help="Engines on CPU-only nodes, spread over them.")
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPE_CHOICES:
-            raise ConfigError(f"--dtype {self.dtype!r} is invalid: expected one of {', '.join(DTYPE_CHOICES)}")
-        if self.backend not in BACKEND_CHOICES:
-            raise ConfigError(f"--backend {self.backend!r} is invalid: expected one of {', '.join(BACKEND_CHOICES)}")
-        object.__setattr__(self, "workers", whole_number("workers", self.workers, 1,
-                                                         "the number of engines on CPU-only nodes (--workers)",
-                                                         optional=True))
+        check_fields(self)
         object.__setattr__(self, "budgets", tier_budgets(self.budgets))  # sizes such as '8GiB' become bytes
-        for name in ("plan", "use_ray"):
-            check_bool(name, getattr(self, name))
-        check_path("offload_dir", self.offload_dir, "a folder for offloaded tensors", optional=True)
-        check_path("hardware", self.hardware, "a hardware spec file", optional=True)
-        check_optional_text("address", self.address, "a Ray address such as 'ray://head:10001'")
         object.__setattr__(self, "pins", _pins(self.pins))
         if not self.plan:
             self.policy  # noqa: B018  (run as given: the pins must make a whole policy now, not at the first shard)
@@ -63,6 +97,20 @@ class EngineSettings:
         return self.pins.get(name, getattr(Policy, name))
 
 
+def tier_budgets(value) -> dict[str, float | None]:
+    """`budgets` as bytes per tier: a dict of tier -> bytes (a number), a size ('16GiB', '512MB') or None (no
+    limit), over the tiers gpu, cpu and disk; None is no budgets."""
+    if value is None:
+        return {}
+    example = "e.g. budgets={'cpu': '8GiB', 'gpu': 16e9}"
+    if not isinstance(value, dict):
+        raise ConfigError(f"budgets={value!r} is invalid: expected a dict of tier -> size; {example}")
+    unknown = sorted(str(k) for k in value if k not in TIERS)
+    if unknown:
+        raise ConfigError(f"budgets names unknown tiers {unknown}: expected the tiers {', '.join(TIERS)}; {example}")
+    return {tier: BUDGETS[tier].check(size) for tier, size in value.items()}
+
+
 def _pins(value) -> Pins:
     if isinstance(value, Pins):
         return value
@@ -71,6 +119,8 @@ def _pins(value) -> Pins:
                           "to keep -> values, e.g. {'gbs': 8, 'compress_weight': True}")
     try:
         return Pins(value)
+    except OptionError:
+        raise
     except InvalidParamsError as e:
         raise ConfigError(f"pins={value!r} is invalid: {e}; expected Policy fields to keep -> values, e.g. "
                           "{'gbs': 8, 'compress_weight': True}") from None

@@ -20,7 +20,8 @@ def main(model_dir: str, offload_dir: str, cpu_mem: str) -> None:
     import transformers  # noqa: F401
 
     from engine.engine import Engine
-    from engine.policy import Policy, parse_bytes
+    from engine.options import parse_bytes
+    from engine.policy import Policy
     from engine.request import Request, SamplingParams
     from engine.tokenizer import load_tokenizer
 

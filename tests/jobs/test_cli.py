@@ -98,8 +98,8 @@ def test_output_folder_with_foreign_files(tmp_path, tiny_llama_dir, no_model_loa
 
 @pytest.mark.parametrize(
     ("option", "value", "fragment"),
-    [("--temperature", "-1", "temperature=-1.0"), ("--top-p", "0", "top_p=0.0"), ("--max-new-tokens", "0", "max_new_tokens=0"),
-     ("--cpu-mem", "lots", "--cpu-mem='lots'"), ("--decode-device", "split", "decode_split_layer >= 1")],
+    [("--temperature", "-1", "--temperature=-1.0"), ("--top-p", "0", "--top-p=0.0"),
+     ("--max-new-tokens", "0", "--max-new-tokens=0"), ("--cpu-mem", "lots", "--cpu-mem='lots'"), ("--decode-device", "split", "decode_split_layer >= 1")],
 )
 def test_bad_option_values(tmp_path, tiny_llama_dir, no_model_load, option, value, fragment):
     f = write_parquet(tmp_path / "a.parquet", prompt=["hi"])

@@ -142,7 +142,7 @@ def test_compress_weight_option_takes_a_format(args, expected):
 def test_unknown_weight_format_names_the_choices():
     from engine.errors import InvalidParamsError
 
-    with pytest.raises(InvalidParamsError, match="weight_format='int3' is invalid: use one of int4, int8"):
+    with pytest.raises(InvalidParamsError, match="weight_format='int3' is invalid: expected one of int4, int8"):
         Policy(compress_weight=True, weight_format="int3")
 
 
