@@ -16,31 +16,20 @@ JOB_OPTIONS = tuple(f.name for f in fields(RunConfig) if f.name not in ("model",
 
 def run_config(model, input, output, **options) -> RunConfig:
     """A job's configuration from keyword options: any `RunConfig` field (chat, format, prompt_column, dtype,
-    truncate, policy, budgets, use_ray, workers, shard_rows, ...) and the decoding options max_new_tokens,
+    truncate, pins, budgets, use_ray, workers, shard_rows, ...) and the decoding options max_new_tokens,
     temperature, top_p, top_k, stop, seed, logprobs and guided (an answer constraint such as {"choice": [...]},
-    engine/guided.py) (or `params=SamplingParams(...)`)."""
+    engine/guided.py) (or `params=SamplingParams(...)`). Each option is checked as declared (engine/options.py):
+    a bad value is an `OptionError` naming the keyword and what it expects."""
     unknown = sorted(set(options) - set(JOB_OPTIONS) - set(SAMPLING_OPTIONS))
     if unknown:
         raise ConfigError(f"unknown options {unknown}: use the job options {', '.join(JOB_OPTIONS)} or the "
                           f"decoding options {', '.join(SAMPLING_OPTIONS)}")
     decoding = {name: options.pop(name) for name in SAMPLING_OPTIONS if name in options}
-    _check_decoding_types(decoding)
     if decoding:
         if "params" in options:
             raise ConfigError(f"options {sorted(decoding)} and params= both set decoding options; give one of them")
-        options["params"] = SamplingParams(**decoding)  # a bad value raises InvalidParamsError
+        options["params"] = SamplingParams(**decoding)
     return RunConfig(model=model, input=input, output=output, **options)
-
-
-def _check_decoding_types(decoding: dict) -> None:
-    """What SamplingParams would take without a word: a string of "yes" as logprobs (it is true), and a string as
-    stop (it would become one stop string per character)."""
-    if "logprobs" in decoding and not isinstance(decoding["logprobs"], bool):
-        raise ConfigError(f"logprobs={decoding['logprobs']!r} is invalid: expected True or False")
-    stop = decoding.get("stop", ())
-    if not isinstance(stop, (list, tuple)):
-        example = f", e.g. stop=[{stop!r}]" if isinstance(stop, str) else ""
-        raise ConfigError(f"stop={stop!r} is invalid: expected a list of stop strings{example}")
 
 
 def run(model, input, output, **options) -> JobSummary:

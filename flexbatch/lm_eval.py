@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 try:
@@ -40,17 +39,29 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       f"(lm-eval 0.4.x) ({e})") from e
 
 from engine.errors import FlexbatchError
+from engine.options import Option, OptionError, options_of
 from engine.policy import Policy
 from engine.request import Completion, Request, SamplingParams
 from pipeline.errors import ConfigError
+from pipeline.plan.settings import BUDGETS, EngineSettings
 
 log = logging.getLogger(__name__)
 
-POLICY_FIELDS = tuple(f.name for f in fields(Policy))
-BUDGETS = {"cpu_mem": "cpu", "gpu_mem": "gpu", "disk_mem": "disk"}
 UNUSED = ("batch_size", "max_batch_size", "device")  # lm-eval passes them to every model
 GEN_KWARGS = ("do_sample", "until", "max_gen_toks", "temperature", "top_p", "top_k", "seed")
 CONTEXT_SPARE = 2  # a window of max_length tokens, its one target, and the one token the engine is asked for
+_LM_EVAL_ONLY = tuple((surface, "a setting of lm-eval's requests") for surface in ("cli", "python", "ray"))
+# lm-eval's own model_args, as its hf backend names them
+LM_EVAL_ARGS = {o.name: o for o in (
+    Option("max_length", kind="int", low=1, optional=True, absent=_LM_EVAL_ONLY,
+           help=f"a row's most tokens (default: the model's context less {CONTEXT_SPARE})"),
+    Option("max_gen_toks", kind="int", low=1, default=256, absent=_LM_EVAL_ONLY,
+           help="generate_until's default limit"),
+    Option("add_bos_token", kind="bool", optional=True, absent=_LM_EVAL_ONLY,
+           help="the tokenizer's own BOS rule unless told"),
+    Option("prefix_token_id", kind="int", low=0, optional=True, absent=_LM_EVAL_ONLY,
+           help="the token before a context-free continuation (default: BOS, else EOS)"),
+)}
 
 
 class RequestFailed(FlexbatchError):
@@ -59,35 +70,25 @@ class RequestFailed(FlexbatchError):
 
 @register_model("flexbatch")
 class FlexbatchLM(TemplateLM):
-    def __init__(self, pretrained, dtype: str = "auto", max_length: int | None = None, max_gen_toks: int = 256,
-                 add_bos_token: bool | None = None, prefix_token_id: int | None = None, backend: str | None = None,
-                 plan: bool = True, hardware=None, offload_dir=None, **options):
+    def __init__(self, pretrained, **model_args):
         super().__init__()
         from engine.spec import load_model_spec
         from engine.tokenizer import load_tokenizer
         from pipeline.plan.host import EngineHost
-        from pipeline.plan.settings import EngineSettings
 
-        unused = {k: options.pop(k) for k in UNUSED if k in options}
+        unused = {k: model_args.pop(k) for k in UNUSED if k in model_args}
         if any(v not in (None, 1, "1", "auto", "cpu") for v in unused.values()):
             log.info("flexbatch plans its own blocks and placement; lm-eval's %s are not used", unused)
-        pins = {k: options.pop(k) for k in list(options) if k in POLICY_FIELDS}
-        budgets = {BUDGETS[k]: options.pop(k) for k in list(options) if k in BUDGETS}
-        if options:
-            raise ConfigError(f"model_args {sorted(options)} are not known to the flexbatch model; use pretrained, "
-                              "dtype, max_length, max_gen_toks, add_bos_token, prefix_token_id, backend, plan, "
-                              f"hardware, offload_dir, {', '.join(BUDGETS)} or Policy fields "
-                              f"({', '.join(POLICY_FIELDS)})")
+        try:
+            own, self.settings = read_model_args(model_args)
+        except OptionError as e:
+            raise e.given("model_args") from None
         self.pretrained = Path(str(pretrained)).expanduser().resolve()
         self.spec = load_model_spec(self.pretrained)
         self.tokenizer = load_tokenizer(self.pretrained)
-        engine_options = {"backend": backend} if backend else {}
-        self.settings = EngineSettings(dtype=dtype, pins=pins, budgets=budgets, plan=plan, hardware=hardware,
-                                       offload_dir=offload_dir, use_ray=False, **engine_options)
         self.host = EngineHost()
-        self._max_length = _positive("max_length", max_length, optional=True)
-        self._max_gen_toks = _positive("max_gen_toks", max_gen_toks)
-        self.add_bos_token, self.custom_prefix_token_id = add_bos_token, prefix_token_id
+        self._max_length, self._max_gen_toks = own["max_length"], own["max_gen_toks"]
+        self.add_bos_token, self.custom_prefix_token_id = own["add_bos_token"], own["prefix_token_id"]
 
     # -- what TemplateLM asks of a model ------------------------------------------------------------------------
 
@@ -234,12 +235,22 @@ class FlexbatchLM(TemplateLM):
         self.host.take(self.pretrained, self.spec, self.settings, work)
 
 
-def _positive(name: str, value, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"model_args {name}={value!r} is invalid: give a positive whole number of tokens")
-    return value
+def read_model_args(model_args: dict) -> tuple[dict, EngineSettings]:
+    """lm-eval's own model_args (`LM_EVAL_ARGS`, defaults filled in) and the engine settings from the others: the
+    declared engine options lm-eval takes, each tier's budget (cpu_mem, ...) and any Policy field as a pin. A bad
+    value is an `OptionError`, an unknown name a `ConfigError` naming the known ones."""
+    settings = {name: o for name, o in options_of(EngineSettings).items() if o.takes("model_args")}
+    budgets = {o.name: tier for tier, o in BUDGETS.items()}
+    pins = options_of(Policy)
+    unknown = sorted(set(model_args) - set(LM_EVAL_ARGS) - set(settings) - set(budgets) - set(pins))
+    if unknown:
+        raise ConfigError(f"model_args {unknown} are not known to the flexbatch model; use pretrained, "
+                          f"{', '.join([*LM_EVAL_ARGS, *settings, *budgets])} or Policy fields ({', '.join(pins)})")
+    own = {name: o.check(model_args.get(name, o.default)) for name, o in LM_EVAL_ARGS.items()}
+    engine = EngineSettings(use_ray=False, **{k: v for k, v in model_args.items() if k in settings},
+                            budgets={budgets[k]: v for k, v in model_args.items() if k in budgets},
+                            pins={k: v for k, v in model_args.items() if k in pins})
+    return own, engine
 
 
 def main() -> None:

@@ -19,13 +19,13 @@ import dataclasses
 from pathlib import Path
 
 from engine.errors import InvalidParamsError
-from engine.kernels.backend import DEFAULT_BACKEND
 from engine.policy import Pins, Policy
-from engine.request import Completion, Request, SamplingParams
+from engine.request import TRUNCATE, Completion, Request, SamplingParams
 from pipeline.errors import ConfigError
 from pipeline.input.parquet import CHAT_CHOICES, ID_COLUMN, MESSAGES_COLUMN
 from pipeline.input.requests import prompt_problem, row_params
 from pipeline.input.scoring import CONTINUATION_COLUMN, SCORE_COLUMNS, score_columns, scored, scoring_items
+from pipeline.plan.settings import EngineSettings
 
 VLLM_NAMES = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
               "stop": "stop", "seed": "seed",
@@ -40,10 +40,13 @@ OUTPUT_COLUMNS = ("generated_text", "generated_tokens", "num_generated_tokens", 
 class Processor:
     """One engine, loaded on the first batch; the constructor's options are the defaults of every row."""
 
-    def __init__(self, model, max_new_tokens: int = SamplingParams.max_new_tokens, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, stop: tuple[str, ...] = (), seed: int = 0, dtype: str = "auto",
-                 chat: str = "auto", truncate: str = "error", policy=None, hardware=None, budgets=None,
-                 backend: str = DEFAULT_BACKEND, engines_per_node: int = 1, score: bool = False):
+    def __init__(self, model, max_new_tokens: int = SamplingParams.max_new_tokens,
+                 temperature: float = SamplingParams.temperature, top_p: float = SamplingParams.top_p,
+                 top_k: int = SamplingParams.top_k, stop: tuple[str, ...] = SamplingParams.stop,
+                 seed: int = SamplingParams.seed, dtype: str = EngineSettings.dtype, chat: str = "auto",
+                 truncate: str = TRUNCATE.default, policy=None, hardware=None, budgets=None,
+                 backend: str = EngineSettings.backend, offload_dir=None, engines_per_node: int = 1,
+                 score: bool = False):
         if chat not in CHAT_CHOICES:
             raise ConfigError(f"chat={chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
         if not isinstance(engines_per_node, int) or engines_per_node < 1:
@@ -53,19 +56,18 @@ class Processor:
             raise ConfigError(f"score={score!r} is invalid: expected True (score each row's prompt and continuation) "
                               "or False (complete it)")
         from pipeline.plan.host import EngineHost
-        from pipeline.plan.settings import EngineSettings
 
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy={policy!r} is invalid: expected an engine.policy.Policy to run as it is, or "
                               "None to plan from the first batch")
-        self.model, self.chat, self.truncate, self.score = model, chat, truncate, score
+        self.model, self.chat, self.truncate, self.score = model, chat, TRUNCATE.check(truncate), score
         self.spec = check_model(model)
         # a given policy runs as it is; without one, the engine plans for batches shaped like the first one
         self.settings = EngineSettings(dtype=dtype, backend=backend, budgets={} if budgets is None else budgets,
-                                       hardware=hardware, plan=policy is None,
+                                       hardware=hardware, offload_dir=offload_dir, plan=policy is None,
                                        pins=Pins.of(policy) if policy is not None else Pins())
         self.defaults = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                       top_k=top_k, stop=tuple(stop), seed=seed)
+                                       top_k=top_k, stop=stop, seed=seed)
         self.host = EngineHost(engines_per_node)
 
     @property

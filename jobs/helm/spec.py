@@ -24,6 +24,8 @@ from pathlib import Path
 
 from helm.benchmark.adaptation import adapter_spec as helm_adapter_spec
 
+from engine.options import OptionError, options_of
+from engine.policy import Policy
 from jobs.helm.errors import SpecError
 from jobs.helm.metrics import METRICS
 from jobs.helm.scenarios import BUILTIN, EVAL_SPLITS, resolve_scenario
@@ -31,8 +33,10 @@ from jobs.helm.scoring import SCORING_METHODS
 
 METHODS = ("generation", "multiple_choice_joint", *SCORING_METHODS)
 DEMO_MODEL = "demo"
-ENTRY_FIELDS = ("name", "scenario", "scenario_state", "model", "adapter", "metrics", "chance", "compress_weight",
-                "compress_cache")
+# the policy fields an entry may pin (as --compress-weight and --compress-cache pin them for every entry), declared
+# on Policy (engine/policy.py)
+ENTRY_PINS = {name: options_of(Policy)[name] for name in ("compress_weight", "compress_cache")}
+ENTRY_FIELDS = ("name", "scenario", "scenario_state", "model", "adapter", "metrics", "chance", *ENTRY_PINS)
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,8 @@ class RunEntry:
     adapter: AdapterSpec = field(default_factory=AdapterSpec)
     metrics: tuple[str, ...] = ()
     chance: float | None = None
-    compress_weight: bool = False
-    compress_cache: bool = False
+    compress_weight: bool = ENTRY_PINS["compress_weight"].default
+    compress_cache: bool = ENTRY_PINS["compress_cache"].default
 
     def __post_init__(self) -> None:
         if bool(self.scenario) == (self.scenario_state is not None):
@@ -133,9 +137,11 @@ class RunEntry:
         if not isinstance(self.name, str) or "\n" in self.name or self.name in (".", ".."):
             raise SpecError(f"name={self.name!r} is invalid: expected a folder name")
         object.__setattr__(self, "name", self.name.replace("/", "_"))
-        for flag in ("compress_weight", "compress_cache"):
-            if not isinstance(getattr(self, flag), bool):
-                raise SpecError(f"{flag}={getattr(self, flag)!r} is invalid: expected true or false")
+        for name, pin in ENTRY_PINS.items():
+            try:
+                pin.check(getattr(self, name))
+            except OptionError as e:
+                raise SpecError(f"{name}={e.value!r} is invalid: expected {pin.expected().lower()}") from None
 
     @property
     def scenario_label(self) -> str:
@@ -239,7 +245,7 @@ def entry_from_dict(raw, base: Path) -> RunEntry:
         scenario_state=(base / str(state)).expanduser().resolve() if state is not None else None,
         name=str(raw.get("name") or ""), adapter=AdapterSpec(**adapter),
         metrics=raw.get("metrics") or (), chance=raw.get("chance"),
-        compress_weight=raw.get("compress_weight", False), compress_cache=raw.get("compress_cache", False))
+        **{name: raw.get(name, pin.default) for name, pin in ENTRY_PINS.items()})
 
 
 def resolve_model(value, base: Path) -> Path:

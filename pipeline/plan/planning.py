@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from engine.batching import block_gen_length
 from engine.spec import ModelSpec
 from pipeline.input.sample import InputSample, take_sample
+from pipeline.plan.settings import CPU_BUDGET_SHARE
 
 if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, not for --help
     from engine.policy import Policy
@@ -23,7 +24,6 @@ if TYPE_CHECKING:  # the planner (cvxpy, torch) is imported when a job plans, no
     from planner.workload import Workload
 
 log = logging.getLogger(__name__)
-CPU_BUDGET_SHARE = 0.8  # of the memory this process may still take (the rest: its working set grows)
 TYPICAL_QUANTILE = 0.75  # blocks are length-bucketed; a block pads to about this quantile of its lengths
 STOP_PRIOR = 0.5  # share of its max_new_tokens a row with a stop string is expected to generate, until measured
 

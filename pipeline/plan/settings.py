@@ -14,8 +14,8 @@ from engine.kernels.backend import BACKEND_CHOICES, DEFAULT_BACKEND
 from engine.options import Flag, Option, OptionError, check_fields, option
 from engine.policy import TIERS, Pins, Policy
 from pipeline.errors import ConfigError
-from pipeline.plan.planning import CPU_BUDGET_SHARE
 
+CPU_BUDGET_SHARE = 0.8  # of the memory this process may still take (the rest: its working set grows)
 # where the engines run: a job's choice; the Ray Data stage is an actor of Ray Data's, lm-eval one engine in its process
 _JOB_ONLY = (("ray", "the stage's engines are Ray Data's actors (concurrency=)"),
              ("model_args", "lm-eval runs one engine in its own process"))
@@ -56,12 +56,12 @@ class EngineSettings:
                                       help="Folder for disk-tier weights (written once per model and format, then "
                                            "reused) and scratch files.")
     plan: bool = option(True, kind="bool", flag=Flag("--plan/--no-plan"),
+                        absent=(("ray", "the stage plans unless it is given a whole policy (policy=)"),),
                         help="Pick the policy with the planner (keeping the policy fields given here: the pins); "
                              "--no-plan runs the pins as given, with the policy's defaults for the rest.")
     hardware: Path | None = option(None, kind="path", optional=True,
                                    flag=Flag("--hardware", default_text="this machine, profiled on first use and "
                                                                         "cached"),
-                                   absent=(("ray", "each actor profiles its own node"),),
                                    help="Hardware spec for the planner (e.g. infra/hardware/*.json).")
     use_ray: bool = option(True, kind="bool", flag=Flag("--ray/--no-ray"), absent=_JOB_ONLY,
                            help="Run the engines as Ray actors; --no-ray runs one engine in this process (no cluster "
