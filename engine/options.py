@@ -73,11 +73,11 @@ class Option:
             raise OptionError(self, value)
         return value
 
-    def expected(self) -> str:
-        """What a good value is, in words."""
+    def expected(self, surface: str = "python") -> str:
+        """What a good value is, in words (None too where it is one and the caller can write it)."""
         text = _EXPECTED[self.kind](self)
         text += f" ({self.hint})" if self.hint else ""
-        return text + (", or None" if self.optional else "")
+        return text + (", or None" if self.optional and surface != "cli" else "")
 
     def spelled(self, surface: str) -> str:
         """The option's name as a caller on `surface` writes it."""
@@ -97,17 +97,17 @@ class OptionError(ConfigError, InvalidParamsError):
 
     def __init__(self, option: Option, value, surface: str = "python"):
         self.option, self.value, self.surface = option, value, surface
-        super().__init__(f"{option.spelled(surface)}={value!r} is invalid: expected {option.expected()}")
+        super().__init__(f"{option.spelled(surface)}={value!r} is invalid: expected {option.expected(surface)}")
 
     def given(self, surface: str) -> OptionError:
         """The same error, named as a caller on `surface` spelled the option."""
         return OptionError(self.option, self.value, surface)
 
 
-def option(default=dataclasses.MISSING, *, factory=dataclasses.MISSING, **declared) -> dataclasses.Field:
+def option(default, **declared) -> dataclasses.Field:
     """A dataclass field declared as an option (`Option`'s arguments but its name and default, which are the
     field's)."""
-    return dataclasses.field(default=default, default_factory=factory, metadata={"option": declared})
+    return dataclasses.field(default=default, metadata={"option": declared})
 
 
 @functools.cache
@@ -116,8 +116,7 @@ def options_of(cls) -> dict[str, Option]:
     out = {}
     for f in dataclasses.fields(cls):
         if "option" in f.metadata:
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            out[f.name] = Option(name=f.name, default=default, **f.metadata["option"])
+            out[f.name] = Option(name=f.name, default=f.default, **f.metadata["option"])
     return out
 
 
