@@ -105,10 +105,11 @@ def globals_tier(policy: Policy, num_layers: int) -> str:
 
 def head_in_int8(policy: Policy, where: str) -> bool:
     """Whether the LM head keeps its own row-wise int8 weight, computed with the int8 kernel (as CTranslate2's
-    int8 keeps its output projection): with int8 weights, where the head computes on the CPU. In decode the head
-    is a GEMM as large as several layers (vocabulary x hidden, per row), so a dense head there would outweigh the
-    int8 layers it follows. 4-bit weights and a head on the GPU keep the head in the compute dtype."""
-    return policy.compress_weight and policy.weight_format == "int8" and where == "cpu"
+    int8 keeps its output projection, and llama.cpp's 4-bit files keep theirs at 6 bits): with compressed weights
+    (int8 or 4-bit), where the head computes on the CPU. In decode the head is a GEMM as large as several layers
+    (vocabulary x hidden, per row), so a dense head there would outweigh the compressed layers it follows. A head
+    on the GPU keeps the compute dtype."""
+    return policy.compress_weight and policy.weight_format in ("int8", "int4") and where == "cpu"
 
 
 class WeightStore:

@@ -48,7 +48,7 @@ def test_the_int4_kernels_layout_counts_where_the_engine_keeps_it(tmp_path, tiny
             collect_tensors(value, held)
     assert any(isinstance(v, QWeight) and isinstance(v.fast, (Int4Tiles, Int4Packed))
                for layer in eng.weights.resident.values() for v in layer.values())
-    globals_bytes = global_bytes(load_model_spec(tiny_llama_dir), 4)
+    globals_bytes = global_bytes(load_model_spec(tiny_llama_dir), 4, policy)  # the int8 head included
     assert eng.devices.tiers["cpu"].used - globals_bytes == sum(held.values())
 
 
