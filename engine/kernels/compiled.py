@@ -71,11 +71,14 @@ def _load_or_none():
     return module
 
 
+RANGE = "flexbatch::"  # the profiler ranges of the compiled kernels' calls start with this
+
+
 def profiled(name: str):
-    """A profiler range named `name` around a kernel call while torch's profiler runs (`flexbatch bench ops` sees the
-    compiled kernels through these, as it sees aten's ops), else nothing: outside profiling a call costs one flag
-    read."""
-    return torch.profiler.record_function(name) if torch.autograd.profiler._is_profiler_enabled else nullcontext()
+    """A profiler range RANGE + `name` around a kernel call while torch's profiler runs (`flexbatch bench ops` sees
+    the compiled kernels through these, as it sees aten's ops), else nothing: outside profiling a call costs one
+    flag read."""
+    return torch.profiler.record_function(RANGE + name) if torch.autograd.profiler._is_profiler_enabled else nullcontext()
 
 
 def compiler() -> str | None:

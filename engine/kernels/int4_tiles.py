@@ -34,7 +34,7 @@ from engine.compression.int4 import (
 from engine.kernels import compiled
 
 TILE = 16
-GEMM_RANGE = "flexbatch::gemm"  # the profiler range of an own GEMM call, followed by " MxNxK"
+GEMM_RANGE = compiled.RANGE + "gemm"  # the profiler range of an own GEMM call, followed by " MxNxK"
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def linear(x: torch.Tensor, w: Int4Tiles) -> torch.Tensor:
     """y = x W^T: x [*, in] float32 or bfloat16 -> y [*, out] in x's dtype."""
     if x.dtype not in (torch.float32, torch.bfloat16):
         x = x.float()
-    with compiled.profiled(f"{GEMM_RANGE} {x.numel() // x.shape[-1]}x{w.out_features}x{w.in_features}"):
+    with compiled.profiled(f"gemm {x.numel() // x.shape[-1]}x{w.out_features}x{w.in_features}"):
         return compiled.ops().int4_linear(x, w.codes, w.scales, w.mins, w.out_features, w.group_size)
 
 

@@ -5,11 +5,14 @@ unprofiled (the reference wall time) and once under `torch.profiler`, and groups
 the compute thread by phase (the schedule's `record_function` labels "prefill" and "decode"; "rest" is the call
 around the steps) and by category:
 
-    gemm          the GEMM kernels (aten::mm / addmm / _int_mm, oneDNN's _linear_pointwise, the int4 kernel)
+    gemm          the GEMM kernels (aten::mm / addmm / _int_mm, oneDNN's _linear_pointwise, aten's and the
+                  project's int4 and int8 kernels)
     linear other  the rest of a Linear call: activation quantization and rescaling (int8), weight dequantization
                   on first need, casts, the wrappers' own time
-    attention     everything under the KV cache's attend: K/V stores, SDPA or the chunked decode kernel
-    elementwise   norms, rotary positions, SiLU, residual adds, casts outside the calls above
+    attention     everything under the KV cache's attend: K/V stores, SDPA, the chunked decode kernel or the
+                  project's own attention kernels
+    elementwise   norms, rotary positions, SiLU, residual adds (the project's fused kernels or PyTorch's), casts
+                  outside the calls above
     reorder       oneDNN reorders that run as ops of their own (mkldnn::_reorder_linear_weight, to_mkldnn)
     sampling      choosing the next tokens (GpuBatch.choose)
     other         views, allocations, the embedding lookup
@@ -46,6 +49,7 @@ import torch
 from engine.engine import Engine
 from engine.errors import FlexbatchError
 from engine.kernels import onednn_dense
+from engine.kernels.compiled import RANGE
 from engine.kernels.int4_tiles import GEMM_RANGE
 from engine.loop.schedule import GpuBatch
 from engine.models import PHASES, StepContext
@@ -202,7 +206,7 @@ def tally(events, wall_s: float) -> dict:
         if e.thread == main:
             phases[e.name]["wall_s"] += (e.time_range.end - e.time_range.start) / 1e6
     for e in events:
-        if e.is_user_annotation and not e.name.startswith(GEMM_RANGE):  # the own kernels' calls count as ops
+        if e.is_user_annotation and not e.name.startswith(RANGE):  # the compiled kernels' calls count as ops
             continue
         labels, phase, up = set(), REST, e.cpu_parent
         while up is not None:
