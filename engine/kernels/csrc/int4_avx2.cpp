@@ -136,11 +136,16 @@ void tile_rows(const Int4Tile* t, const QuantRows* x, int64_t r0, void* y, int64
   for (int r = 0; r < R; ++r) store_row(y, (r0 + r) * ldy, acc[r][0], acc[r][1], cols, out_kind);
 }
 
-void int4_tile_gemm(const Int4Tile* t, const QuantRows* x, int64_t r0, int64_t r1, void* y, int64_t ldy,
-                    int cols, int out_kind) {
-  int64_t r = r0;
-  for (; r + 2 <= r1; r += 2) tile_rows<2>(t, x, r, y, ldy, cols, out_kind);
-  if (r < r1) tile_rows<1>(t, x, r, y, ldy, cols, out_kind);
+void int4_tile_gemm(const Int4Tile* tiles, int ntiles, const QuantRows* x, int64_t r0, int64_t r1, void* y,
+                    int64_t ldy, int cols, int out_kind) {
+  const int64_t esize = out_kind == OUT_F32 ? 4 : 2;
+  for (int j = 0; j < ntiles; ++j) {
+    void* yj = static_cast<char*>(y) + 16 * j * esize;
+    const int cj = j == ntiles - 1 ? cols : 16;
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) tile_rows<2>(tiles + j, x, r, yj, ldy, cj, out_kind);
+    if (r < r1) tile_rows<1>(tiles + j, x, r, yj, ldy, cj, out_kind);
+  }
 }
 
 const Int4Kernels table = {"avx2", quantize_groups, int4_tile_gemm};

@@ -72,55 +72,78 @@ inline void store_row(void* y, int64_t off, __m512 v, int cols, int out_kind) {
   }
 }
 
-// R rows (1..4) of the tile: two int32 accumulators per row (low and high nibbles) keep eight vpdpbusd
-// chains in flight; each group's sums are scaled into float32 once.
-template <int R>
+// R rows (1..4) of T tiles (1 or 2) side by side: each activation broadcast serves both tiles, and one int32
+// accumulator per row and tile takes the low- and the high-nibble products (2 R T vpdpbusd chains in flight);
+// each group's sums are scaled into float32 once. The last tile has `cols` (<= 16) columns.
+template <int R, int T>
 void tile_rows(const Int4Tile* t, const QuantRows* x, int64_t r0, void* y, int64_t ldy, int cols, int out_kind) {
   const int64_t ng = x->kp / x->group, octets = x->group / 8;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[T][R];
+  for (int j = 0; j < T; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
   const int8_t* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = x->codes + (r0 + r) * x->kp;
-  const uint8_t* cp = t->codes;
+  const uint8_t* cp[T];
+  for (int j = 0; j < T; ++j) cp[j] = t[j].codes;
   for (int64_t g = 0; g < ng; ++g) {
-    __m512i lo_acc[R], hi_acc[R];
-    for (int r = 0; r < R; ++r) lo_acc[r] = hi_acc[r] = _mm512_setzero_si512();
-    for (int64_t o = 0; o < octets; ++o, cp += 64) {
-      const __m512i v = _mm512_loadu_si512(cp);
-      const __m512i lo = _mm512_and_si512(v, low4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    __m512i dots[T][R];
+    for (int j = 0; j < T; ++j)
+      for (int r = 0; r < R; ++r) dots[j][r] = _mm512_setzero_si512();
+    for (int64_t o = 0; o < octets; ++o) {
+      __m512i lo[T], hi[T];
+      for (int j = 0; j < T; ++j) {
+        const __m512i v = _mm512_loadu_si512(cp[j]);
+        cp[j] += 64;
+        lo[j] = _mm512_and_si512(v, low4);
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
       const int64_t i = g * x->group + o * 8;
       for (int r = 0; r < R; ++r) {
         int32_t a, b;
         memcpy(&a, xr[r] + i, 4);
         memcpy(&b, xr[r] + i + 4, 4);
-        lo_acc[r] = _mm512_dpbusd_epi32(lo_acc[r], lo, _mm512_set1_epi32(a));
-        hi_acc[r] = _mm512_dpbusd_epi32(hi_acc[r], hi, _mm512_set1_epi32(b));
+        const __m512i xa = _mm512_set1_epi32(a), xb = _mm512_set1_epi32(b);
+        for (int j = 0; j < T; ++j) {
+          dots[j][r] = _mm512_dpbusd_epi32(dots[j][r], lo[j], xa);
+          dots[j][r] = _mm512_dpbusd_epi32(dots[j][r], hi[j], xb);
+        }
       }
     }
-    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t->scales + g * 16)));
-    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t->mins + g * 16)));
-    for (int r = 0; r < R; ++r) {
-      const int64_t m = r0 + r;
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(lo_acc[r], hi_acc[r]));
-      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, _mm512_set1_ps(x->scale[m * ng + g])), acc[r]);
-      acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x->scaled_sum[m * ng + g]), acc[r]);
+    for (int j = 0; j < T; ++j) {
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t[j].scales + g * 16)));
+      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t[j].mins + g * 16)));
+      for (int r = 0; r < R; ++r) {
+        const int64_t m = r0 + r;
+        const __m512 dot = _mm512_cvtepi32_ps(dots[j][r]);
+        acc[j][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, _mm512_set1_ps(x->scale[m * ng + g])), acc[j][r]);
+        acc[j][r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x->scaled_sum[m * ng + g]), acc[j][r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) store_row(y, (r0 + r) * ldy, acc[r], cols, out_kind);
+  for (int j = 0; j < T; ++j)
+    for (int r = 0; r < R; ++r) store_row(y, (r0 + r) * ldy + 16 * j, acc[j][r], j == T - 1 ? cols : 16, out_kind);
 }
 
-void int4_tile_gemm(const Int4Tile* t, const QuantRows* x, int64_t r0, int64_t r1, void* y, int64_t ldy,
-                    int cols, int out_kind) {
+template <int T>
+void tiles_rows(const Int4Tile* t, const QuantRows* x, int64_t r0, int64_t r1, void* y, int64_t ldy, int cols,
+                int out_kind) {
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) tile_rows<4>(t, x, r, y, ldy, cols, out_kind);
+  for (; r + 4 <= r1; r += 4) tile_rows<4, T>(t, x, r, y, ldy, cols, out_kind);
   switch (r1 - r) {
-    case 3: tile_rows<3>(t, x, r, y, ldy, cols, out_kind); break;
-    case 2: tile_rows<2>(t, x, r, y, ldy, cols, out_kind); break;
-    case 1: tile_rows<1>(t, x, r, y, ldy, cols, out_kind); break;
+    case 3: tile_rows<3, T>(t, x, r, y, ldy, cols, out_kind); break;
+    case 2: tile_rows<2, T>(t, x, r, y, ldy, cols, out_kind); break;
+    case 1: tile_rows<1, T>(t, x, r, y, ldy, cols, out_kind); break;
     default: break;
   }
+}
+
+void int4_tile_gemm(const Int4Tile* tiles, int ntiles, const QuantRows* x, int64_t r0, int64_t r1, void* y,
+                    int64_t ldy, int cols, int out_kind) {
+  if (ntiles == 2)
+    tiles_rows<2>(tiles, x, r0, r1, y, ldy, cols, out_kind);
+  else
+    tiles_rows<1>(tiles, x, r0, r1, y, ldy, cols, out_kind);
 }
 
 const Int4Kernels table = {"avx512", quantize_groups, int4_tile_gemm};

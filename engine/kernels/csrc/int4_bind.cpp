@@ -67,18 +67,22 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const int out_kind = out_kind_of(y.scalar_type());
   const int64_t esize = y.element_size();
   const auto& k = kernels();
-  // work items: (row block, tile); rows in blocks of 64 so that a block's codes stay in cache across tiles
-  const int64_t rb = 64, row_blocks = (M + rb - 1) / rb;
+  // work items: (row block, pair of tiles); rows in blocks of 64 so that a block's codes stay in cache across
+  // tiles
+  const int64_t rb = 64, row_blocks = (M + rb - 1) / rb, pairs = (tiles + 1) / 2;
   const auto* cbase = codes.data_ptr<uint8_t>();
   const auto* sbase = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const auto* mbase = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
   char* ybase = static_cast<char*>(y.data_ptr());
-  flexbatch::parallel_for(0, row_blocks * tiles, 1, [&](int64_t w0, int64_t w1) {
+  flexbatch::parallel_for(0, row_blocks * pairs, 1, [&](int64_t w0, int64_t w1) {
     for (int64_t w = w0; w < w1; ++w) {
-      const int64_t b = w / tiles, t = w % tiles;
-      Int4Tile tile{cbase + t * kp * 8, sbase + t * ng * 16, mbase + t * ng * 16};
-      const int cols = (int)std::min<int64_t>(16, n - t * 16);
-      k.int4_tile_gemm(&tile, &rows, b * rb, std::min(M, (b + 1) * rb), ybase + t * 16 * esize, n, cols,
+      const int64_t b = w / pairs, t = 2 * (w % pairs);
+      const int ntiles = (int)std::min<int64_t>(2, tiles - t);
+      Int4Tile pair[2];
+      for (int j = 0; j < ntiles; ++j)
+        pair[j] = Int4Tile{cbase + (t + j) * kp * 8, sbase + (t + j) * ng * 16, mbase + (t + j) * ng * 16};
+      const int cols = (int)std::min<int64_t>(16, n - (t + ntiles - 1) * 16);
+      k.int4_tile_gemm(pair, ntiles, &rows, b * rb, std::min(M, (b + 1) * rb), ybase + t * 16 * esize, n, cols,
                        out_kind);
     }
   });
