@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import trace
 from engine.compression.int4 import (
     INT4_GROUP_SIZES,
     PACKED_DTYPE,
@@ -34,7 +35,7 @@ from engine.compression.int4 import (
 from engine.kernels import compiled
 
 TILE = 16
-GEMM_RANGE = compiled.RANGE + "gemm"  # the profiler range of an own GEMM call, followed by " MxNxK"
+GEMM_RANGE = trace.KERNEL + "gemm"  # the profiler range of an own GEMM call, followed by " MxNxK"
 
 
 @dataclass(frozen=True)

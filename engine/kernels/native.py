@@ -23,6 +23,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from engine import trace
 from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
 from engine.compression.int8 import Int8Weight, quantize_int8
@@ -46,6 +47,10 @@ class NativeKernels:
         return prefill_choice.prefill(q, k, v, mask, scale)
 
     def linear(self, x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+        with trace.scope(trace.LINEAR):
+            return self._linear(x, w, b)
+
+    def _linear(self, x: torch.Tensor, w, b: torch.Tensor | None) -> torch.Tensor:
         if isinstance(w, QLinear):
             return w(x, b)
         if isinstance(w, OnednnWeight):

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import torch
 
+from engine import trace
 from engine.kernels.attention import decode_mask, prefill_mask
 from engine.loop.grammar import advance, mask_logits
 from engine.loop.loaded import LoadedModel
@@ -203,7 +204,7 @@ class BlockExecutor:
                 phase = live[0].phase
                 assert all(b.phase == phase for b in live), "a block's GPU batches step in one phase"
                 t0 = time.perf_counter()
-                with torch.profiler.record_function(phase):  # a profile's steps, by phase (`flexbatch bench ops`)
+                with trace.scope(phase):
                     self._step(live, phase)
                 self.counts["steps"] += 1
                 self.counts["row_steps"] += sum(len(b.rows) for b in live)
@@ -319,7 +320,8 @@ class BlockExecutor:
                 r = b.refill
                 self._score_prompts(r.rows, lambda: m.devices.move(r.hidden, r.where, m.globals_on))  # noqa: B023
                 logits[r.slots] = self._head(m.devices.move(r.hidden[:, -1], r.where, m.globals_on))
-            b.choose(logits, m.tokenizer)
+            with trace.scope(trace.SAMPLING):
+                b.choose(logits, m.tokenizer)
 
     def _begin(self, b: GpuBatch, devices: set[str], carry: bool) -> dict[str, StepContext]:
         """Start a step of batch `b` (and of its refill rows' prefill): embed the inputs and store them; the
