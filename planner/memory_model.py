@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from engine.kernels import int4_tiles
 from engine.memory.weight_store import globals_tier, head_in_int8, weight_placement
 from engine.policy import Policy
 from engine.spec import ModelSpec
@@ -156,9 +157,10 @@ def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) 
 
 
 def packs_int4(policy: Policy) -> bool:
-    """Whether CPU-resident 4-bit layers may be kept in the int4 kernel's layout too: they compute on the CPU
-    only (engine.kernels.native.pack_resident), which this model counts when no layer computes on the GPU."""
-    return (policy.compress_weight and policy.weight_format == "int4"
+    """Whether CPU-resident 4-bit layers may be kept in aten's int4 layout beside their codes: they compute on
+    the CPU only (engine.kernels.native.pack_resident), which this model counts when no layer computes on the
+    GPU, and the project's 4-bit kernel is not built (its tiles replace the codes instead of doubling them)."""
+    return (policy.compress_weight and policy.weight_format == "int4" and not int4_tiles.available()
             and policy.prefill_device == "cpu" and policy.decode_device == "cpu")
 
 

@@ -85,6 +85,24 @@ def pack(qt: QTensor) -> Int4Tiles:
     return Int4Tiles(codes, per_tile(qt.scales), per_tile(qt.mins), k, n, g)
 
 
+def dequantize(w: Int4Tiles, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense weight [out, in] in `dtype` (into `out`'s storage where given), q s + m as the stored form's
+    dequantization gives it: for the calls the kernel does not take, from a layer kept in this layout alone."""
+    tiles, octets = w.codes.shape[:2]
+    kp, ng = octets * 8, w.scales.shape[1]
+    q = torch.stack((w.codes & 15, w.codes >> 4), dim=-1)  # [T, Kp/8, 16, 4, (low, high)]
+    q = q.permute(0, 2, 1, 4, 3).reshape(tiles * TILE, kp)  # [Np, Kp]: pack's permutation undone
+
+    def per_column(p: torch.Tensor) -> torch.Tensor:  # [T, ng, 16] -> [Np, ng, 1]
+        return p.permute(0, 2, 1).reshape(tiles * TILE, ng, 1).to(dtype)
+
+    n, k = w.out_features, w.in_features
+    dense = q.view(tiles * TILE, ng, w.group_size)[:n].to(dtype)
+    dense = torch.addcmul(per_column(w.mins)[:n], dense, per_column(w.scales)[:n],
+                          out=None if out is None else out.view(-1)[: dense.numel()].view(dense.shape))
+    return dense.view(n, kp)[:, :k]
+
+
 def linear(x: torch.Tensor, w: Int4Tiles) -> torch.Tensor:
     """y = x W^T: x [*, in] float32 or bfloat16 -> y [*, out] in x's dtype."""
     if x.dtype not in (torch.float32, torch.bfloat16):

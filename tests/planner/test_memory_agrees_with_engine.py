@@ -39,15 +39,17 @@ def test_home_bytes_match_the_engine(tmp_path, tiny_llama_dir, policy):
                          ids=["int4", "int4-disk"])
 def test_the_int4_kernels_layout_counts_where_the_engine_keeps_it(tmp_path, tiny_llama_dir, policy,
                                                                   compressed_kernels):
-    """CPU-resident 4-bit layers packed for the int4 kernel (which wins at every row count here) keep that
-    layout beside their codes: the engine reserves it and the planner counts it."""
+    """CPU-resident 4-bit layers packed for the int4 kernel (which wins at every row count here) keep the
+    project's tiles in place of their codes, or aten's layout beside them where the project's kernels are not
+    built: the engine reserves what it keeps and the planner counts it."""
     eng = check_home_bytes(tmp_path, tiny_llama_dir, policy)
     held = {}
     for layer in eng.weights.resident.values():
         for value in layer.values():
             collect_tensors(value, held)
-    assert any(isinstance(v, QWeight) and isinstance(v.fast, (Int4Tiles, Int4Packed))
-               for layer in eng.weights.resident.values() for v in layer.values())
+    packed = [v for layer in eng.weights.resident.values() for v in layer.values() if isinstance(v, QWeight)]
+    assert packed and all(isinstance(v.fast, (Int4Tiles, Int4Packed)) for v in packed)
+    assert all((v.stored is None) == isinstance(v.fast, Int4Tiles) for v in packed)
     globals_bytes = global_bytes(load_model_spec(tiny_llama_dir), 4, policy)  # the int8 head included
     assert eng.devices.tiers["cpu"].used - globals_bytes == sum(held.values())
 

@@ -10,6 +10,7 @@ import torch
 from engine.compression.codecs import WeightCodec
 from engine.compression.qlinear import QLinear, QWeight
 from engine.engine import Engine
+from engine.kernels import int4_tiles
 from engine.kernels import rates as kernel_rates
 from engine.kernels.native import NativeKernels
 from engine.policy import Policy
@@ -54,6 +55,9 @@ def test_rows_above_max_rows_take_the_dense_path(fmt, monkeypatch):
     assert q.weight.max_rows == 4 and q._dense is None
     y = kernels.linear(torch.randn(5, 192).to(torch.bfloat16), q)  # 5 rows: dequantize + GEMM
     assert q._dense is not None and y.shape == (5, 96)
+    # the same dense weight as the stored form's, though a 4-bit layer keeps the kernel's tiles alone
+    assert (q.weight.stored is None) == (fmt == "int4" and int4_tiles.available())
+    assert torch.equal(q._dense, codec.dense(NAME, codec.split(stored, meta)[1][NAME], {}))
     again = kernels.ready(packed, meta, codec, "cpu")[0][NAME]  # the next step dequantizes anew
     assert again._dense is None
 

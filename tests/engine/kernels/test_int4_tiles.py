@@ -25,6 +25,19 @@ def reference(x: torch.Tensor, qt, group: int) -> torch.Tensor:
     return xq @ dequantize(qt, dtype=torch.float64).T
 
 
+@pytest.mark.parametrize("n,k,group", [(48, 128, 64), (17, 100, 32), (40, 256, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tiles_dequantize_to_the_stored_forms_dense_weight(n, k, group, dtype):
+    """A layer kept in the tiles alone gives the dense path (the calls the kernel does not take) the very weight the
+    stored form would: bit for bit, padding cut off, into a reused buffer too."""
+    qt = quantize(torch.randn(n, k), QuantConfig(4, group, 1))
+    tiles = int4_tiles.pack(qt)
+    want = dequantize(qt, dtype=dtype)
+    assert torch.equal(int4_tiles.dequantize(tiles, dtype), want)
+    buf = torch.full((tiles.codes.numel() * 2 + 7,), float("nan"), dtype=dtype)
+    assert torch.equal(int4_tiles.dequantize(tiles, dtype, out=buf), want)
+
+
 def test_the_kernels_build_where_a_compiler_is():
     if compiled.compiler() is None or os.environ.get("FLEXBATCH_KERNELS", "").lower() in ("off", "0", "no"):
         pytest.skip("no C++ compiler, or the kernels turned off")
