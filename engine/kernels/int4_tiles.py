@@ -30,7 +30,6 @@ from engine.compression.int4 import (
     QTensor,
     int4_linear,
     pack_int4,
-    unpack_codes,
 )
 from engine.kernels import compiled
 
@@ -70,13 +69,9 @@ def pack(qt: QTensor) -> Int4Tiles:
     """A QTensor grouped along dim 1 ([out, in]) -> the tile layout (once, at load)."""
     n, k = qt.shape
     g = qt.config.group_size
-    codes_t = unpack_codes(qt)  # [Kp, N]: q^T
-    kp = codes_t.shape[0]
-    n_pad = -n % TILE
-    q = torch.nn.functional.pad(codes_t.T, (0, 0, 0, n_pad))  # [Np, Kp]
-    tiles = q.shape[0] // TILE
-    q = q.view(tiles, TILE, kp // 8, 2, 4).permute(0, 2, 1, 4, 3)  # [T, Kp/8, 16, 4, (low, high)]
-    codes = (q[..., 0] | (q[..., 1] << 4)).contiguous()  # [T, Kp/8, 16, 4]
+    kp, n_pad = qt.data.shape[0] * g, -n % TILE
+    tiles = (n + n_pad) // TILE
+    codes = compiled.ops().int4_tile_codes(qt.data, n, g)  # [T, Kp/8, 16, 4], in one pass over the stored codes
 
     def per_tile(p: torch.Tensor) -> torch.Tensor:  # [ng, N] -> [T, ng, 16]
         p = torch.nn.functional.pad(p, (0, n_pad))

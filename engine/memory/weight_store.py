@@ -159,7 +159,8 @@ class WeightStore:
                 self._place_read(i)
             else:
                 self._place(reader, i, tier, folder, kept.get(i))
-                release_freed_memory()  # the layer's full-precision copy, before the next is read
+                if kept.get(i) is None:
+                    release_freed_memory()  # the layer's full-precision copy, before the next is read
         disk = sum(n for n, t in zip(self.layer_bytes, self.placement) if t == "disk")
         self.direct = DirectReader() if disk and reads_direct(disk, room) else None  # else page-cached reads
         self._buffers = DirectReader()  # a checkpoint layer's buffers when reads go through the page cache

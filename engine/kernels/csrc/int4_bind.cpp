@@ -91,9 +91,42 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   return y.view(shape);
 }
 
+// The stored codes of a 4-bit weight [n, k] grouped along k (engine/compression/int4.py: data [ng, G/2, n], byte
+// (g, j, c) = q[c, gG + j] | q[c, gG + G/2 + j] << 4) -> the tile layout's codes [Np/16, Kp/8, 16, 4] (int4.h), in
+// one pass over octets of inputs: each reads eight rows of `data` along the columns and writes a 64-byte line
+// per tile; columns past n are zero.
+at::Tensor int4_tile_codes(const at::Tensor& data, int64_t n, int64_t group) {
+  TORCH_CHECK(data.dim() == 3 && data.scalar_type() == at::kByte && data.is_contiguous() && data.size(2) == n &&
+                  data.size(1) * 2 == group && group % 8 == 0,
+              "int4_tile_codes: data must be contiguous uint8 [ng, group / 2, n], group a multiple of 8");
+  const int64_t ng = data.size(0), half = group / 2, octets = ng * group / 8, tiles = (n + 15) / 16;
+  auto codes = at::zeros({tiles, octets, 16, 4}, data.options());
+  const uint8_t* src = data.data_ptr<uint8_t>();
+  uint8_t* dst = codes.data_ptr<uint8_t>();
+  flexbatch::parallel_for(0, octets, 16, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      const int64_t g = o * 8 / group, w0 = o * 8 % group;  // an octet lies within one group
+      const uint8_t* rows[8];
+      int shift[8];
+      for (int j = 0; j < 8; ++j) {
+        const int64_t w = w0 + j;
+        rows[j] = src + (g * half + (w < half ? w : w - half)) * n;
+        shift[j] = w < half ? 0 : 4;
+      }
+      for (int64_t c = 0; c < n; ++c) {
+        uint8_t* out = dst + (((c / 16) * octets + o) * 16 + c % 16) * 4;
+        for (int j = 0; j < 4; ++j)
+          out[j] = (uint8_t)(((rows[j][c] >> shift[j]) & 15) | (((rows[j + 4][c] >> shift[j + 4]) & 15) << 4));
+      }
+    }
+  });
+  return codes;
+}
+
 }  // namespace
 
 void bind_int4(pybind11::module_& m) {
+  m.def("int4_tile_codes", &int4_tile_codes, "stored 4-bit codes -> the tile layout's codes");
   m.def("quantize_groups", &quantize_groups, "int8 codes, scales, scaled sums per row and group");
   m.def("int4_linear", &int4_linear, "x W^T with W 4-bit in the tile layout");
 }
