@@ -17,7 +17,7 @@ import torch
 
 from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
-from engine.compression.int4 import DEFAULT_CONFIG, PARAM_DTYPE, QTensor, QuantConfig, dequantize, quantize
+from engine.compression.int4 import DEFAULT_CONFIG, QTensor, QuantConfig, dequantize, quantize
 from engine.compression.int8 import FORMAT as INT8_FORMAT
 from engine.compression.int8 import Int8Weight, dequantize_int8, quantize_int8
 from engine.errors import InvalidParamsError
@@ -137,8 +137,3 @@ class KVCodec:
 
     def cache(self, num_layers, batch, kv_heads, max_len, head_dim, dtype, alloc=None) -> QuantKVCache:
         return QuantKVCache(num_layers, batch, kv_heads, max_len, head_dim, dtype, alloc=alloc, config=self.config)
-
-    def bytes_per_head_slot(self, head_dim: int) -> float:
-        """Bytes of one K (or V) head vector of one slot: packed codes plus a min and scale per group."""
-        groups = -(-head_dim // self.config.group_size)
-        return groups * (self.config.group_size // 2 + 2 * torch.empty((), dtype=PARAM_DTYPE).element_size())

@@ -20,13 +20,19 @@ from engine.loop.row_state import RowState
 from engine.loop.sampling import chosen_logprobs, next_tokens
 from engine.loop.shared_prefix import SharedPrefix, shared_length
 from engine.memory.disk_kv import DirectKVCache
+from engine.memory.footprint import (
+    ACT_DTYPE,
+    act_row_bytes,
+    disk_kv_buffer_bytes,
+    kv_row_bytes,
+    prefix_bytes,
+    prefix_tier,
+    staged_bytes,
+)
 from engine.memory.kv_cache import KVCache
 from engine.memory.placement import PlacedActivations, PlacedKV, alloc, row_segments
 from engine.models import StepContext
 from engine.policy import Policy
-
-ACT_DTYPE = torch.float32  # the residual stream between layers (see engine/models/llama.py)
-
 
 COMPACT_SLOTS = 64  # with refill, shift the cache once at least this many (and T/4) leading slots are dead
 DROP_SHARE = 0.125  # finished rows leave a GPU batch once they are this share of it (and no row waits)
@@ -232,15 +238,11 @@ class BlockExecutor:
     def _make_prefix(self, ids: list[int], score: str | None) -> SharedPrefix:
         """The block's shared prefix with its K/V buffers, on the tier that holds most of the KV cache (the disk
         tier's rows attend on the CPU); `score`: what of it rows that score their prompt need (`prefix_scores`)."""
-        m, home = self.loaded, self._prefix_home()
+        m, home = self.loaded, prefix_tier(self.policy)
         make = self._alloc(home)
         shape = (1, m.spec.num_kv_heads, len(ids), m.spec.head_dim)
         k, v = ([make(shape, m.dtype) for _ in range(m.spec.num_layers)] for _ in range(2))
         return SharedPrefix(ids, k, v, home, m.devices, score)
-
-    def _prefix_home(self) -> str:
-        p = self.policy
-        return "gpu" if p.cache_gpu >= p.cache_cpu + p.cache_disk else "cpu"
 
     def _batch(self, rows: list[RowState], S: int, T: int) -> GpuBatch:
         """A GPU batch of `rows` with its KV cache (T slots) and activation buffers (S positions), placed by the
@@ -391,22 +393,23 @@ class BlockExecutor:
 
     def block_bytes(self, rows: int, S: int, T: int, shared: int = 0) -> dict[str, int]:
         """Bytes a block of `rows` rows (prompt length S, total length T, after `shared` prefix tokens) needs per
-        tier for its KV cache and activations, plus the CPU staging of two layers read from disk (the one
-        computing, the one prefetched), plus the shared prefix's K/V (one row, uncompressed)."""
-        spec, p, codec = self.loaded.spec, self.policy, self.loaded.kv_codec
+        tier, by engine/memory/footprint.py: each GPU batch's KV cache (T slots a row) and activations (S
+        positions a row) on their row segments, the shared prefix's K/V (one row, uncompressed) on `prefix_tier`,
+        and on the CPU the two one-layer buffers of a plain disk-tier cache and the two layers staged from disk
+        (the one computing, the one prefetched)."""
+        spec, p, compressed = self.loaded.spec, self.policy, self.loaded.kv_codec is not None
         elem = torch.empty((), dtype=self.loaded.dtype).element_size()
         need = dict.fromkeys(("gpu", "cpu", "disk"), 0)
         if shared:
-            need[self._prefix_home()] += 2 * spec.num_layers * spec.num_kv_heads * shared * spec.head_dim * elem
+            need[prefix_tier(p)] += prefix_bytes(spec, shared, elem)
         for start in range(0, rows, p.gbs):
             B = min(p.gbs, rows - start)
-            kv = {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}
-            for tier, r in row_segments(B, kv):
-                per_slot = codec.bytes_per_head_slot(spec.head_dim) if codec else spec.head_dim * elem
-                need[tier] += int(2 * spec.num_layers * spec.num_kv_heads * T * per_slot) * (r.stop - r.start)
-            acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
-            for tier, r in row_segments(B, acts):
-                need[tier] += (r.stop - r.start) * S * spec.hidden_size * ACT_DTYPE.itemsize
+            for tier, r in row_segments(B, {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}):
+                need[tier] += (r.stop - r.start) * kv_row_bytes(spec, T, elem, compressed)
+                if tier == "disk" and not compressed:
+                    need["cpu"] += (r.stop - r.start) * disk_kv_buffer_bytes(spec, T, elem)
+            for tier, r in row_segments(B, {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}):
+                need[tier] += (r.stop - r.start) * act_row_bytes(spec, S)
         if "disk" in self.loaded.weights.placement:
-            need["cpu"] += 2 * max(self.loaded.weights.layer_bytes)
+            need["cpu"] += staged_bytes(max(self.loaded.weights.layer_bytes))
         return need

@@ -18,13 +18,13 @@ from pathlib import Path
 import click
 
 from engine.errors import FlexbatchError
+from engine.memory.footprint import STAGED_LAYERS
 from engine.policy import Policy, parse_bytes
 from jobs.bench import models as bm
 from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, default_gpu_budget, weight_bytes
 from jobs.bench.gpu_policies import (
     BASELINE,
     KINDS,
-    STAGED_LAYERS,
     BenchPolicy,
     bench_policies,
     load_key,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import engine.engine as engine_module
-from engine.compression.codecs import KVCodec
 from engine.engine import Engine
+from engine.memory.footprint import int4_row_bytes
 from engine.memory.weight_store import globals_tier, weight_placement
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
@@ -215,7 +215,7 @@ def test_a_compressed_cache_crosses_compressed(checkpoint, tmp_path):
         engine = _tokens(checkpoint(VARIANT), "float32", policy, simulate=True, tmp_path=tmp_path, n=1)[1]
         moved[compress] = engine.devices.links.moved["gpu->cpu"]
     D = engine.spec.head_dim
-    ratio = KVCodec().bytes_per_head_slot(D) / (D * 4)
+    ratio = int4_row_bytes(D) / (D * 4)
     assert moved[True] / moved[False] == pytest.approx(ratio, abs=0.03), (moved, ratio)
 
 

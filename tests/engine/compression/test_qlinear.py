@@ -213,8 +213,8 @@ def test_compressed_weights_keep_the_head_in_int8_and_the_planner_counts_it(chec
     """With int8 or 4-bit weights the LM head is its own row-wise int8 weight (the embeddings stay for the lookup,
     tied or not), its logits within int8's error of the dense head's, and the planner counts it at that size;
     uncompressed weights keep a dense head."""
+    from engine.memory.footprint import global_bytes
     from engine.spec import load_model_spec
-    from planner.memory_model import global_bytes
 
     model_dir = checkpoint(variant)
     spec = load_model_spec(model_dir)
