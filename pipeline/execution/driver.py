@@ -13,6 +13,7 @@ import math
 import time
 from collections import Counter, deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.batching import shard_rows
 from engine.errors import FlexbatchError
@@ -23,6 +24,9 @@ from pipeline.output.folder import JOB_FILES, check_output, open_output
 from pipeline.output.lock import lock_output
 from pipeline.output.manifest import append_manifest, read_manifest, write_success
 from pipeline.storage import Folder, temp_target
+
+if TYPE_CHECKING:
+    from pipeline.execution.worker import WorkerSetup
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +97,7 @@ def _run_locked(job: JobSetup, lock, pool: WorkerPool | None = None) -> JobSumma
         if shards is None:
             shards = make_shards(job.files, derived_shard_rows(total, infos))
         job.record["shards"] = [s.to_dict() for s in shards]
-        job.record["run"]["workers"] = infos
+        job.record["run"]["workers"] = [info.record() for info in infos]
         open_output(job.output, job.record)
         pending = [s for s in shards if s.part_name not in committed]
         log.info("%d shards: %d committed by an earlier run, %d to do", len(shards), len(shards) - len(pending),
@@ -125,10 +129,9 @@ def _recorded_shards(job: JobSetup) -> list[Shard] | None:
     return shards if shards and dict(covered) == {p: n for p, n in files.items()} else None
 
 
-def derived_shard_rows(total_rows: int, infos: list[dict]) -> int:
+def derived_shard_rows(total_rows: int, infos: list[WorkerSetup]) -> int:
     """The shard size of `engine.batching.shard_rows` for the workers' largest planned block."""
-    block = max(p["policy"]["gbs"] * p["policy"]["num_gb"] for p in infos)
-    return shard_rows(total_rows, block, len(infos))
+    return shard_rows(total_rows, max(info.policy.block_size for info in infos), len(infos))
 
 
 def _start_workers(config: RunConfig, job: JobSetup, total: int):
@@ -157,10 +160,9 @@ def _start_workers(config: RunConfig, job: JobSetup, total: int):
         dispatcher.close()
         raise
     for info in infos:
-        predicted = info["predicted"]
-        log.info("worker %d: pid %d on %s, %d threads, setup %.1f s; policy %s%s", info["worker"], info["pid"],
-                 info["host"], info["threads"], info["setup_seconds"], info["policy"],
-                 f"; predicted {predicted['seconds']:.1f} s for its share" if predicted else "")
+        log.info("worker %d: pid %d on %s, %d threads, setup %.1f s; policy %s%s", info.worker, info.pid, info.host,
+                 info.threads, info.setup_seconds, info.policy.to_dict(),
+                 f"; predicted {info.predicted.total_s:.1f} s for its share" if info.predicted else "")
     return dispatcher, infos
 
 
@@ -221,7 +223,8 @@ def _commit(folder: Folder, config_hash: str, shard: Shard, result) -> dict:
     return record
 
 
-def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, infos: list, seconds: float):
+def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, infos: list[WorkerSetup],
+            seconds: float):
     """Remove temporaries, write `_SUCCESS` and return the summary (of the whole job, earlier runs included)."""
     folder = job.output.folder
     ours = {s.part_name for s in shards} | set(JOB_FILES)
@@ -229,7 +232,7 @@ def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, inf
         if is_file and temp_target(name) in ours:
             folder.delete(name)
     done = {**committed, **new}
-    predictions = [i["predicted"]["seconds"] for i in infos if i.get("predicted")]
+    predictions = [i.predicted.total_s for i in infos if i.predicted]
     summary = JobSummary(
         output=job.config.output, files=len(job.files), rows=sum(r["rows"] for r in done.values()),
         error_rows=sum(r["error_rows"] for r in done.values()),
@@ -237,9 +240,9 @@ def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, inf
         completion_tokens=sum(r["completion_tokens"] for r in done.values()),
         generate_seconds=sum(r["seconds"] for r in new.values()),
         parts=tuple(part_location(folder, s.part_name) for s in shards if s.part_name in done),
-        policy=infos[0]["policy"] if infos else None,
+        policy=infos[0].policy.to_dict() if infos else None,
         predicted_seconds=max(predictions) if predictions else None,
-        workers=tuple(infos), shards=len(shards), skipped_shards=len(committed), failed_shards=tuple(failed),
+        workers=tuple(i.record() for i in infos), shards=len(shards), skipped_shards=len(committed), failed_shards=tuple(failed),
         wall_seconds=seconds, run_completion_tokens=sum(r["completion_tokens"] for r in new.values()),
         shared_tokens=sum(r.get("shared_tokens", 0) for r in done.values()),
         saved_tokens=sum(r.get("saved_tokens", 0) for r in done.values()),

@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.errors import FlexbatchError
 from engine.memory.room import oom_kills_here
@@ -28,6 +29,10 @@ from pipeline.job import JobSetup
 from pipeline.output.openai_batch import choices_by_line, jsonl_bytes, output_lines
 from pipeline.plan.host import Completed, EngineHost
 from pipeline.plan.planning import job_workload, prediction_record
+
+if TYPE_CHECKING:
+    from engine.policy import Policy
+    from planner.predict import Prediction
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,32 @@ class ShardResult:
     worker: int
     shared_tokens: int = 0  # shared prefixes' tokens, computed once per block (engine/loop/shared_prefix.py)
     saved_tokens: int = 0  # prompt tokens rows did not compute because their block's prefix was shared
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker reports once its engine is set up for a job; the driver logs it, sizes shards by its policy's
+    block and records it (`record`) in `_job.json` and the job's summary."""
+
+    worker: int
+    pid: int
+    host: str
+    threads: int
+    policy: Policy
+    predicted: Prediction | None  # the planner's prediction for this worker's share; None with --no-plan
+    setup_seconds: float
+    node: str | None  # the Ray node; None with --no-ray
+    node_engines: int  # engines that started together on this node and share its memory
+    cpu_budget: float | None
+    oom_kills: int | None  # the driver's baseline for its node
+    engine_reused: bool  # the engine of the worker's last job was kept (pipeline.plan.host.load_key)
+
+    def record(self) -> dict:
+        """As `_job.json`'s `run.workers` and `JobSummary.workers` hold it."""
+        return {"worker": self.worker, "pid": self.pid, "host": self.host, "threads": self.threads,
+                "policy": self.policy.to_dict(), "predicted": self.predicted and prediction_record(self.predicted),
+                "setup_seconds": self.setup_seconds, "node": self.node, "node_engines": self.node_engines,
+                "cpu_budget": self.cpu_budget, "oom_kills": self.oom_kills, "engine_reused": self.engine_reused}
 
 
 class ShardWorker:
@@ -82,17 +113,13 @@ class ShardWorker:
         started = time.perf_counter()
         config = self.job.config
         reused = self.host.take(config.model, self.job.spec, config, job_workload(self.job, planned_rows))
-        predicted = self.host.prediction
-        self._info = {
-            "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
-            "policy": self.host.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
-            "setup_seconds": time.perf_counter() - started, "node": _node_id(),
-            "node_engines": self.host.node_engines, "cpu_budget": self.host.budgets.get("cpu"),
-            "oom_kills": oom_kills_here(),  # the driver's baseline for its node
-            "engine_reused": reused,
-        }
+        self._info = WorkerSetup(
+            worker=self.worker_id, pid=os.getpid(), host=socket.gethostname(), threads=_threads(),
+            policy=self.host.policy, predicted=self.host.prediction, setup_seconds=time.perf_counter() - started,
+            node=_node_id(), node_engines=self.host.node_engines, cpu_budget=self.host.budgets.get("cpu"),
+            oom_kills=oom_kills_here(), engine_reused=reused)
 
-    def info(self) -> dict:
+    def info(self) -> WorkerSetup:
         if self._setup_error is not None:
             raise self._setup_error
         return self._info
