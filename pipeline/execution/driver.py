@@ -7,7 +7,6 @@ and every other shard still completes."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -20,7 +19,7 @@ from engine.errors import FlexbatchError
 from pipeline.execution.progress import Progress
 from pipeline.input.shards import Shard, make_shards
 from pipeline.job import JobSetup, JobSummary, RunConfig, prepare_job
-from pipeline.output.folder import JOB_FILES, check_output, open_output
+from pipeline.output.folder import JOB_FILES, OutputCheck, check_output, open_output
 from pipeline.output.lock import lock_output
 from pipeline.output.manifest import append_manifest, read_manifest, write_success
 from pipeline.storage import Folder, temp_target
@@ -70,35 +69,33 @@ class WorkerPool:
 
 
 def run_job(config: RunConfig, pool: WorkerPool | None = None) -> JobSummary:
-    """Check, lock the output folder, start the engines (or take `pool`'s), complete every shard not yet
-    committed, write `_SUCCESS`."""
+    """Check the job, lock the output folder and check it (once: as it is now that no other run can change it),
+    start the engines (or take `pool`'s), complete every shard not yet committed, write `_SUCCESS`."""
     job = prepare_job(config)
     lock = lock_output(config.output)
-    try:  # the folder as it is now that no other run can change it
-        job = dataclasses.replace(job, output=check_output(job.output.folder, job.record, config.overwrite))
-        return _run_locked(job, lock, pool)
+    try:
+        output = check_output(job.folder, job.record, config.overwrite)
+        return _run_locked(job, output, lock, pool)
     finally:
         lock.release()
 
 
-def _run_locked(job: JobSetup, lock, pool: WorkerPool | None = None) -> JobSummary:
+def _run_locked(job: JobSetup, output: OutputCheck, lock, pool: WorkerPool | None = None) -> JobSummary:
     config = job.config
     total = sum(f.num_rows for f in job.files)
     log.info("%d rows in %d files; model %s (%s)", total, len(job.files), config.model, job.spec.model_type)
-    shards = _recorded_shards(job) or (make_shards(job.files, config.shard_rows) if config.shard_rows else None)
-    folder = job.output.folder
-    committed = read_manifest(folder, job.record["config_hash"]) if job.output.action == "reuse" else {}
-    if shards is not None and all(s.part_name in committed for s in shards):
-        log.info("every shard of this job is already committed in %s", folder)
-        return _finish(job, shards, committed, {}, [], [], 0.0)
+    recorded = _recorded_shards(job, output)
+    committed = read_manifest(job.folder, job.record["config_hash"]) if output.action == "reuse" else {}
+    if recorded is not None and all(s.part_name in committed for s in recorded):
+        log.info("every shard of this job is already committed in %s", job.folder)
+        return _finish(job, recorded, committed, {}, [], [], 0.0)
     dispatcher, infos = pool.workers(config, job, total) if pool else _start_workers(config, job, total)
     kept = False
     try:
-        if shards is None:
-            shards = make_shards(job.files, derived_shard_rows(total, infos))
+        shards = recorded or make_shards(job.files, config.shard_rows or derived_shard_rows(total, infos))
         job.record["shards"] = [s.to_dict() for s in shards]
         job.record["run"]["workers"] = [info.record() for info in infos]
-        open_output(job.output, job.record)
+        open_output(output, job.record)
         pending = [s for s in shards if s.part_name not in committed]
         log.info("%d shards: %d committed by an earlier run, %d to do", len(shards), len(shards) - len(pending),
                  len(pending))
@@ -114,9 +111,10 @@ def _run_locked(job: JobSetup, lock, pool: WorkerPool | None = None) -> JobSumma
     return _finish(job, shards, committed, new, failed, infos, seconds)
 
 
-def _recorded_shards(job: JobSetup) -> list[Shard] | None:
-    """The shard layout of an earlier run of this job (kept so that its committed parts stay valid)."""
-    old = job.output.old_record if job.output.action == "reuse" else None
+def _recorded_shards(job: JobSetup, output: OutputCheck) -> list[Shard] | None:
+    """The shard layout of an earlier run of this job (kept so that its committed parts stay valid); else the
+    shards are cut once the workers have planned (--shard-rows, or `derived_shard_rows`)."""
+    old = output.old_record if output.action == "reuse" else None
     recorded = (old or {}).get("shards") or []
     try:
         shards = [Shard.from_dict(d) for d in recorded]
@@ -182,7 +180,7 @@ def _dispatch(dispatcher, job: JobSetup, pending: list[Shard], rows_to_do: int, 
             for o in dispatcher.wait(_WAIT_SECONDS):
                 if o.result is not None:
                     lock.check()
-                    new[o.shard.part_name] = _commit(job.output.folder, job.record["config_hash"], o.shard, o.result)
+                    new[o.shard.part_name] = _commit(job.folder, job.record["config_hash"], o.shard, o.result)
                     progress.add(o.result.rows, o.result.completion_tokens)
                     continue
                 attempts[o.shard.index] += 1
@@ -226,7 +224,7 @@ def _commit(folder: Folder, config_hash: str, shard: Shard, result) -> dict:
 def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, infos: list[WorkerSetup],
             seconds: float):
     """Remove temporaries, write `_SUCCESS` and return the summary (of the whole job, earlier runs included)."""
-    folder = job.output.folder
+    folder = job.folder
     ours = {s.part_name for s in shards} | set(JOB_FILES)
     for name, is_file in folder.entries():
         if is_file and temp_target(name) in ours:

@@ -166,7 +166,7 @@ class ShardWorker:
             completions = [scored(c, n) for c, n in zip(completions, lengths)]
             scores = score_columns(completions, lengths)
         out = output_table(table, completions, ids, config.params.logprobs, scores)
-        return write_part_atomic(out, self.job.output.folder, shard.part_name), [[c] for c in completions], done
+        return write_part_atomic(out, self.job.folder, shard.part_name), [[c] for c in completions], done
 
     def _batch_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], Completed]:
         """Complete a shard of an OpenAI Batch file and write its JSONL part: (bytes, SHA-256), each line's
@@ -181,7 +181,7 @@ class ShardWorker:
         check_one_per_row(done.completions, [item.id for item in items])
         rows = choices_by_line(lines, done.completions)
         objects = output_lines(lines, rows, self.engine.tokenizer, config.model.name, self.job.record["config_hash"])
-        folder, data = self.job.output.folder, jsonl_bytes(objects)
+        folder, data = self.job.folder, jsonl_bytes(objects)
         folder.write_bytes(shard.part_name, data)
         log.info("wrote %s (%d lines)", folder.child(shard.part_name), len(objects))
         return (len(data), hashlib.sha256(data).hexdigest()), rows, done
