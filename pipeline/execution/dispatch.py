@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from engine.errors import FlexbatchError
 from pipeline.errors import OutputWriteError
-from pipeline.execution.worker import ShardResult, ShardWorker
+from pipeline.execution.worker import ShardResult, ShardWorker, WorkerSetup
 from pipeline.input.shards import Shard
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,10 @@ class InlineDispatcher:
         self._worker = ShardWorker(job, 0, threads=threads)
         self._pending: Shard | None = None
 
-    def start(self) -> list[dict]:
+    def start(self) -> list[WorkerSetup]:
         return [self._worker.info()]
 
-    def take_job(self, job, total_rows: int) -> list[dict]:
+    def take_job(self, job, total_rows: int) -> list[WorkerSetup]:
         """Hand the worker the next job (it plans it, keeping its engine where it can); its set-up info."""
         self._worker.take_job(job)
         return self.start()
@@ -82,7 +82,7 @@ class RayDispatcher:
         self._oom_kills, self._node_kills = oom_kills(), NodeOomKills()
         self.replaced = 0
 
-    def start(self) -> list[dict]:
+    def start(self) -> list[WorkerSetup]:
         """Wait for every actor's setup (model loaded, policy planned); an actor that fails it fails the job."""
         import ray
 
@@ -97,10 +97,10 @@ class RayDispatcher:
             except ray.exceptions.RayError as e:
                 raise RuntimeError(f"worker {i} on {self._specs[i].node_ip} failed to start: {_cause(e)}") from e
         for info in infos:
-            self._node_kills.note(info["node"], info["oom_kills"])
+            self._node_kills.note(info.node, info.oom_kills)
         return infos
 
-    def take_job(self, job, total_rows: int) -> list[dict]:
+    def take_job(self, job, total_rows: int) -> list[WorkerSetup]:
         """Hand every actor the next job, each planning for its share of `total_rows` (and keeping its engine where
         it can); their set-up infos, as `start` gives them."""
         import ray
