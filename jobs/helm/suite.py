@@ -33,10 +33,10 @@ from jobs.helm.output import (
     write_run,
     write_summary,
 )
+from jobs.helm.run_entries import HelmSpec, RunEntry, check_suite
 from jobs.helm.scenarios import BUILTIN, CORRECT_TAG, downsample_eval, load_instances, scenario_path
 from jobs.helm.schema import run_groups, write_suite_schema
 from jobs.helm.scoring import SCORING_METHODS
-from jobs.helm.spec import HelmSpec, RunEntry, check_suite
 from jobs.helm.state import (
     downsample_states,
     read_scenario_state,

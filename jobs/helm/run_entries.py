@@ -1,5 +1,5 @@
-"""The benchmark spec: a YAML file of run entries, read into frozen dataclasses and checked before any model is
-loaded. Every error names the entry and field, the bad value, and the fix.
+"""The benchmark spec (`flexbatch helm --spec`): a YAML file of run entries, read into frozen dataclasses and
+checked before any model is loaded. Every error names the entry and field, the bad value, and the fix.
 
     defaults:                       # optional: fields shared by every entry (an entry's adapter keys win)
       adapter: {method: generation, max_tokens: 8, stop_sequences: ["\\n"], temperature: 0, num_outputs: 1}
