@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from engine.errors import one_line
 from pipeline.errors import InputError
 from pipeline.input.ids import check_unique_ids
 from pipeline.input.scoring import CONTINUATION_COLUMN
@@ -150,8 +151,5 @@ def read_footer(path: Path) -> tuple[pa.Schema, int]:
         with open_parquet(path) as pf:
             return pf.schema_arrow, pf.metadata.num_rows
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{path}: not a readable Parquet file ({_one_line(e)})") from e
+        raise InputError(f"{path}: not a readable Parquet file ({one_line(e)})") from e
 
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
