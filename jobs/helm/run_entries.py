@@ -24,10 +24,10 @@ from pathlib import Path
 
 from helm.benchmark.adaptation import adapter_spec as helm_adapter_spec
 
+from jobs.helm.echo_requests import SCORING_METHODS
 from jobs.helm.errors import SpecError
 from jobs.helm.metrics import METRICS
 from jobs.helm.scenarios import BUILTIN, EVAL_SPLITS, resolve_scenario
-from jobs.helm.scoring import SCORING_METHODS
 
 METHODS = ("generation", "multiple_choice_joint", *SCORING_METHODS)
 DEMO_MODEL = "demo"
