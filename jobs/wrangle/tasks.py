@@ -1,6 +1,6 @@
 """Prompts and answers of the data-wrangling tasks: rows serialized as `attr: value. attr: value` (or values
-only; jobs/wrangle/data.py `serialize_row`), a per-task prompt template, a few-shot prefix (k random train examples for a seed, or a hand-written
-file), and the parsing of a completion into Yes/No or an imputed value.
+only; jobs/wrangle/data.py `serialize_row`), a per-task prompt template, a few-shot prefix (k random train
+examples for a seed, or a hand-written file), and the parsing of a completion into Yes/No or an imputed value.
 
 A template is a `str.format` pattern. Its fields:
 
