@@ -23,7 +23,8 @@ from engine.kernels.backend import DEFAULT_BACKEND
 from engine.policy import Pins, Policy
 from engine.request import Completion, Request, SamplingParams
 from pipeline.errors import ConfigError
-from pipeline.input.parquet import CHAT_CHOICES, ID_COLUMN, MESSAGES_COLUMN
+from pipeline.input.ids import ID_COLUMN
+from pipeline.input.parquet import CHAT_CHOICES, MESSAGES_COLUMN
 from pipeline.input.requests import prompt_problem, row_params
 from pipeline.input.scoring import CONTINUATION_COLUMN, SCORE_COLUMNS, score_columns, scored, scoring_items
 

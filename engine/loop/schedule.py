@@ -14,7 +14,7 @@ from engine import trace
 from engine.kernels.attention import decode_mask, prefill_mask
 from engine.loop.grammar import advance, mask_logits
 from engine.loop.loaded import LoadedModel
-from engine.loop.prompt_scores import prompt_scores
+from engine.loop.prompt_logprobs import prompt_logprobs
 from engine.loop.refill import Refill, choose_refill
 from engine.loop.row_state import RowState
 from engine.loop.sampling import chosen_logprobs, next_tokens
@@ -158,10 +158,11 @@ class GpuBatch:
             self.refill = None
 
 
-def prefix_scores(rows: list[RowState], shared: int) -> str | None:
-    """What rows that score their prompt need of a shared prefix of `shared` tokens (SharedPrefix.score): "all"
-    where one scores every token or more than its own, "first" where one scores exactly its own tokens (the first
-    of them from the prefix's last position), else None (rows scoring their last own tokens need nothing of it)."""
+def prefix_logprobs_needed(rows: list[RowState], shared: int) -> str | None:
+    """What rows that score their prompt need of a shared prefix of `shared` tokens (SharedPrefix.logprobs_needed):
+    "all" where one scores every token or more than its own, "first" where one scores exactly its own tokens (the
+    first of them from the prefix's last position), else None (rows scoring their last own tokens need nothing of
+    it)."""
     asks = [r.req.params.score_last for r in rows if r.req.params.prompt_logprobs]
     own = [len(r.prompt_ids) - shared for r in rows if r.req.params.prompt_logprobs]
     if any(last == 0 or last > n for last, n in zip(asks, own)):
@@ -197,7 +198,7 @@ class BlockExecutor:
         T = self.total_slots(everyone) - P
         try:
             if P:
-                self._prefix = self._make_prefix(rows[0].prompt_ids[:P], prefix_scores(everyone, P))
+                self._prefix = self._make_prefix(rows[0].prompt_ids[:P], prefix_logprobs_needed(everyone, P))
             batches = [self._batch(rows[i : i + p.gbs], S, T) for i in range(0, len(rows), p.gbs)]
             while True:
                 for b in batches if refill else ():
@@ -235,14 +236,15 @@ class BlockExecutor:
             return 0
         return shared_length([r.prompt_ids for r in rows])
 
-    def _make_prefix(self, ids: list[int], score: str | None) -> SharedPrefix:
+    def _make_prefix(self, ids: list[int], logprobs_needed: str | None) -> SharedPrefix:
         """The block's shared prefix with its K/V buffers, on the tier that holds most of the KV cache (the disk
-        tier's rows attend on the CPU); `score`: what of it rows that score their prompt need (`prefix_scores`)."""
+        tier's rows attend on the CPU); `logprobs_needed`: what of it rows that score their prompt need
+        (`prefix_logprobs_needed`)."""
         m, home = self.loaded, prefix_tier(self.policy)
         make = self._alloc(home)
         shape = (1, m.spec.num_kv_heads, len(ids), m.spec.head_dim)
         k, v = ([make(shape, m.dtype) for _ in range(m.spec.num_layers)] for _ in range(2))
-        return SharedPrefix(ids, k, v, home, m.devices, score)
+        return SharedPrefix(ids, k, v, home, m.devices, logprobs_needed)
 
     def _batch(self, rows: list[RowState], S: int, T: int) -> GpuBatch:
         """A GPU batch of `rows` with its KV cache (T slots) and activation buffers (S positions), placed by the
@@ -350,12 +352,12 @@ class BlockExecutor:
         for b in wanted:
             r, own, last = rows[b], rows[b].own_ids, rows[b].req.params.score_last
             if 0 < last < len(own):
-                r.prompt_logprobs, r.prompt_greedy = prompt_scores(self._head, h[b, h.shape[1] - last - 1 :],
+                r.prompt_logprobs, r.prompt_greedy = prompt_logprobs(self._head, h[b, h.shape[1] - last - 1 :],
                                                                    own[-last - 1 :])
                 continue
-            lp, greedy = prompt_scores(self._head, h[b, h.shape[1] - len(own) :], own)
+            lp, greedy = prompt_logprobs(self._head, h[b, h.shape[1] - len(own) :], own)
             if r.shared:
-                shared_lp, shared_greedy = self._prefix.scores_for(own[0])
+                shared_lp, shared_greedy = self._prefix.logprobs_for(own[0])
                 lp, greedy = shared_lp + lp, shared_greedy + greedy
             r.prompt_logprobs, r.prompt_greedy = (lp[-last:], greedy[-last:]) if last else (lp, greedy)
 

@@ -9,7 +9,7 @@ import math
 import traceback
 from dataclasses import dataclass
 
-from engine.errors import FlexbatchError
+from engine.errors import FlexbatchError, one_line_with_type
 from pipeline.errors import OutputWriteError
 from pipeline.execution.worker import ShardResult, ShardWorker, WorkerSetup
 from pipeline.input.shards import Shard
@@ -60,7 +60,7 @@ class InlineDispatcher:
             return [Outcome(0, shard, result=self._worker.run_shard(shard))]
         except Exception as e:  # a failing shard is retried or reported; it never ends the job
             log.debug("shard %d failed:\n%s", shard.index, traceback.format_exc())
-            return [Outcome(0, shard, error=_one_line(e), retry=not isinstance(e, OutputWriteError))]
+            return [Outcome(0, shard, error=one_line_with_type(e), retry=not isinstance(e, OutputWriteError))]
 
     def close(self) -> None:
         self._worker = None
@@ -184,11 +184,7 @@ def _cause(e: BaseException) -> str:
     """The error a Ray exception wraps, in one line."""
     cause = getattr(e, "cause", None)
     if isinstance(cause, BaseException) and not isinstance(cause, type(e)):
-        return _one_line(cause)
+        return one_line_with_type(cause)
     text = str(e).strip().splitlines()
     return " ".join(text[-1:]) if text else type(e).__name__
 
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__

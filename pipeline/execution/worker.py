@@ -20,13 +20,13 @@ from engine.request import Completion
 from pipeline.errors import InputError
 from pipeline.execution.logs import setup_logging
 from pipeline.input.openai_batch import line_completions, read_batch_shard
-from pipeline.input.parquet import output_table, write_part_atomic
 from pipeline.input.requests import build_requests, row_ids
 from pipeline.input.scoring import CONTINUATION_COLUMN, UNUSED_COLUMNS, score_columns, scored, scoring_items
 from pipeline.input.shards import Shard, read_shard
 from pipeline.input.utf8 import column_values
 from pipeline.job import JobSetup
 from pipeline.output.openai_batch import choices_by_line, jsonl_bytes, output_lines
+from pipeline.output.parts import output_table, write_part_atomic
 from pipeline.plan.host import Completed, EngineHost
 from pipeline.plan.planning import job_workload, prediction_record
 
