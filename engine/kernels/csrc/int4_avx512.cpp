@@ -1,74 +1,33 @@
 // 4-bit weights x int8 activations on AVX-512 VNNI (vpdpbusd: unsigned codes 0..15 times signed activation
 // codes, four products summed into each int32 lane), and the per-group activation quantization it takes.
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "int4.h"
+#include "row_loops.h"
+#include "simd_avx512.h"
 
 namespace flexbatch {
 namespace {
 
-inline __m512 load_f32_or_bf16(const void* p, int bf16, int64_t i) {
-  if (!bf16) return _mm512_loadu_ps(static_cast<const float*>(p) + i);
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-inline __m512 load_f32_or_bf16_tail(const void* p, int bf16, int64_t i, int n) {
-  __mmask16 m = (__mmask16)((1u << n) - 1);
-  if (!bf16) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
-  __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// One row: groups of `group` values -> int8 codes (round to nearest even, |code| <= 127), the group's scale
-// max|x| / 127 and scale * sum(codes). Inputs past k (padding up to kp) are zero.
+// Each group: int8 codes (round to nearest even, |code| <= 127), its scale max|x| / 127 and scale * sum(codes).
 void quantize_row(const void* x, int bf16, int64_t k, int8_t* codes, float* scale, float* scaled_sum,
                   int64_t kp, int64_t group) {
   const int64_t ng = kp / group;
   for (int64_t g = 0; g < ng; ++g) {
     const int64_t g0 = g * group, g1 = g0 + group < k ? g0 + group : k;
-    __m512 amax = _mm512_setzero_ps();
-    for (int64_t i = g0; i < g1; i += 16) {
-      int n = g1 - i < 16 ? (int)(g1 - i) : 16;
-      __m512 v = n == 16 ? load_f32_or_bf16(x, bf16, i) : load_f32_or_bf16_tail(x, bf16, i, n);
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-    }
-    const float m = _mm512_reduce_max_ps(amax);
+    const float m = absmax(x, bf16, g0, g1);
     const float s = m / 127.0f;
     const __m512 inv = _mm512_set1_ps(s > 0 ? 127.0f / m : 0.0f);
     __m512i sum = _mm512_setzero_si512();
     for (int64_t i = g0; i < g0 + group; i += 16) {
-      int n = i >= g1 ? 0 : (g1 - i < 16 ? (int)(g1 - i) : 16);
-      __m512 v = n == 16 ? load_f32_or_bf16(x, bf16, i)
-                         : (n ? load_f32_or_bf16_tail(x, bf16, i, n) : _mm512_setzero_ps());
-      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));  // round to nearest even
-      q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+      const __m512i q = quantize16(load_upto16(x, bf16, i, g1 - i), inv);
       sum = _mm512_add_epi32(sum, q);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(q));
     }
     scale[g] = s;
     scaled_sum[g] = s * (float)_mm512_reduce_add_epi32(sum);
-  }
-}
-
-void quantize_groups(const void* x, int bf16, int64_t ldx, int64_t k, int64_t r0, int64_t r1, int8_t* codes,
-                     float* scale, float* scaled_sum, int64_t kp, int64_t group) {
-  const int64_t ng = kp / group, esize = bf16 ? 2 : 4;
-  for (int64_t r = r0; r < r1; ++r)
-    quantize_row(static_cast<const char*>(x) + r * ldx * esize, bf16, k, codes + r * kp, scale + r * ng,
-                 scaled_sum + r * ng, kp, group);
-}
-
-inline void store_row(void* y, int64_t off, __m512 v, int cols, int out_kind) {
-  __mmask16 m = (__mmask16)(cols == 16 ? 0xFFFF : (1u << cols) - 1);
-  if (out_kind == OUT_F32) {
-    _mm512_mask_storeu_ps(static_cast<float*>(y) + off, m, v);
-  } else {
-    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + off, m, h);
   }
 }
 
@@ -122,7 +81,8 @@ void tile_rows(const Int4Tile* t, const QuantRows* x, int64_t r0, void* y, int64
     }
   }
   for (int j = 0; j < T; ++j)
-    for (int r = 0; r < R; ++r) store_row(y, (r0 + r) * ldy + 16 * j, acc[j][r], j == T - 1 ? cols : 16, out_kind);
+    for (int r = 0; r < R; ++r)
+      store16(y, out_kind == OUT_BF16, (r0 + r) * ldy + 16 * j, acc[j][r], first16(j == T - 1 ? cols : 16));
 }
 
 template <int T>
@@ -146,7 +106,7 @@ void int4_tile_gemm(const Int4Tile* tiles, int ntiles, const QuantRows* x, int64
     tiles_rows<1>(tiles, x, r0, r1, y, ldy, cols, out_kind);
 }
 
-const Int4Kernels table = {"avx512", quantize_groups, int4_tile_gemm};
+const Int4Kernels table = {"avx512", quantize_groups_rows<quantize_row>, int4_tile_gemm};
 
 }  // namespace
 

@@ -2,29 +2,16 @@
 // and group, then (row block, tile) work items spread over torch's threads.
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 
+#include "bind_args.h"
 #include "int4.h"
-#include "isa.h"
 #include "parallel.h"
 
 namespace flexbatch {
 namespace {
 
-const Int4Kernels& kernels() {
-  switch (current_isa()) {
-    case Isa::avx512: return *avx512_int4();
-    case Isa::avx2: return *avx2_int4();
-    default: TORCH_CHECK(false, "flexbatch kernels: no supported instruction set on this CPU (AVX2 at least)");
-  }
-}
-
-int out_kind_of(at::ScalarType t) {
-  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16, "flexbatch kernels: float32 or bfloat16 only, got ", t);
-  return t == at::kFloat ? OUT_F32 : OUT_BF16;
-}
+const Int4Kernels& kernels() { return required(by_isa(avx512_int4, avx2_int4)); }
 
 // x [M, K] (float32 or bfloat16, rows contiguous) -> int8 codes [M, Kp], scales and scaled sums [M, Kp / group].
 std::vector<at::Tensor> quantize_groups(const at::Tensor& x, int64_t kp, int64_t group) {
@@ -57,8 +44,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   TORCH_CHECK(n <= tiles * 16 && n > (tiles - 1) * 16, "int4_linear: n does not match the tiles");
   TORCH_CHECK(scales.numel() == tiles * ng * 16 && mins.numel() == tiles * ng * 16,
               "int4_linear: scales and mins must be [Np/16, Kp/group, 16]");
-  auto x2 = x.reshape({-1, x.size(-1)});
-  if (x2.stride(-1) != 1) x2 = x2.contiguous();
+  const auto x2 = as_rows(x);
   TORCH_CHECK(x2.size(1) <= kp, "int4_linear: x has more inputs than the weight");
   const int64_t M = x2.size(0);
   auto q = quantize_groups(x2, kp, group);
@@ -86,9 +72,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                        out_kind);
     }
   });
-  auto shape = x.sizes().vec();
-  shape.back() = n;
-  return y.view(shape);
+  return shaped_like(y, x);
 }
 
 // The stored codes of a 4-bit weight [n, k] grouped along k (engine/compression/int4.py: data [ng, G/2, n], byte

@@ -10,7 +10,7 @@ import torch
 
 from engine.compression.int4 import Int4Packed, QuantConfig, dequantize, quantize
 from engine.kernels import compiled, int4_tiles
-from tests.engine.kernels.own_isas import isas
+from tests.engine.kernels.own_isas import isas, needs_both, on_both
 
 
 def reference(x: torch.Tensor, qt, group: int) -> torch.Tensor:
@@ -61,15 +61,11 @@ def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, group, rows, 
     assert (y.double() - ref).abs().max() <= tol * ref.abs().max()
 
 
-@pytest.mark.skipif("avx512" not in isas(), reason="needs an AVX-512 CPU to compare both instruction sets")
+@needs_both
 def test_both_instruction_sets_agree(pinned):
-    qt = quantize(torch.randn(80, 320) * 0.05, QuantConfig(group_size=64))
-    tiles = int4_tiles.pack(qt)
+    tiles = int4_tiles.pack(quantize(torch.randn(80, 320) * 0.05, QuantConfig(group_size=64)))
     x = torch.randn(9, 320)
-    pinned("avx2")
-    a = int4_tiles.linear(x, tiles)
-    pinned("avx512")
-    b = int4_tiles.linear(x, tiles)
+    a, b = on_both(pinned, lambda: int4_tiles.linear(x, tiles))
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
