@@ -16,6 +16,8 @@ from contextlib import contextmanager
 
 from jinja2 import TemplateError
 
+from engine.errors import one_line
+
 MESSAGE_KEYS = ("role", "content")
 # A chat template renders a conversation in about a millisecond; one still running after this many seconds is
 # taken to be looping (e.g. nested `range(100000)`), and its row fails. Read at each render (tests lower it).
@@ -78,9 +80,9 @@ def chat_prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
         raise ValueError("the chat template recursed without end on these messages (RecursionError); fix the "
                          "template's macros") from None
     except (TemplateError, TypeError, KeyError, ValueError) as e:  # the template's raise_exception(...) included
-        raise ValueError(f"the chat template rejected these messages: {_one_line(e)}") from e
+        raise ValueError(f"the chat template rejected these messages: {one_line(e)}") from e
     except Exception as e:  # the template's own code failed (e.g. a division by zero)
-        raise ValueError(f"the chat template failed on these messages: {type(e).__name__}: {_one_line(e)}; fix the "
+        raise ValueError(f"the chat template failed on these messages: {type(e).__name__}: {one_line(e)}; fix the "
                          "template") from e
     return [int(t) for t in ids]
 
@@ -111,6 +113,3 @@ def time_limit(seconds: float):
     finally:
         sys.settrace(before)
 
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__

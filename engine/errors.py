@@ -24,3 +24,13 @@ class InvalidParamsError(FlexbatchError, ValueError):
 class ConfigError(FlexbatchError, ValueError):
     """A job option has a bad value."""
 
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (every error a user sees is one line), or its type's name without one."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def one_line_with_type(e: BaseException) -> str:
+    """`Type: message` on one line: for an error shown away from the code that raised it (a shard's, a row's)."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -205,34 +205,17 @@ class FlexbatchLM(TemplateLM):
         return [by_row[row] for row in rows]
 
     def _run(self, requests: list[Request]) -> list[Completion]:
-        """Run `requests` on the engine (loaded and planned on the first call), as many per call as the host
-        says; a request that fails stops the run, naming it."""
+        """Run `requests` on the engine (loaded, and planned on the first call's rows, by its host); a request
+        that fails stops the run, naming it."""
         if not requests:
             return []
         if self.host.engine is None:
-            self._load(requests)
-        out: list[Completion] = []
-        while len(out) < len(requests):
-            chunk = requests[len(out) : len(out) + self.host.next_call_rows()]
-            out += self.host.generate(chunk, truncate="left")
-            log.info("flexbatch: %d/%d rows done", len(out), len(requests))
+            self.host.take_first(self.pretrained, self.spec, self.settings, requests)
+        out = self.host.complete(requests, truncate="left", label="flexbatch").completions
         failed = next((c for c in out if c.finish_reason == "error"), None)
         if failed is not None:
             raise RequestFailed(f"request {failed.id} failed in the engine: {failed.error}")
         return out
-
-    def _load(self, first: list[Request]) -> None:
-        """Load the engine under the pinned policy, or one planned for rows shaped like the first call's."""
-        work = None
-        if self.settings.plan:
-            from pipeline.input.sample import SAMPLE_ROWS, InputSample
-            from pipeline.plan.planning import workload_dtype, workload_from_sample
-
-            sample = first[:: max(1, len(first) // SAMPLE_ROWS)][:SAMPLE_ROWS]
-            shape = InputSample(tuple(len(r.prompt_ids) for r in sample),
-                                tuple((r.params.max_new_tokens, bool(r.params.stop)) for r in sample))
-            work = workload_from_sample(shape, self.spec, workload_dtype(self.settings.dtype), len(first))
-        self.host.take(self.pretrained, self.spec, self.settings, work)
 
 
 def read_model_args(model_args: dict) -> tuple[dict, EngineSettings]:

@@ -10,19 +10,20 @@ alone, with its reason there). With `score=True` each row is scored instead of c
 scores it (pipeline/input/scoring.py): its prompt and an optional `continuation` column, and three more columns,
 `prompt_logprobs`, `continuation_logprob` and `continuation_is_greedy` (`generated_text` is then ""). The policy (and so the block size) is planned from the first batch, for batches
 of that size, unless `policy` is given: from its prompt lengths and each row's own max_new_tokens and stop
-strings, as a job plans its sample; refill is chosen again after each batch from what its rows generated. Rows without an `id` column get seeds from their place in the batch,
-so sampled (not greedy) outputs then depend on the batching."""
+strings, as a job plans its sample; a batch runs in engine calls as a job's shard does, and refill is chosen
+again after each from what its rows generated (pipeline/plan/host.py). Rows without an `id` column get seeds
+from their place in the batch, so sampled (not greedy) outputs then depend on the batching."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from engine.errors import InvalidParamsError
 from engine.policy import Pins, Policy
 from engine.request import TRUNCATE, Completion, Request, SamplingParams
 from pipeline.errors import ConfigError
-from pipeline.input.parquet import CHAT_CHOICES, ID_COLUMN, MESSAGES_COLUMN
+from pipeline.input.ids import ID_COLUMN
+from pipeline.input.parquet import CHAT_CHOICES, MESSAGES_COLUMN
 from pipeline.input.requests import prompt_problem, row_params
 from pipeline.input.scoring import CONTINUATION_COLUMN, SCORE_COLUMNS, score_columns, scored, scoring_items
 from pipeline.plan.settings import EngineSettings
@@ -94,12 +95,9 @@ class Processor:
 
             items, lengths = scoring_items(items, columns.get(CONTINUATION_COLUMN), load_tokenizer(self.model),
                                            self.spec.vocab_size)
-        runnable = [item for item in items if isinstance(item, Request)]
-        if self.engine is None:
-            runnable = self._load(runnable)
-        out = self.host.generate(runnable, truncate=self.truncate) if runnable else []
-        done = iter(out)
-        results = [next(done) if isinstance(item, Request) else item for item in items]
+        if self.engine is None:  # planned on the first batch, for batches shaped like it
+            items = self.host.take_first(Path(self.model), self.spec, self.settings, items, self.defaults)
+        results = self.host.complete(items, truncate=self.truncate).completions
         if not self.score:
             return {**columns, **_output_columns(results)}
         results = [scored(c, k) for c, k in zip(results, lengths)]
@@ -119,27 +117,6 @@ class Processor:
         if chat:
             return Request(id=row_id, prompt="", params=params, messages=tuple(prompt))
         return Request(id=row_id, prompt=prompt, params=params)
-
-    def _load(self, first: list[Request]) -> list[Request]:
-        """Load the engine (`EngineHost.take`): under the given policy, or the one planned for batches shaped like
-        the first one, within this actor's share of its node's memory. Returns the first batch's requests, each
-        carrying the token ids planning measured (the engine does not tokenize a prompt twice)."""
-        work = None
-        if self.settings.plan:
-            from engine.tokenizer import load_tokenizer
-            from pipeline.input.sample import InputSample, prompt_ids
-            from pipeline.plan.planning import workload_dtype, workload_from_sample
-
-            tokenizer = load_tokenizer(self.model)
-            ids = [prompt_ids(tokenizer, list(r.prompt_ids) if r.prompt_ids is not None else
-                              list(r.messages) if r.messages is not None else r.prompt) for r in first]
-            first = [dataclasses.replace(r, prompt_ids=tuple(t)) if t else r for r, t in zip(first, ids)]
-            rows = [(r.params.max_new_tokens, bool(r.params.stop)) for r in first]  # none: the defaults
-            sample = InputSample(tuple(len(t or ()) for t in ids),
-                                 tuple(rows or [(self.defaults.max_new_tokens, bool(self.defaults.stop))]))
-            work = workload_from_sample(sample, self.spec, workload_dtype(self.settings.dtype), max(1, len(first)))
-        self.host.take(Path(self.model), self.spec, self.settings, work)
-        return first
 
 
 def check_model(model):

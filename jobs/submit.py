@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from engine.errors import one_line
 from jobs.common import PROJECT_ROOT, fail
 
 JOB_FAILED_EXIT = 1
@@ -81,7 +82,7 @@ def submit_command(address: str, runtime_env_file: Path | None, wait: bool, run_
             client, entrypoint, runtime_env = _prepare(address, runtime_env_file, run_args)
             job_id = _submit(client, address, entrypoint, runtime_env)
     except SubmitError as e:
-        fail(_one_line(e))
+        fail(one_line(e))
     _print_job_commands(job_id, address)
     if not wait:
         return
@@ -166,7 +167,7 @@ def _connect(address: str):
     except AuthenticationError as e:
         raise _auth_error(address, e) from e
     except (ConnectionError, RuntimeError) as e:
-        raise SubmitError(f"cannot use the Ray job server at {address} ({_one_line(e)}); check that --address is "
+        raise SubmitError(f"cannot use the Ray job server at {address} ({one_line(e)}); check that --address is "
                           f"the head node's dashboard (port 8265) and that the cluster is up (`ray status`)") from e
 
 
@@ -197,7 +198,7 @@ def _submit(client, address: str, entrypoint: str, runtime_env: dict) -> str:
     except AuthenticationError as e:
         raise _auth_error(address, e) from e
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise SubmitError(f"the Ray job server at {address} refused the job ({_one_line(e)})") from e
+        raise SubmitError(f"the Ray job server at {address} refused the job ({one_line(e)})") from e
 
 
 def _print_job_commands(job_id: str, address: str) -> None:
@@ -221,7 +222,7 @@ def _follow(client, job_id: str) -> str:
     try:
         asyncio.run(_tail(client, job_id, printer))
     except (RuntimeError, OSError) as e:  # the log stream broke: poll instead
-        click.echo(f"(log stream lost: {_one_line(e)}; polling the job instead)", err=True)
+        click.echo(f"(log stream lost: {one_line(e)}; polling the job instead)", err=True)
         return _poll(client, job_id, printer)
     return _wait_terminal(client, job_id)
 
@@ -287,9 +288,6 @@ def _without_env(*names: str):
     finally:
         os.environ.update(saved)
 
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

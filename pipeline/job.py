@@ -1,6 +1,6 @@
-"""A job's configuration and the checks that need no model weights (inputs, model config, output folder), and the
-input sample it plans from. Each worker plans and loads its engine through pipeline/plan/host.py; the driver
-(pipeline/execution/driver.py) runs the job."""
+"""A job's configuration and the checks that need no model weights (inputs, model config), and the input sample it
+plans from. Each worker plans and loads its engine through pipeline/plan/host.py; the driver
+(pipeline/execution/driver.py) checks the output folder once it holds its lock, and runs the job."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from pipeline.input.parquet import (
 from pipeline.input.sample import InputSample, take_sample
 from pipeline.input.scoring import scoring_params
 from pipeline.option_checks import check_bool, check_path, number_at_least, whole_number
-from pipeline.output.folder import OutputCheck, check_output, job_record
+from pipeline.output.folder import job_record
 from pipeline.plan.settings import EngineSettings
 from pipeline.storage import Folder, file_identity, is_uri
 
@@ -145,13 +145,14 @@ class JobSummary:
 
 @dataclass(frozen=True)
 class JobSetup:
-    """A job whose inputs, model folder and output folder have been checked; nothing is loaded or written yet."""
+    """A job whose inputs and model folder have been checked; nothing is loaded or written yet (the driver checks
+    the output folder under its lock: pipeline/execution/driver.py)."""
 
     config: RunConfig
     files: tuple[InputFile, ...]
     spec: ModelSpec
     record: dict
-    output: OutputCheck
+    folder: Folder  # where the output goes: a local folder or a URI
     chat: bool = False  # rows are conversations, rendered by the checkpoint's chat template
     sample: InputSample | None = None  # what the job plans from: taken once, by the driver, when it plans
 
@@ -168,7 +169,7 @@ class JobSetup:
 
 def prepare_job(config: RunConfig) -> JobSetup:
     """All checks that need no model weights: Parquet footers, config.json, the chat template when rows are
-    conversations, the output folder; and, when the job plans, the input sample it plans from."""
+    conversations; and, when the job plans, the input sample it plans from."""
     files, chat = _inspect(config)
     for f in files:
         if isinstance(f.path, Path) and f.path.parent == config.output:
@@ -186,8 +187,8 @@ def prepare_job(config: RunConfig) -> JobSetup:
             sample = dataclasses.replace(sample, row_lengths=((1, False),) * len(sample.row_lengths))
     record = job_record(_job_config(config, files, chat))
     record["run"] = {"input": config.input, "pins": dict(config.pins), "plan": config.plan}  # recorded, not hashed
-    check = check_output(Folder(config.output), record, config.overwrite)
-    return JobSetup(config=config, files=files, spec=spec, record=record, output=check, chat=chat, sample=sample)
+    return JobSetup(config=config, files=files, spec=spec, record=record, folder=Folder(config.output), chat=chat,
+                    sample=sample)
 
 
 def _inspect(config: RunConfig) -> tuple[tuple[InputFile, ...], bool]:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from engine.errors import one_line
 from pipeline.errors import InputError, OutputWriteError
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
@@ -36,7 +37,7 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     try:
         return pafs.FileSystem.from_uri(uri)
     except (pa.ArrowException, ValueError, OSError) as e:
-        raise InputError(f"{uri}: not a filesystem URI pyarrow can open ({_one_line(e)}); use a local path or "
+        raise InputError(f"{uri}: not a filesystem URI pyarrow can open ({one_line(e)}); use a local path or "
                          f"s3://, gs://, hdfs://, file:// (with the filesystem's credentials set)") from e
 
 
@@ -81,9 +82,6 @@ def list_parquet(uri: str, suffix: str = ".parquet") -> list[str]:
 def stem(location: str | os.PathLike) -> str:
     return posixpath.splitext(posixpath.basename(str(location).rstrip("/")))[0]
 
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 class Folder:

@@ -23,17 +23,12 @@ from dataclasses import dataclass, field
 
 from engine.kernels.rates import MIN_PACK_GAIN, MIN_PACK_PARAMS, ROWS
 from engine.memory.disk_read import reads_direct
+from engine.memory.footprint import kv_slot_bytes, linear_params, linear_shapes, stored_layer_bytes
 from engine.memory.weight_store import globals_tier, head_in_int8
 from engine.policy import Policy
 from engine.spec import ModelSpec
 from planner.hardware import HardwareSpec
-from planner.memory_model import (
-    kv_slot_bytes,
-    layers_on,
-    linear_params,
-    linear_shapes,
-    stored_layer_bytes,
-)
+from planner.memory_model import layers_on
 from planner.workload import TIERS, Affine, Workload
 
 CHANNELS = ("h2d", "d2h", "disk_read", "disk_write", "compute")

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.memory.footprint import global_bytes, stored_layer_bytes
 from engine.memory.tiers import human
 from engine.memory.weight_store import globals_tier
 from engine.spec import ModelSpec
 from planner.cost_model import CHANNELS
 from planner.hardware import HardwareSpec
-from planner.memory_model import act_block_bytes, global_bytes, kv_block_bytes, stored_layer_bytes
+from planner.memory_model import act_block_bytes, kv_block_bytes
 from planner.predict import PHASES, PhaseCost, Prediction
 from planner.search import Plan
 from planner.workload import KINDS, TIERS

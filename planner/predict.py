@@ -136,7 +136,8 @@ def memory_need(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Poli
     staged = disk_staging_bytes(model, work, policy) if policy.weight_disk > 0 else 0.0
     out = {}
     for phase in PHASES:
-        peak = {t: a.at(x) for t, a in peak_bytes(model, work, policy, rows, phase, hw.memory_limit_binds).items()}
+        peak = {t: a.at(x) for t, a in peak_bytes(model, work, policy, rows, phase, hw.memory_limit_binds,
+                                                  placed=True).items()}
         peak["cpu"] += staged
         out[phase] = peak
     return out

@@ -21,12 +21,13 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from engine.errors import InvalidParamsError
+from engine.memory.footprint import global_bytes, layer_bytes
 from engine.policy import FRACTION_NAMES, Pins, Policy
 from engine.spec import ModelSpec
 from planner.cost_model import Block, memory_room
 from planner.errors import PlanInfeasible
 from planner.hardware import HardwareSpec
-from planner.memory_model import global_bytes, layer_bytes, layers_on
+from planner.memory_model import layers_on
 from planner.predict import Prediction, block_rows, capacities, memory_need, predict, shortfalls
 from planner.program import PlacementProgram, memory_solution
 from planner.workload import KINDS, TIERS, Workload

@@ -32,11 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.memory.footprint import global_bytes  # noqa: E402
 from engine.options import parse_bytes  # noqa: E402
 from engine.policy import Policy  # noqa: E402
 from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, default_gpu_budget  # noqa: E402
 from jobs.bench.gpu_policies import act_bytes, kv_bytes, offload_gpu_layers  # noqa: E402
-from planner.memory_model import global_bytes  # noqa: E402
 
 FIGURES = ("prefill latency", "decode latency", "total latency", "prefill throughput", "decode throughput",
            "total throughput")

@@ -17,10 +17,12 @@ import torch
 
 from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
-from engine.compression.int4 import DEFAULT_CONFIG, PARAM_DTYPE, QTensor, QuantConfig, dequantize, quantize
+from engine.compression.int4 import DEFAULT_CONFIG, QTensor, QuantConfig, dequantize, quantize
 from engine.compression.int8 import FORMAT as INT8_FORMAT
 from engine.compression.int8 import Int8Weight, dequantize_int8, quantize_int8
 from engine.errors import InvalidParamsError
+from engine.kernels import int4_tiles
+from engine.kernels.int4_tiles import Int4Tiles
 from engine.memory.kv_cache import QuantKVCache
 from engine.policy import WEIGHT_FORMATS
 
@@ -99,6 +101,9 @@ class WeightCodec:
                                                                w.codes.device).view(w.codes.shape))
         if isinstance(w, Bf16Weight):
             return _buffer(buffers, name, w.values.numel(), self.dtype, w.values.device).view(w.shape).copy_(w.values)
+        if isinstance(w, Int4Tiles):
+            n = w.out_features * w.codes.shape[1] * 8
+            return int4_tiles.dequantize(w, self.dtype, out=_buffer(buffers, name, n, self.dtype, w.codes.device))
         n = math.prod(w.buffer_shape)
         buf = _buffer(buffers, name, n, self.dtype, w.data.device)
         return dequantize(w, out=buf, scratch=_buffer(buffers, name + "#scratch", n, torch.uint8, w.data.device))
@@ -132,8 +137,3 @@ class KVCodec:
 
     def cache(self, num_layers, batch, kv_heads, max_len, head_dim, dtype, alloc=None) -> QuantKVCache:
         return QuantKVCache(num_layers, batch, kv_heads, max_len, head_dim, dtype, alloc=alloc, config=self.config)
-
-    def bytes_per_head_slot(self, head_dim: int) -> float:
-        """Bytes of one K (or V) head vector of one slot: packed codes plus a min and scale per group."""
-        groups = -(-head_dim // self.config.group_size)
-        return groups * (self.config.group_size // 2 + 2 * torch.empty((), dtype=PARAM_DTYPE).element_size())

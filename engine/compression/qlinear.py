@@ -35,7 +35,8 @@ LARGEST_MEASURED = ROWS[-1]
 @dataclass(frozen=True)
 class QWeight:
     """A compressed Linear weight as kept: `stored` (QTensor or Int8Weight) for the dense path, `fast` (the
-    compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows)."""
+    compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows). A 4-bit
+    weight in the project's tiles keeps no stored form (None): its dense path dequantizes the tiles."""
 
     stored: object
     fast: Int4Tiles | Int4Packed | Int8Rows | Int8Weight | None
@@ -43,9 +44,9 @@ class QWeight:
 
 
 def kernel_layout_bytes(weights) -> int:
-    """Bytes the int4 kernel's own layout (Int4Tiles or Int4Packed) keeps beside the stored codes, over a layer's
-    weights."""
-    return sum(_layout_bytes(w.fast) for w in weights if isinstance(w, QWeight))
+    """Bytes the int4 kernel's own layout keeps beside the stored codes, over a layer's weights (aten's layout; a
+    weight kept in the project's tiles alone has no stored form beside them)."""
+    return sum(_layout_bytes(w.fast) for w in weights if isinstance(w, QWeight) and w.stored is not None)
 
 
 def _layout_bytes(fast) -> int:

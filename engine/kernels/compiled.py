@@ -25,11 +25,11 @@ import shutil
 import subprocess
 import sys
 import threading
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
+from engine import trace
 from engine.cache_root import CACHE_ROOT
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,9 @@ def _load_or_none():
 
 
 def profiled(name: str):
-    """A profiler range named `name` around a kernel call while torch's profiler runs (`flexbatch bench ops` sees the
-    compiled kernels through these, as it sees aten's ops), else nothing: outside profiling a call costs one flag
-    read."""
-    return torch.profiler.record_function(name) if torch.autograd.profiler._is_profiler_enabled else nullcontext()
+    """A profiler range KERNEL + `name` around a compiled kernel's call (engine/trace.py): `flexbatch bench ops` sees
+    these kernels through them, as it sees aten's ops."""
+    return trace.scope(trace.KERNEL + name)
 
 
 def compiler() -> str | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import trace
 from engine.compression.int4 import (
     INT4_GROUP_SIZES,
     PACKED_DTYPE,
@@ -29,12 +30,11 @@ from engine.compression.int4 import (
     QTensor,
     int4_linear,
     pack_int4,
-    unpack_codes,
 )
 from engine.kernels import compiled
 
 TILE = 16
-GEMM_RANGE = "flexbatch::gemm"  # the profiler range of an own GEMM call, followed by " MxNxK"
+GEMM_RANGE = trace.KERNEL + "gemm"  # the profiler range of an own GEMM call, followed by " MxNxK"
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,9 @@ def pack(qt: QTensor) -> Int4Tiles:
     """A QTensor grouped along dim 1 ([out, in]) -> the tile layout (once, at load)."""
     n, k = qt.shape
     g = qt.config.group_size
-    codes_t = unpack_codes(qt)  # [Kp, N]: q^T
-    kp = codes_t.shape[0]
-    n_pad = -n % TILE
-    q = torch.nn.functional.pad(codes_t.T, (0, 0, 0, n_pad))  # [Np, Kp]
-    tiles = q.shape[0] // TILE
-    q = q.view(tiles, TILE, kp // 8, 2, 4).permute(0, 2, 1, 4, 3)  # [T, Kp/8, 16, 4, (low, high)]
-    codes = (q[..., 0] | (q[..., 1] << 4)).contiguous()  # [T, Kp/8, 16, 4]
+    kp, n_pad = qt.data.shape[0] * g, -n % TILE
+    tiles = (n + n_pad) // TILE
+    codes = compiled.ops().int4_tile_codes(qt.data, n, g)  # [T, Kp/8, 16, 4], in one pass over the stored codes
 
     def per_tile(p: torch.Tensor) -> torch.Tensor:  # [ng, N] -> [T, ng, 16]
         p = torch.nn.functional.pad(p, (0, n_pad))
@@ -84,11 +80,29 @@ def pack(qt: QTensor) -> Int4Tiles:
     return Int4Tiles(codes, per_tile(qt.scales), per_tile(qt.mins), k, n, g)
 
 
+def dequantize(w: Int4Tiles, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense weight [out, in] in `dtype` (into `out`'s storage where given), q s + m as the stored form's
+    dequantization gives it: for the calls the kernel does not take, from a layer kept in this layout alone."""
+    tiles, octets = w.codes.shape[:2]
+    kp, ng = octets * 8, w.scales.shape[1]
+    q = torch.stack((w.codes & 15, w.codes >> 4), dim=-1)  # [T, Kp/8, 16, 4, (low, high)]
+    q = q.permute(0, 2, 1, 4, 3).reshape(tiles * TILE, kp)  # [Np, Kp]: pack's permutation undone
+
+    def per_column(p: torch.Tensor) -> torch.Tensor:  # [T, ng, 16] -> [Np, ng, 1]
+        return p.permute(0, 2, 1).reshape(tiles * TILE, ng, 1).to(dtype)
+
+    n, k = w.out_features, w.in_features
+    dense = q.view(tiles * TILE, ng, w.group_size)[:n].to(dtype)
+    dense = torch.addcmul(per_column(w.mins)[:n], dense, per_column(w.scales)[:n],
+                          out=None if out is None else out.view(-1)[: dense.numel()].view(dense.shape))
+    return dense.view(n, kp)[:, :k]
+
+
 def linear(x: torch.Tensor, w: Int4Tiles) -> torch.Tensor:
     """y = x W^T: x [*, in] float32 or bfloat16 -> y [*, out] in x's dtype."""
     if x.dtype not in (torch.float32, torch.bfloat16):
         x = x.float()
-    with compiled.profiled(f"{GEMM_RANGE} {x.numel() // x.shape[-1]}x{w.out_features}x{w.in_features}"):
+    with compiled.profiled(f"gemm {x.numel() // x.shape[-1]}x{w.out_features}x{w.in_features}"):
         return compiled.ops().int4_linear(x, w.codes, w.scales, w.mins, w.out_features, w.group_size)
 
 

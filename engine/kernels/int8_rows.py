@@ -15,7 +15,6 @@ import torch
 
 from engine.compression.int8 import Int8Weight, int8_linear
 from engine.kernels import compiled
-from engine.kernels.int4_tiles import GEMM_RANGE
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ def fast_linear(x: torch.Tensor, fast: Int8Rows | Int8Weight) -> torch.Tensor:
     if isinstance(fast, Int8Weight):
         return int8_linear(x, fast)
     n, k = fast.codes.shape
-    with compiled.profiled(f"{GEMM_RANGE}-int8 {x.numel() // k}x{n}x{k}"):
+    with compiled.profiled(f"gemm-int8 {x.numel() // k}x{n}x{k}"):
         if x.dtype not in (torch.float32, torch.bfloat16):
             return compiled.ops().int8_linear(x.float(), fast.codes, fast.scales, fast.code_sums).to(x.dtype)
         return compiled.ops().int8_linear(x, fast.codes, fast.scales, fast.code_sums)

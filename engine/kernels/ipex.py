@@ -201,10 +201,10 @@ class IpexKernels(NativeKernels):
     def __init__(self, int4: bool):
         self.int4 = int4  # 4-bit weights through IPEX's int4 GEMM (else dequantized, as natively)
 
-    def linear(self, x, w, b=None):
+    def _linear(self, x, w, b):
         if isinstance(w, PackedLinear):
             return packed_linear(x, w, b)
-        return super().linear(x, w, b)
+        return super()._linear(x, w, b)
 
     def pack_resident(self, stored, meta, codec=None):
         """Packed once at load, replacing the stored form: dense weights for oneDNN, 4-bit ones for the int4

@@ -55,13 +55,19 @@ def fused_add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torc
                        in_place: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`add_rms_norm` (or, without delta, (h, rms_norm(h))) in one pass over each row; h float32."""
     mod = compiled.ops()
-    return None if mod is None else mod.add_rms_norm(h, delta, weight, eps, in_place)
+    if mod is None:
+        return None
+    with compiled.profiled("add_rms_norm"):
+        return mod.add_rms_norm(h, delta, weight, eps, in_place)
 
 
 def fused_silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """`silu_mul` in one pass."""
     mod = compiled.ops()
-    return None if mod is None else mod.silu_mul(gate_up)
+    if mod is None:
+        return None
+    with compiled.profiled("silu_mul"):
+        return mod.silu_mul(gate_up)
 
 
 def fused_rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, NH: int, KVH: int, D: int):
@@ -69,4 +75,7 @@ def fused_rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, NH: 
     engine/kernels/rope.py `cos_sin` makes them), and `split_heads(qkv)`; None (nothing done) where the kernel
     does not take them."""
     mod = compiled.ops()
-    return None if mod is None else mod.rope_qkv(qkv, cos, sin, NH, KVH, D)
+    if mod is None:
+        return None
+    with compiled.profiled("rope_qkv"):
+        return mod.rope_qkv(qkv, cos, sin, NH, KVH, D)

@@ -23,11 +23,13 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from engine import trace
 from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
 from engine.kernels import int4_tiles, int8_rows, layer_ops, onednn_dense, prefill_choice, rates
+from engine.kernels.int4_tiles import Int4Tiles
 from engine.kernels.onednn_dense import OnednnWeight
 from engine.kernels.rates import max_rows
 from engine.kernels.rope import apply_rope, cos_sin
@@ -46,6 +48,10 @@ class NativeKernels:
         return prefill_choice.prefill(q, k, v, mask, scale)
 
     def linear(self, x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+        with trace.scope(trace.LINEAR):
+            return self._linear(x, w, b)
+
+    def _linear(self, x: torch.Tensor, w, b: torch.Tensor | None) -> torch.Tensor:
         if isinstance(w, QLinear):
             return w(x, b)
         if isinstance(w, OnednnWeight):
@@ -90,9 +96,9 @@ class NativeKernels:
 
     def pack_resident(self, stored: LayerWeights, meta: dict[str, str] | None, codec=None) -> LayerWeights:
         """A layer that stays in CPU memory and only ever computes on the CPU, in the form it is kept in
-        (called once at load). Compressed weights become QWeights, 4-bit ones packed for the 4-bit kernel
-        (engine/kernels/int4_tiles.py) when that was measured faster at some row count (kept beside the stored
-        form, which the dense path reads);
+        (called once at load). Compressed weights become QWeights, 4-bit ones packed for the 4-bit kernel when
+        that was measured faster at some row count: the project's tiles (engine/kernels/int4_tiles.py) replace the
+        stored form (the dense path dequantizes the tiles), aten's layout is kept beside it;
         dense ones are reordered for oneDNN where that was measured faster (engine/kernels/onednn_dense.py)."""
         if codec is None or meta is None:
             return {name: onednn_dense.pack(w) if self.reorders_dense and rates.packs_dense(w) else w
@@ -122,7 +128,8 @@ class NativeKernels:
         out = dict(plain)
         for name, w in [*packed.items(), *((n, t) for n, t in plain.items() if isinstance(t, QWeight))]:
             q = w if isinstance(w, QWeight) else qweight(w, codec.dtype, pack=False)
-            out[name] = QLinear(q, partial(codec.dense, name, q.stored, buffers))
+            kept = q.stored if q.stored is not None else q.fast  # a layer in the kernel's tiles alone
+            out[name] = QLinear(q, partial(codec.dense, name, kept, buffers))
             if q.fast is None:  # dense at every row count: dequantize now (in the prefetch thread)
                 out[name].dense()
         return out, buffers
@@ -153,4 +160,6 @@ def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:
     n, k = w.shape
     fast = int4_tiles.pack_fast(w) if pack else None
     rows = max_rows("int4", n, k, dtype) if fast is not None else 0
+    if rows and isinstance(fast, Int4Tiles):  # kept in the tiles alone: the calls it does not take dequantize them
+        return QWeight(None, fast, rows)
     return QWeight(w, fast if rows else None, rows)

@@ -62,11 +62,12 @@ def fold(state, q: torch.Tensor, k, v, mask: torch.Tensor | None, scale: float):
     m, denom, o = state
     mask = torch.empty(0, dtype=torch.bool) if mask is None else mask
     mod = compiled.ops()
-    if isinstance(k, QTensor):
-        mod.attn_fold_int4(q, k.data, k.mins, k.scales, v.data, v.mins, v.scales, k.config.group_size, mask,
-                           scale, m, denom, o)
-    else:
-        mod.attn_fold(q, k, v, mask, scale, m, denom, o)
+    with compiled.profiled("attention fold"):
+        if isinstance(k, QTensor):
+            mod.attn_fold_int4(q, k.data, k.mins, k.scales, v.data, v.mins, v.scales, k.config.group_size, mask,
+                               scale, m, denom, o)
+        else:
+            mod.attn_fold(q, k, v, mask, scale, m, denom, o)
     return state
 
 
@@ -104,6 +105,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     B, NH, S, D = q.shape
     scale = 1 / math.sqrt(D) if scale is None else scale
     state = [] if state is None else [x.contiguous() for x in state]
-    if S == k.shape[2] and is_causal(mask):
-        return compiled.ops().attn_prefill(q, k, v, torch.empty(0, dtype=torch.bool), True, scale, state)
-    return compiled.ops().attn_prefill(q, k, v, mask.expand(B, 1, S, k.shape[2])[:, 0], False, scale, state)
+    causal = S == k.shape[2] and is_causal(mask)
+    mask = torch.empty(0, dtype=torch.bool) if causal else mask.expand(B, 1, S, k.shape[2])[:, 0]
+    with compiled.profiled("attention prefill"):
+        return compiled.ops().attn_prefill(q, k, v, mask, causal, scale, state)

@@ -13,6 +13,7 @@ measured while the machine was busy (1-minute load average above the CPU count) 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -45,11 +46,17 @@ _memo: dict[tuple[Path, str], int] = {}
 
 
 def machine_key() -> str:
-    cpu = cpu_info("model name") or platform.processor() or platform.machine()
-    flags = hashlib.sha256((cpu_info("flags") or "").encode()).hexdigest()[:12]
+    """The CPU, torch, its threads now and the compiled kernels' instruction set: what a measurement holds for."""
     mod = compiled.ops()
     own = f"kernels {mod.isa()}" if mod is not None else "no kernels"
-    return f"{cpu}|flags {flags}|torch {torch.__version__}|threads {torch.get_num_threads()}|{own}"
+    return f"{_cpu()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{own}"
+
+
+@functools.cache
+def _cpu() -> str:
+    """The CPU's model and a hash of its flags, read once per process (keys are made at every decode step)."""
+    cpu = cpu_info("model name") or platform.processor() or platform.machine()
+    return f"{cpu}|flags {hashlib.sha256((cpu_info('flags') or '').encode()).hexdigest()[:12]}"
 
 
 def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):

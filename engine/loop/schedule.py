@@ -10,22 +10,29 @@ from dataclasses import replace
 
 import torch
 
+from engine import trace
 from engine.kernels.attention import decode_mask, prefill_mask
 from engine.loop.grammar import advance, mask_logits
 from engine.loop.loaded import LoadedModel
-from engine.loop.prompt_scores import prompt_scores
+from engine.loop.prompt_logprobs import prompt_logprobs
 from engine.loop.refill import Refill, choose_refill
 from engine.loop.row_state import RowState
 from engine.loop.sampling import chosen_logprobs, next_tokens
 from engine.loop.shared_prefix import SharedPrefix, shared_length
 from engine.memory.disk_kv import DirectKVCache
+from engine.memory.footprint import (
+    ACT_DTYPE,
+    act_row_bytes,
+    disk_kv_buffer_bytes,
+    kv_row_bytes,
+    prefix_bytes,
+    prefix_tier,
+    staged_bytes,
+)
 from engine.memory.kv_cache import KVCache
 from engine.memory.placement import PlacedActivations, PlacedKV, alloc, row_segments
 from engine.models import StepContext
 from engine.policy import Policy
-
-ACT_DTYPE = torch.float32  # the residual stream between layers (see engine/models/llama.py)
-
 
 COMPACT_SLOTS = 64  # with refill, shift the cache once at least this many (and T/4) leading slots are dead
 DROP_SHARE = 0.125  # finished rows leave a GPU batch once they are this share of it (and no row waits)
@@ -151,10 +158,11 @@ class GpuBatch:
             self.refill = None
 
 
-def prefix_scores(rows: list[RowState], shared: int) -> str | None:
-    """What rows that score their prompt need of a shared prefix of `shared` tokens (SharedPrefix.score): "all"
-    where one scores every token or more than its own, "first" where one scores exactly its own tokens (the first
-    of them from the prefix's last position), else None (rows scoring their last own tokens need nothing of it)."""
+def prefix_logprobs_needed(rows: list[RowState], shared: int) -> str | None:
+    """What rows that score their prompt need of a shared prefix of `shared` tokens (SharedPrefix.logprobs_needed):
+    "all" where one scores every token or more than its own, "first" where one scores exactly its own tokens (the
+    first of them from the prefix's last position), else None (rows scoring their last own tokens need nothing of
+    it)."""
     asks = [r.req.params.score_last for r in rows if r.req.params.prompt_logprobs]
     own = [len(r.prompt_ids) - shared for r in rows if r.req.params.prompt_logprobs]
     if any(last == 0 or last > n for last, n in zip(asks, own)):
@@ -190,7 +198,7 @@ class BlockExecutor:
         T = self.total_slots(everyone) - P
         try:
             if P:
-                self._prefix = self._make_prefix(rows[0].prompt_ids[:P], prefix_scores(everyone, P))
+                self._prefix = self._make_prefix(rows[0].prompt_ids[:P], prefix_logprobs_needed(everyone, P))
             batches = [self._batch(rows[i : i + p.gbs], S, T) for i in range(0, len(rows), p.gbs)]
             while True:
                 for b in batches if refill else ():
@@ -203,7 +211,7 @@ class BlockExecutor:
                 phase = live[0].phase
                 assert all(b.phase == phase for b in live), "a block's GPU batches step in one phase"
                 t0 = time.perf_counter()
-                with torch.profiler.record_function(phase):  # a profile's steps, by phase (`flexbatch bench ops`)
+                with trace.scope(phase):
                     self._step(live, phase)
                 self.counts["steps"] += 1
                 self.counts["row_steps"] += sum(len(b.rows) for b in live)
@@ -228,18 +236,15 @@ class BlockExecutor:
             return 0
         return shared_length([r.prompt_ids for r in rows])
 
-    def _make_prefix(self, ids: list[int], score: str | None) -> SharedPrefix:
+    def _make_prefix(self, ids: list[int], logprobs_needed: str | None) -> SharedPrefix:
         """The block's shared prefix with its K/V buffers, on the tier that holds most of the KV cache (the disk
-        tier's rows attend on the CPU); `score`: what of it rows that score their prompt need (`prefix_scores`)."""
-        m, home = self.loaded, self._prefix_home()
+        tier's rows attend on the CPU); `logprobs_needed`: what of it rows that score their prompt need
+        (`prefix_logprobs_needed`)."""
+        m, home = self.loaded, prefix_tier(self.policy)
         make = self._alloc(home)
         shape = (1, m.spec.num_kv_heads, len(ids), m.spec.head_dim)
         k, v = ([make(shape, m.dtype) for _ in range(m.spec.num_layers)] for _ in range(2))
-        return SharedPrefix(ids, k, v, home, m.devices, score)
-
-    def _prefix_home(self) -> str:
-        p = self.policy
-        return "gpu" if p.cache_gpu >= p.cache_cpu + p.cache_disk else "cpu"
+        return SharedPrefix(ids, k, v, home, m.devices, logprobs_needed)
 
     def _batch(self, rows: list[RowState], S: int, T: int) -> GpuBatch:
         """A GPU batch of `rows` with its KV cache (T slots) and activation buffers (S positions), placed by the
@@ -319,7 +324,8 @@ class BlockExecutor:
                 r = b.refill
                 self._score_prompts(r.rows, lambda: m.devices.move(r.hidden, r.where, m.globals_on))  # noqa: B023
                 logits[r.slots] = self._head(m.devices.move(r.hidden[:, -1], r.where, m.globals_on))
-            b.choose(logits, m.tokenizer)
+            with trace.scope(trace.SAMPLING):
+                b.choose(logits, m.tokenizer)
 
     def _begin(self, b: GpuBatch, devices: set[str], carry: bool) -> dict[str, StepContext]:
         """Start a step of batch `b` (and of its refill rows' prefill): embed the inputs and store them; the
@@ -346,12 +352,12 @@ class BlockExecutor:
         for b in wanted:
             r, own, last = rows[b], rows[b].own_ids, rows[b].req.params.score_last
             if 0 < last < len(own):
-                r.prompt_logprobs, r.prompt_greedy = prompt_scores(self._head, h[b, h.shape[1] - last - 1 :],
+                r.prompt_logprobs, r.prompt_greedy = prompt_logprobs(self._head, h[b, h.shape[1] - last - 1 :],
                                                                    own[-last - 1 :])
                 continue
-            lp, greedy = prompt_scores(self._head, h[b, h.shape[1] - len(own) :], own)
+            lp, greedy = prompt_logprobs(self._head, h[b, h.shape[1] - len(own) :], own)
             if r.shared:
-                shared_lp, shared_greedy = self._prefix.scores_for(own[0])
+                shared_lp, shared_greedy = self._prefix.logprobs_for(own[0])
                 lp, greedy = shared_lp + lp, shared_greedy + greedy
             r.prompt_logprobs, r.prompt_greedy = (lp[-last:], greedy[-last:]) if last else (lp, greedy)
 
@@ -389,22 +395,23 @@ class BlockExecutor:
 
     def block_bytes(self, rows: int, S: int, T: int, shared: int = 0) -> dict[str, int]:
         """Bytes a block of `rows` rows (prompt length S, total length T, after `shared` prefix tokens) needs per
-        tier for its KV cache and activations, plus the CPU staging of two layers read from disk (the one
-        computing, the one prefetched), plus the shared prefix's K/V (one row, uncompressed)."""
-        spec, p, codec = self.loaded.spec, self.policy, self.loaded.kv_codec
+        tier, by engine/memory/footprint.py: each GPU batch's KV cache (T slots a row) and activations (S
+        positions a row) on their row segments, the shared prefix's K/V (one row, uncompressed) on `prefix_tier`,
+        and on the CPU the two one-layer buffers of a plain disk-tier cache and the two layers staged from disk
+        (the one computing, the one prefetched)."""
+        spec, p, compressed = self.loaded.spec, self.policy, self.loaded.kv_codec is not None
         elem = torch.empty((), dtype=self.loaded.dtype).element_size()
         need = dict.fromkeys(("gpu", "cpu", "disk"), 0)
         if shared:
-            need[self._prefix_home()] += 2 * spec.num_layers * spec.num_kv_heads * shared * spec.head_dim * elem
+            need[prefix_tier(p)] += prefix_bytes(spec, shared, elem)
         for start in range(0, rows, p.gbs):
             B = min(p.gbs, rows - start)
-            kv = {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}
-            for tier, r in row_segments(B, kv):
-                per_slot = codec.bytes_per_head_slot(spec.head_dim) if codec else spec.head_dim * elem
-                need[tier] += int(2 * spec.num_layers * spec.num_kv_heads * T * per_slot) * (r.stop - r.start)
-            acts = {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}
-            for tier, r in row_segments(B, acts):
-                need[tier] += (r.stop - r.start) * S * spec.hidden_size * ACT_DTYPE.itemsize
+            for tier, r in row_segments(B, {"gpu": p.cache_gpu, "cpu": p.cache_cpu, "disk": p.cache_disk}):
+                need[tier] += (r.stop - r.start) * kv_row_bytes(spec, T, elem, compressed)
+                if tier == "disk" and not compressed:
+                    need["cpu"] += (r.stop - r.start) * disk_kv_buffer_bytes(spec, T, elem)
+            for tier, r in row_segments(B, {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}):
+                need[tier] += (r.stop - r.start) * act_row_bytes(spec, S)
         if "disk" in self.loaded.weights.placement:
-            need["cpu"] += 2 * max(self.loaded.weights.layer_bytes)
+            need["cpu"] += staged_bytes(max(self.loaded.weights.layer_bytes))
         return need

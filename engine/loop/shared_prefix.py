@@ -2,14 +2,15 @@
 the rows' longest common run of leading token ids, prefilled once as a one-row batch inside the block's first
 layer pass (each layer's weights still load once), its K/V kept once per layer. Each row's cache then holds only
 its own tokens, at positions after the prefix, and attends over the prefix through
-engine/kernels/shared_attention.py. Rows that score their prompt get the prefix's scores, computed once."""
+engine/kernels/shared_attention.py. Rows that score their prompt get the prefix's log-probabilities,
+computed once."""
 
 from __future__ import annotations
 
 import torch
 
 from engine.kernels.attention import attend, prefill_mask
-from engine.loop.prompt_scores import prompt_scores
+from engine.loop.prompt_logprobs import prompt_logprobs
 from engine.models import StepContext
 
 MIN_SHARED = 32  # fewer shared tokens are prefilled with each row: one more pass of a short row saves little
@@ -34,16 +35,17 @@ class SharedPrefix:
     block's first layer pass it is also the cache of its own prefill (`attend`) and holds its hidden states."""
 
     def __init__(self, ids: list[int], k: list[torch.Tensor], v: list[torch.Tensor], home: str, devices,
-                 score: str | None = None):
+                 logprobs_needed: str | None = None):
         self.ids, self.k, self.v, self.home, self.devices = ids, k, v, home, devices
-        # what rows that score their prompt need of it, computed once at its pass' end: "all" its tokens' scores and
-        # those of each row's first own token, "first" only the latter (rows scoring their last own tokens), or None
-        self.score = score
+        # what rows that score their prompt need of it, computed once at its pass' end: "all" its tokens'
+        # log-probabilities and those of each row's first own token, "first" only the latter (rows scoring their
+        # last own tokens), or None
+        self.logprobs_needed = logprobs_needed
         self.computed = False  # its K/V are in place (its layer pass has run)
         self.hidden: torch.Tensor | None = None  # [1, P, H] during the first layer pass, on `where`
         self.where = home
         self.contexts: dict[str, StepContext] = {}
-        self.scores: tuple[list[float], list[bool], torch.Tensor] | None = None
+        self.logprobs: tuple[list[float], list[bool], torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -76,16 +78,16 @@ class SharedPrefix:
         return move(self.k[layer], self.home, device), move(self.v[layer], self.home, device)
 
     def finish_pass(self, head, to_head) -> None:
-        """The layer pass is over: with `score`, score the prefix from its last-layer hidden states (moved to the
+        """The layer pass is over: with `logprobs_needed`, score the prefix from its last-layer hidden states (moved to the
         head's device by `to_head(h, where)`): its tokens 1..P-1 ("all" only), and the log-probabilities at its last
         position, which score each row's first own token. Its hidden states and contexts are dropped."""
-        if self.score:
+        if self.logprobs_needed:
             h = to_head(self.hidden, self.where)[0]
-            lp, greedy = prompt_scores(head, h, self.ids) if self.score == "all" else ([], [])
-            self.scores = lp, greedy, head(h[-1:])[0].log_softmax(-1)
+            lp, greedy = prompt_logprobs(head, h, self.ids) if self.logprobs_needed == "all" else ([], [])
+            self.logprobs = lp, greedy, head(h[-1:])[0].log_softmax(-1)
         self.hidden, self.contexts, self.computed = None, {}, True
 
-    def scores_for(self, first_own: int) -> tuple[list[float], list[bool]]:
-        """A row's prompt scores over the prefix ("all") and its own first token."""
-        lp, greedy, last = self.scores
+    def logprobs_for(self, first_own: int) -> tuple[list[float], list[bool]]:
+        """A row's prompt log-probabilities over the prefix ("all") and its own first token."""
+        lp, greedy, last = self.logprobs
         return lp + [float(last[first_own])], greedy + [bool(last.argmax() == first_own)]

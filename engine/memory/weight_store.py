@@ -8,7 +8,6 @@ stream has passed the event recorded when its previous layer was handed back."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -20,12 +19,12 @@ from safetensors.torch import load_file
 
 from engine.checkpoint import CheckpointReader, LayerWeights
 from engine.compression.qlinear import kernel_layout_bytes
-from engine.kernels.fuse import LAYOUT, fuse_projections
 from engine.kernels.native import NativeKernels
 from engine.memory.checkpoint_layers import checkpoint_plans, read_layer
+from engine.memory.converted import encode_layer, keep_layer, layer_folder, read_kept
 from engine.memory.disk_read import DirectReader, memory_room_bytes, reads_direct
 from engine.memory.heap import release_freed_memory
-from engine.memory.offload import layer_path, offload_root, stored_layer, write_layer
+from engine.memory.offload import layer_path, stored_layer, write_layer
 from engine.memory.tiers import Devices, tensor_bytes
 from engine.policy import Policy
 
@@ -105,10 +104,11 @@ def globals_tier(policy: Policy, num_layers: int) -> str:
 
 def head_in_int8(policy: Policy, where: str) -> bool:
     """Whether the LM head keeps its own row-wise int8 weight, computed with the int8 kernel (as CTranslate2's
-    int8 keeps its output projection): with int8 weights, where the head computes on the CPU. In decode the head
-    is a GEMM as large as several layers (vocabulary x hidden, per row), so a dense head there would outweigh the
-    int8 layers it follows. 4-bit weights and a head on the GPU keep the head in the compute dtype."""
-    return policy.compress_weight and policy.weight_format == "int8" and where == "cpu"
+    int8 keeps its output projection, and llama.cpp's 4-bit files keep theirs at 6 bits): with compressed weights
+    (int8 or 4-bit), where the head computes on the CPU. In decode the head is a GEMM as large as several layers
+    (vocabulary x hidden, per row), so a dense head there would outweigh the compressed layers it follows. A head
+    on the GPU keeps the compute dtype."""
+    return policy.compress_weight and policy.weight_format in ("int8", "int4") and where == "cpu"
 
 
 class WeightStore:
@@ -147,8 +147,11 @@ class WeightStore:
         self._pending: dict[tuple[int, str], Future] = {}
         on_disk = [i for i, tier in enumerate(self.placement) if tier == "disk"]
         self.plans = checkpoint_plans(reader, on_disk, dtype, codec)  # read from the checkpoint: no offload copy
-        copies = [i for i in on_disk if i not in self.plans]
-        folder = self._offload_folder(reader, offload_dir) if copies else None
+        # in the offload folder (engine/memory/converted.py): disk layers not read from the checkpoint, and every
+        # compressed layer, converted once and read by later runs
+        copies = [i for i, tier in enumerate(self.placement)
+                  if i not in self.plans and (tier == "disk" or codec is not None)]
+        folder = layer_folder(reader, dtype, codec, offload_dir) if copies else None
         room = memory_room_bytes()  # before the layers, as the planner measured it (planner.cost_model)
         kept = stored_layers(folder, copies)
         for i, tier in enumerate(self.placement):
@@ -156,7 +159,8 @@ class WeightStore:
                 self._place_read(i)
             else:
                 self._place(reader, i, tier, folder, kept.get(i))
-                release_freed_memory()  # the layer's full-precision copy, before the next is read
+                if kept.get(i) is None:
+                    release_freed_memory()  # the layer's full-precision copy, before the next is read
         disk = sum(n for n, t in zip(self.layer_bytes, self.placement) if t == "disk")
         self.direct = DirectReader() if disk and reads_direct(disk, room) else None  # else page-cached reads
         self._buffers = DirectReader()  # a checkpoint layer's buffers when reads go through the page cache
@@ -173,20 +177,24 @@ class WeightStore:
         self.devices.tiers["disk"].reserve(plan.stored_bytes, f"layer {i}")
 
     def _place(self, reader: CheckpointReader, i: int, tier: str, folder: Path | None, kept: dict | None) -> None:
-        if kept is not None:  # written by an earlier run and complete (engine/memory/offload.py)
+        if kept is not None and tier == "disk":  # written by an earlier run and complete (engine/memory/offload.py)
             path = self.files[i] = layer_path(folder, i)
             self.meta[i] = kept or None
             self.layer_bytes.append(path.stat().st_size)
             self.devices.tiers["disk"].reserve(self.layer_bytes[-1], f"layer {i}")
             return
-        lw = fuse_projections(reader.layer(i, self.dtype))
-        stored, self.meta[i] = self.codec.encode(lw) if self.codec else (lw, None)
+        if kept is not None:  # converted by an earlier run: read, not quantized again
+            stored, self.meta[i] = read_kept(folder, i), kept or None
+        else:
+            stored, self.meta[i] = encode_layer(reader, i, self.dtype, self.codec)
         nbytes = tensor_bytes(stored.values())
         self.layer_bytes.append(nbytes)
         self.devices.tiers[tier].reserve(nbytes, f"layer {i}")
         if tier == "disk":
             self.files[i] = write_layer(folder, i, stored, self.meta[i])
         else:
+            if kept is None and self.codec is not None:
+                keep_layer(folder, i, stored, self.meta[i])
             dev = self.devices.torch_device(tier)
             resident = {k: v.to(dev) for k, v in stored.items()}
             if tier == "cpu" and self._cpu_only[i]:
@@ -196,19 +204,6 @@ class WeightStore:
             elif tier == "cpu":  # crosses PCIe whenever it computes on the GPU
                 resident = {k: self.devices.pinned(v) for k, v in resident.items()}
             self.resident[i] = resident
-
-    def _offload_folder(self, reader: CheckpointReader, offload_dir: Path | None) -> Path:
-        """One folder per (checkpoint, dtype, format): the key hashes config.json and the weight files' sizes
-        and mtimes, so a changed checkpoint gets a new folder."""
-        h = hashlib.sha256()
-        h.update((reader.dir / "config.json").read_bytes())
-        for f in sorted(reader.dir.glob("*.safetensors")):
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-        h.update(f"{self.dtype}:{self.codec.metadata() if self.codec else 'plain'}:{LAYOUT}".encode())
-        folder = offload_root(offload_dir) / h.hexdigest()[:16]
-        folder.mkdir(exist_ok=True)
-        return folder
 
     def _load(self, i: int, device: str) -> tuple[LayerWeights, tuple]:
         """Layer i ready to compute on `device` (read from disk if needed, moved, then decompressed there), and

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import trace
 from engine.compression.qlinear import QWeight
 from engine.kernels.native import NativeKernels
 from engine.spec import ModelSpec
@@ -44,8 +45,9 @@ class StepContext:
 
     def attend(self, layer: int, q, k_new, v_new, scale: float | None = None) -> torch.Tensor:
         """Store this step's K/V [B, KVH, S, D] of `layer` in the cache and attend q [B, NH, S, D] -> [B, NH, S, D]."""
-        return self.cache.attend(layer, q, k_new, v_new, self.start, self.mask, scale, device=self.device,
-                                 phase=self.phase)
+        with trace.scope(trace.ATTENTION):
+            return self.cache.attend(layer, q, k_new, v_new, self.start, self.mask, scale, device=self.device,
+                                     phase=self.phase)
 
 
 CHUNK_BYTES = 16 << 20  # the widest row-local temporary a chunk of rows may take (see by_rows)

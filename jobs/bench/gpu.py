@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from engine.errors import FlexbatchError
+from engine.memory.footprint import STAGED_LAYERS
 from engine.options import parse_bytes
 from engine.policy import Policy
 from jobs.bench import models as bm
@@ -25,7 +26,6 @@ from jobs.bench.gpu_models import GPU_PRESETS, build_gpu_checkpoint, default_gpu
 from jobs.bench.gpu_policies import (
     BASELINE,
     KINDS,
-    STAGED_LAYERS,
     BenchPolicy,
     bench_policies,
     load_key,

@@ -34,7 +34,7 @@ def build_gpu_checkpoint(preset: str, cache_dir: str | Path | None = None) -> Pa
 
 def weight_bytes(spec: ModelSpec, dtype_bytes: int = BF16_BYTES) -> float:
     """Every weight of the model at `dtype_bytes` each: the layers, embeddings, head and norms."""
-    from planner.memory_model import global_bytes, layer_bytes
+    from engine.memory.footprint import global_bytes, layer_bytes
 
     return spec.num_layers * layer_bytes(spec, dtype_bytes, False) + global_bytes(spec, dtype_bytes)
 
@@ -42,7 +42,7 @@ def weight_bytes(spec: ModelSpec, dtype_bytes: int = BF16_BYTES) -> float:
 def default_gpu_budget(spec: ModelSpec, dtype_bytes: int = BF16_BYTES) -> float:
     """The embeddings and LM head (which every policy that decodes its last layer on the GPU keeps there) plus
     DEFAULT_LAYER_SHARE of the layers' weights, at `dtype_bytes` each."""
-    from planner.memory_model import global_bytes, layer_bytes
+    from engine.memory.footprint import global_bytes, layer_bytes
 
     return global_bytes(spec, dtype_bytes) + DEFAULT_LAYER_SHARE * spec.num_layers * layer_bytes(spec, dtype_bytes,
                                                                                                False)

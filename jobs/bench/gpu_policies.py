@@ -19,15 +19,13 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from engine.memory.footprint import STAGED_LAYERS, act_row_bytes, global_bytes, kv_row_bytes, layer_bytes
 from engine.policy import Policy
 from engine.spec import ModelSpec
-from planner.memory_model import global_bytes
 
 BASELINE = "offload"
 KINDS = (BASELINE, "cpu", "gpu-cpu", "gpu-split", "split-split", "planner")
 SPLIT_POINTS = (0.25, 0.5, 0.75)  # of the layers, as the planner's search splits
-ACT_BYTES = 4  # the residual stream between layers is float32 (engine.loop.schedule.ACT_DTYPE)
-STAGED_LAYERS = 2  # layers staged on the GPU while streaming: the one computing and the one prefetched
 
 
 @dataclass(frozen=True)
@@ -49,13 +47,13 @@ def split_layers(num_layers: int) -> list[int]:
 
 
 def act_bytes(spec: ModelSpec, batch: int, prompt_len: int) -> float:
-    """Activations of one block of `batch` rows: batch * prompt_len * hidden * 4 bytes."""
-    return batch * prompt_len * spec.hidden_size * ACT_BYTES
+    """Activations of one block of `batch` rows (engine.memory.footprint.act_row_bytes, float32)."""
+    return batch * act_row_bytes(spec, prompt_len)
 
 
 def kv_bytes(spec: ModelSpec, batch: int, total_len: int, dtype_bytes: int) -> float:
-    """KV cache of one block of `batch` rows for total_len slots."""
-    return batch * total_len * spec.kv_bytes_per_token(dtype_bytes)
+    """The plain KV cache of one block of `batch` rows for total_len slots (engine.memory.footprint.kv_row_bytes)."""
+    return batch * kv_row_bytes(spec, total_len, dtype_bytes, False)
 
 
 def offload_gpu_layers(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batch: int, prompt_len: int) -> int:
@@ -69,9 +67,9 @@ def fitting_layers(spec: ModelSpec, gpu_bytes: float, dtype_bytes: int, max_batc
     """Whole layers whose weights fit the GPU budget after `staged` staged layers, the largest batch's
     activations, and the embeddings and LM head (every policy sized here computes decode's last layer on the
     GPU, so they live there: engine.memory.weight_store.globals_tier)."""
-    room = (gpu_bytes - staged * spec.layer_bytes(dtype_bytes) - act_bytes(spec, max_batch, prompt_len)
-            - global_bytes(spec, dtype_bytes))
-    return max(0, min(spec.num_layers, int(room // spec.layer_bytes(dtype_bytes))))
+    layer = layer_bytes(spec, dtype_bytes, False)
+    room = gpu_bytes - staged * layer - act_bytes(spec, max_batch, prompt_len) - global_bytes(spec, dtype_bytes)
+    return max(0, min(spec.num_layers, int(room // layer)))
 
 
 def split_policy(L: int, k: int, fit: tuple[int, int], prefill: str) -> Policy:

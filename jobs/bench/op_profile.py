@@ -2,23 +2,26 @@
 compute dtype and weight format asked for it loads the random-weight benchmark model with the CPU-only policy (one
 block of every row), warms it up (a prefill and one decode step), runs the workload once
 unprofiled (the reference wall time) and once under `torch.profiler`, and groups the self CPU time of the ops on
-the compute thread by phase (the schedule's `record_function` labels "prefill" and "decode"; "rest" is the call
-around the steps) and by category:
+the compute thread by phase (the engine's profiler ranges "prefill" and "decode", engine/trace.py; "rest" is the
+call around the steps) and by category:
 
-    gemm          the GEMM kernels (aten::mm / addmm / _int_mm, oneDNN's _linear_pointwise, the int4 kernel)
+    gemm          the GEMM kernels (aten::mm / addmm / _int_mm, oneDNN's _linear_pointwise, aten's and the
+                  project's int4 and int8 kernels)
     linear other  the rest of a Linear call: activation quantization and rescaling (int8), weight dequantization
                   on first need, casts, the wrappers' own time
-    attention     everything under the KV cache's attend: K/V stores, SDPA or the chunked decode kernel
-    elementwise   norms, rotary positions, SiLU, residual adds, casts outside the calls above
+    attention     everything under the KV cache's attend: K/V stores, SDPA, the chunked decode kernel or the
+                  project's own attention kernels
+    elementwise   norms, rotary positions, SiLU, residual adds (the project's fused kernels or PyTorch's), casts
+                  outside the calls above
     reorder       oneDNN reorders that run as ops of their own (mkldnn::_reorder_linear_weight, to_mkldnn)
-    sampling      choosing the next tokens (GpuBatch.choose)
+    sampling      choosing the next tokens
     other         views, allocations, the embedding lookup
     overhead      the wall time of the phase less its ops' self time: Python, dispatch between ops, and the
                   profiler's own cost per op (the gap between the profiled and the unprofiled wall time)
 
-Linear calls, attention and sampling are told apart by labels this command puts around the engine's own entry
-points while it profiles (`scopes`), not by op names: the decode attention's matmuls are aten::bmm and its
-softmax is elementwise ops. GEMM FLOPs come from the recorded shapes (2 M N K per call); their rate is quoted
+Linear calls, attention and sampling are told apart by the ranges the engine marks them with (engine/trace.py),
+not by op names: the decode attention's matmuls are aten::bmm and its softmax is elementwise ops; the compiled
+kernels' calls count as ops of their own. GEMM FLOPs come from the recorded shapes (2 M N K per call); their rate is quoted
 next to the same microbenchmark as `bench workloads` / `bench score` (the model's widest layer shape) at the row
 count that carries most of the phase's GEMM FLOPs, in the dtype of that work (int8 x int8 where _int_mm does most
 of it). Ops of other threads (the weight prefetcher) are summed apart. Reorders inside one oneDNN call (a brgemm
@@ -43,12 +46,12 @@ from pathlib import Path
 import click
 import torch
 
+from engine import trace
 from engine.engine import Engine
 from engine.errors import FlexbatchError
 from engine.kernels import onednn_dense
 from engine.kernels.int4_tiles import GEMM_RANGE
-from engine.loop.schedule import GpuBatch
-from engine.models import PHASES, StepContext
+from engine.models import PHASES
 from engine.policy import WEIGHT_FORMATS, Policy
 from engine.spec import load_model_spec
 from jobs.bench import models as bm
@@ -76,7 +79,6 @@ OTHER_OPS = frozenset(f"aten::{n}" for n in (
     "expand_as", "flatten", "unflatten", "detach", "alias", "lift_fresh", "resolve_conj", "resolve_neg", "empty",
     "empty_like", "empty_strided", "new_empty", "resize_", "item", "_local_scalar_dense", "result_type",
     "is_nonzero", "contiguous", "embedding", "index_select"))
-LABELS = ("linear", "attention", "sampling")  # the ranges `scopes` labels
 
 
 @dataclass(frozen=True)
@@ -109,43 +111,17 @@ def checkpoint(preset: str, cache_dir: str) -> Path:
     return bm.build_checkpoint(preset, cache_dir)
 
 
-def labelled(label: str, fn):
-    """fn, its calls shown to the profiler as ranges named `label`."""
-    def call(*args, **kwargs):
-        with torch.profiler.record_function(label):
-            return fn(*args, **kwargs)
-
-    return call
-
-
-@contextmanager
-def scopes(eng: Engine):
-    """Label the engine's Linear calls, attention and token choice while profiling: the kernels' `linear` of this
-    engine, and every step context's `attend` and batch's `choose` until the block exits."""
-    kernels = eng.loaded.kernels
-    saved = [(StepContext, "attend", StepContext.attend), (GpuBatch, "choose", GpuBatch.choose)]
-    kernels.linear = labelled("linear", kernels.linear)
-    StepContext.attend = labelled("attention", StepContext.attend)
-    GpuBatch.choose = labelled("sampling", GpuBatch.choose)
-    try:
-        yield
-    finally:
-        del kernels.linear  # the class's method again
-        for owner, name, fn in saved:
-            setattr(owner, name, fn)
-
-
 def category(name: str, labels: set[str]) -> str:
     """An op's category from its name and the labelled ranges it runs in (the module docstring's table)."""
     if "reorder" in name or name in REORDER_OPS:
         return "reorder"
-    if "attention" in labels:
+    if trace.ATTENTION in labels:
         return "attention"
     if name in GEMM_OPS or name.startswith(GEMM_RANGE):
         return "gemm"
-    if "linear" in labels:
+    if trace.LINEAR in labels:
         return "linear other"
-    if "sampling" in labels:
+    if trace.SAMPLING in labels:
         return "sampling"
     return "other" if name in OTHER_OPS else "elementwise"
 
@@ -202,7 +178,7 @@ def tally(events, wall_s: float) -> dict:
         if e.thread == main:
             phases[e.name]["wall_s"] += (e.time_range.end - e.time_range.start) / 1e6
     for e in events:
-        if e.is_user_annotation and not e.name.startswith(GEMM_RANGE):  # the own kernels' calls count as ops
+        if e.is_user_annotation and not e.name.startswith(trace.KERNEL):  # the compiled kernels' calls count as ops
             continue
         labels, phase, up = set(), REST, e.cpu_parent
         while up is not None:
@@ -361,8 +337,7 @@ def profile_line(model_dir: Path, cfg: OpProfileConfig, dtype: str, fmt: str) ->
     _, unprofiled = timed_call(lambda: run(G))
     unprofiled_phases = dict(eng.phase_seconds)
     log.info("%s %s: profiled run", dtype, fmt)
-    with scopes(eng), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                             record_shapes=True) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         tokens, wall = timed_call(lambda: run(G))
     counted, peaks = tally(prof.events(), wall), {}
     for name, ph in counted["phases"].items():

@@ -47,7 +47,7 @@ def llm_kwargs(a: argparse.Namespace, longest: int) -> dict:
     return kw
 
 
-def prompt_scores(output) -> list[float]:
+def prompt_logprobs(output) -> list[float]:
     """The log-probability of each prompt token after the first, from a RequestOutput's prompt_logprobs (a None for
     the first token, then one {token id: Logprob} per position, the prompt's own token always among them)."""
     ids = output.prompt_token_ids
@@ -95,7 +95,7 @@ def main(argv=None) -> None:
            "prompt_tokens": [len(o.prompt_token_ids) for o in outputs],
            "completion_tokens": [len(o.outputs[0].token_ids) for o in outputs]}
     if a.score:
-        scores = [prompt_scores(o) for o in outputs]
+        scores = [prompt_logprobs(o) for o in outputs]
         res["scored_tokens"] = sum(len(s) for s in scores)
         if a.logprobs_out:
             with open(a.logprobs_out, "w") as f:

@@ -17,8 +17,8 @@ import random
 from jobs.helm.errors import SpecError
 from jobs.helm.fit import register_deployment, scoring_window
 from jobs.helm.helm_objects import kept_random_state, to_instance, to_json
+from jobs.helm.run_entries import AdapterSpec
 from jobs.helm.scenarios import CORRECT_TAG
-from jobs.helm.spec import AdapterSpec
 
 
 def adapt(adapter: AdapterSpec, instances: list[dict], model: str, model_dir=None) -> list[dict]:

@@ -43,7 +43,7 @@ def helm_batch_command(ctx, suite, helm_output, local_path, store, model, **engi
     run entries with model=flexbatch/<model folder name> reads them, without running the model.
     """
     from jobs.helm.deployment import write_deployment
-    from jobs.helm.spec import check_suite, resolve_model
+    from jobs.helm.run_entries import check_suite, resolve_model
     from jobs.helm.store import run_pending
 
     setup_logging()

@@ -79,7 +79,7 @@ def helm_command(ctx, spec, scenario_states, suite, output, max_eval_instances, 
 
 def _load(spec_path, scenario_states, model, max_eval_instances, compress_weight, compress_cache):
     from jobs.helm.errors import SpecError
-    from jobs.helm.spec import HelmSpec, entry_from_dict, load_spec, with_overrides
+    from jobs.helm.run_entries import HelmSpec, entry_from_dict, load_spec, with_overrides
 
     if spec_path is None and not scenario_states:
         raise SpecError("nothing to run: give --spec FILE (a YAML spec) and/or --scenario-state FILE")

@@ -3,7 +3,7 @@
 Each HELM request becomes `num_completions` rows of `<run>/requests.parquet` (id `<request index>.<output
 index>`, the prompt, and the per-row `max_new_tokens`, `temperature`, `top_p`, `stop` and a distinct `seed`),
 completed by one pipeline job into `<run>/completions/`. Scoring requests (`echo_prompt`, `max_tokens` 0:
-jobs/helm/scoring.py) are one row each, run as a scoring job (`score=True`: each row's `prompt_logprobs`); a job
+jobs/helm/echo_requests.py) are one row each, run as a scoring job (`score=True`: each row's `prompt_logprobs`); a job
 holds requests of one kind. The requests file is rewritten only when its
 content changes, so that rerunning an interrupted run resumes its job: committed shards are skipped.
 """
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.request import SamplingParams
-from jobs.helm.scoring import echo_completion, is_scoring
+from jobs.helm.echo_requests import echo_completion, is_scoring
 from pipeline import JobSummary, RunConfig, run_job
 from pipeline.execution.driver import WorkerPool
 from pipeline.input.requests import derive_seed

@@ -7,7 +7,7 @@ A scenario_state.json holds `adapter_spec` and `request_states`; each request st
 read, so that writing it back gives the same JSON; re-running replaces `result` and names our model in the
 requests. HELM's `generation` and `multiple_choice_joint` runs (requests that generate from a prompt) and its
 scoring runs, `language_modeling` and `multiple_choice_separate_*` (requests that score their prompt,
-jobs/helm/scoring.py) can be re-run; chat `messages` requests cannot.
+jobs/helm/echo_requests.py) can be re-run; chat `messages` requests cannot.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from jobs.helm.echo_requests import SCORING_METHODS, scoring_problem
 from jobs.helm.errors import SpecError
 from jobs.helm.helm_objects import to_adapter_spec, to_request_state
 from jobs.helm.metrics import EXACT_MATCH_METRICS, METRICS
-from jobs.helm.scoring import SCORING_METHODS, scoring_problem
 
 RERUNNABLE_METHODS = ("generation", "multiple_choice_joint", *SCORING_METHODS)
 

@@ -14,9 +14,9 @@ import hashlib
 import json
 from pathlib import Path
 
+from jobs.helm.echo_requests import is_scoring, scoring_problem
 from jobs.helm.errors import SpecError
 from jobs.helm.fields import output_mapping_problem, request_problem, result_problem
-from jobs.helm.scoring import is_scoring, scoring_problem
 
 RESULTS_FILE = "results.jsonl"
 JOBS_DIR = "jobs"
@@ -130,7 +130,7 @@ def batch_dir(store: Path, states: list[dict]) -> Path:
 
 def run_pending(helm_output: Path, suite: str, store: Path, model: Path, engine) -> tuple[int, int, list]:
     """Complete every request of the suite that the store lacks, as one pipeline job for the generation requests
-    and one scoring job for the scoring requests (jobs/helm/scoring.py), and add the results of each job that
+    and one scoring job for the scoring requests (jobs/helm/echo_requests.py), and add the results of each job that
     completed to the store; returns (requests in the suite, requests run, the jobs' summaries)."""
     from engine.tokenizer import load_tokenizer
     from jobs.helm.execute import attach_results, read_completions, run_requests

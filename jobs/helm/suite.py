@@ -1,5 +1,5 @@
 """The HELM-style benchmark job: for each run of the spec, adapt its scenario (or take a HELM run's requests),
-complete the requests through the pipeline, score them with HELM's metrics, and write HELM's run folder; then
+complete the requests through the pipeline, evaluate them with HELM's metrics, and write HELM's run folder; then
 write the suite summary.
 
 Every run is checked (spec, scenario files, scenario states, model folders) before any model is loaded. The runs
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobs.helm.adapter import adapt
+from jobs.helm.echo_requests import SCORING_METHODS
 from jobs.helm.errors import SpecError
 from jobs.helm.evaluate import evaluate
 from jobs.helm.execute import attach_results, read_completions, run_requests
@@ -33,10 +34,9 @@ from jobs.helm.output import (
     write_run,
     write_summary,
 )
+from jobs.helm.run_entries import HelmSpec, RunEntry, check_suite
 from jobs.helm.scenarios import BUILTIN, CORRECT_TAG, downsample_eval, load_instances, scenario_path
 from jobs.helm.schema import run_groups, write_suite_schema
-from jobs.helm.scoring import SCORING_METHODS
-from jobs.helm.spec import HelmSpec, RunEntry, check_suite
 from jobs.helm.state import (
     downsample_states,
     read_scenario_state,
@@ -197,7 +197,7 @@ def _chance(entry: RunEntry, method: str, states: list[dict]) -> float | None:
 
 def execute_run(run: PreparedRun, engine: EngineSettings, pool: WorkerPool | None = None,
                 constrain: bool = True) -> RunSummary:
-    """Complete the run's requests (on `pool`'s engines, shared by the suite's runs), score them, write its HELM
+    """Complete the run's requests (on `pool`'s engines, shared by the suite's runs), evaluate them, write its HELM
     files; a run with failed shards writes none."""
     entry = run.entry
     engine = dataclasses.replace(engine, pins=engine.pins.with_(compress_weight=entry.compress_weight,

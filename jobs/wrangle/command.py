@@ -143,7 +143,7 @@ def _prediction_rows(examples, prompts, completions, template) -> list[dict]:
     return rows
 
 
-def score(task: str, rows: list[dict]) -> dict:
+def task_metrics(task: str, rows: list[dict]) -> dict:
     golds, preds = [r["gold"] for r in rows], [r["prediction"] for r in rows]
     return imputation_metrics(golds, preds) if task == "data_imputation" else binary_metrics(golds, preds)
 
@@ -161,7 +161,7 @@ def _record(config: WrangleConfig, template: Template, prefix: str, metrics: dic
 
 
 def run_wrangle(config: WrangleConfig) -> WrangleResult:
-    """Build the prompts, complete them with the pipeline, parse and score; write predictions and metrics."""
+    """Build the prompts, complete them with the pipeline, parse and evaluate; write predictions and metrics."""
     template, examples, prompts, prefix = build_prompts(config)
     prompts_path = config.output / PROMPTS_FILE
     write_prompts(prompts_path, [e.id for e in examples], prompts, config.overwrite)
@@ -173,7 +173,7 @@ def run_wrangle(config: WrangleConfig) -> WrangleResult:
                               guided=answer_constraint(config, template)),
         overwrite=config.overwrite))
     rows = _prediction_rows(examples, prompts, read_completions(summary), template)
-    metrics = score(config.task, rows)
+    metrics = task_metrics(config.task, rows)
     predictions = config.output / PREDICTIONS_FILE
     write_parquet(pa.Table.from_pylist(rows), predictions)
     metrics_path = config.output / METRICS_FILE
@@ -188,7 +188,7 @@ def _pct(x: float) -> str:
 
 
 def metrics_lines(task: str, split: str, template: str, m: dict) -> list[str]:
-    """What the command prints: the scores and the chance level (always the most frequent gold answer)."""
+    """What the command prints: the metrics and the chance level (always the most frequent gold answer)."""
     head = f"{task} on {split} (template {template}): n={m['n']}, {m['unparsed']} answers unparsed"
     chance = f"chance: accuracy {_pct(m['majority_accuracy'])} (always the most frequent answer)"
     if task == "data_imputation":

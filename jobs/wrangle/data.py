@@ -8,11 +8,15 @@ Data?"), read into `Example`s: one per pair to match, row to impute or cell to c
   (0 = the cell holds an error). `row_id` names the table's `id` value, or its 0-based row index without one.
 
 Every file is `<name>.parquet` or `<name>.csv` (read as strings). `valid` is optional everywhere.
+
+The paper's datasets (`--data-dir`, jobs/wrangle/paper_rows.py) are read here too, as fm_data_tasks reads them:
+CSV typed by pandas (`read_csv_typed`). Both modes serialize a row with `serialize_row`, the paper's rule.
 """
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +31,23 @@ _TRUE = {"1", "true", "yes", "y", "t"}
 _FALSE = {"0", "false", "no", "n", "f"}
 
 Row = tuple[tuple[str, str], ...]  # (column, value) in table order; a missing value is "nan", as in the paper
+
+
+@dataclass(frozen=True)
+class Format:
+    """How a row is serialized: the separator of its `attr: value` pairs and the text of a missing value (the
+    paper's --sep-tok and --nan-tok)."""
+
+    sep_tok: str = "."
+    nan_tok: str = "nan"
+
+    @property
+    def separator(self) -> str:
+        """What ends a pair before the space: `sep_tok`, after a space unless it is "." (or empty)."""
+        return f" {self.sep_tok}" if self.sep_tok and self.sep_tok != "." else self.sep_tok
+
+
+PAPER_FORMAT = Format()
 
 
 class WrangleInputError(FlexbatchError):
@@ -106,6 +127,19 @@ def _text(value) -> str | None:
     return str(value)
 
 
+def read_csv_typed(path: Path) -> tuple[list[str], list[dict]]:
+    """A CSV file's columns and rows, typed as pandas types them."""
+    import pandas as pd  # imported here: only the paper's datasets need it
+
+    try:
+        frame = pd.read_csv(path)
+    except FileNotFoundError:
+        raise WrangleInputError(f"{path} is missing: the paper's layout needs it; add it or fix --data-dir") from None
+    except (OSError, ValueError) as e:
+        raise WrangleInputError(f"{path} cannot be read as CSV ({e}); fix the file") from None
+    return [str(c) for c in frame.columns], frame.to_dict("records")
+
+
 def require_columns(table: Table, columns: tuple[str, ...], hint: str) -> None:
     missing = [c for c in columns if c not in table.columns]
     if missing:
@@ -123,6 +157,19 @@ def as_bool(value, table: Table, column: str, index: int) -> bool:
 
 def row_of(record: dict, columns: tuple[str, ...], skip: tuple[str, ...] = ("id",)) -> Row:
     return tuple((c, "nan" if record.get(c) is None else record[c].strip()) for c in columns if c not in skip)
+
+
+def cell(value, fmt: Format) -> str:
+    """A value as serialized: a missing one (pandas' `nan`, or "nan" as read here) becomes the format's nan_tok."""
+    return fmt.nan_tok if str(value) == "nan" else str(value).strip()
+
+
+def serialize_row(pairs: Iterable[tuple[str, object]], fmt: Format = PAPER_FORMAT, style: str = "attr") -> str:
+    """`name: value` per column, joined by the separator (fm_data_tasks' serialize_row); style "values": the
+    values only, joined by spaces."""
+    if style == "values":
+        return " ".join(cell(value, fmt) for _, value in pairs)
+    return f"{fmt.separator} ".join(f"{name}: {cell(value, fmt)}".lstrip() for name, value in pairs)
 
 
 def load_split(folder: Path, task: str, split: str, impute_column: str | None = None) -> list[Example]:

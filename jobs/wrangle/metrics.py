@@ -1,4 +1,4 @@
-"""Scores of the data-wrangling tasks.
+"""Metrics of the data-wrangling tasks (the paper's own counting, for `--data-dir`: jobs/wrangle/paper_metrics.py).
 
 Matching and error detection are binary (the positive class is a match, an error):
 
@@ -22,9 +22,10 @@ from collections import Counter
 from jobs.wrangle.tasks import normalize
 
 
-def f1_score(precision: float, recall: float) -> float:
-    """The harmonic mean 2PR / (P + R); 0 when P + R = 0."""
-    total = precision + recall
+def f1(precision: float, recall: float, paper_denominator: bool = False) -> float:
+    """The harmonic mean 2PR / (P + R); 0 when P + R = 0. `paper_denominator`: 2PR / max(1, P + R), the
+    figure fm_data_tasks reports (understated whenever P + R < 1)."""
+    total = max(1.0, precision + recall) if paper_denominator else precision + recall
     return 0.0 if total == 0 else 2 * precision * recall / total
 
 
@@ -43,10 +44,10 @@ def binary_metrics(golds: list[bool], preds: list[bool | None]) -> dict:
     precision, recall = _ratio(tp, tp + fp), _ratio(tp, tp + fn)
     return {
         "n": n, "accuracy": _ratio(tp + tn, n), "precision": precision, "recall": recall,
-        "f1": f1_score(precision, recall), "tp": tp, "fp": fp, "fn": fn, "tn": tn,
+        "f1": f1(precision, recall), "tp": tp, "fp": fp, "fn": fn, "tn": tn,
         "unparsed": sum(p is None for p in preds), "positives": positives,
         "majority_accuracy": _ratio(max(positives, n - positives), n),
-        "always_positive_f1": f1_score(_ratio(positives, n), 1.0 if positives else 0.0),
+        "always_positive_f1": f1(_ratio(positives, n), 1.0 if positives else 0.0),
     }
 
 

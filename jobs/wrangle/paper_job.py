@@ -3,7 +3,7 @@
 `--data-dir` names one dataset folder (or, with `--all`, the paper's data/datasets folder: every dataset found).
 Every prompt of every dataset and trial goes into one `OUTPUT/prompts.parquet` (`id`, `prompt`; id
 `<dataset>/<trial>/<row>`, rows in the split's order) and runs as one job into `OUTPUT/completions/` (a rerun
-resumes it). Answers are scored by the paper's rules into `OUTPUT/predictions.parquet`, `OUTPUT/metrics.json`
+resumes it). Answers are judged by the paper's rules into `OUTPUT/predictions.parquet`, `OUTPUT/metrics.json`
 ({dataset: per-trial prec/rec/f1/acc and their _avg/_std}) and `OUTPUT/summary.tsv`.
 """
 
@@ -17,10 +17,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from engine.request import SamplingParams
-from jobs.wrangle.data import WrangleInputError
+from jobs.wrangle.data import Format, WrangleInputError
 from jobs.wrangle.datasets import Dataset, dataset_of, find_datasets
 from jobs.wrangle.files import COMPLETIONS_DIR, read_completions, write_parquet, write_prompts
-from jobs.wrangle.paper_data import Format, read_split
 from jobs.wrangle.paper_metrics import compute_metrics, trial_summary
 from jobs.wrangle.paper_prompts import (
     SAMPLE_METHODS,
@@ -30,6 +29,7 @@ from jobs.wrangle.paper_prompts import (
     query,
     random_prefix,
 )
+from jobs.wrangle.paper_rows import read_split
 from pipeline import JobSummary, RunConfig, run_job
 from pipeline.plan.settings import EngineSettings
 
@@ -93,7 +93,7 @@ class PaperConfig:
 
 @dataclass(frozen=True)
 class PaperRun:
-    """One dataset's scored rows: their ids, prompts and gold answers, trial by trial."""
+    """One dataset's evaluated rows: their ids, prompts and gold answers, trial by trial."""
 
     dataset: Dataset
     folder: Path
@@ -101,7 +101,7 @@ class PaperRun:
     prompts: list[str]
     golds: list[str]
     trials: int
-    texts: list[str]  # each scored row's own text (without prefix or instruction), once
+    texts: list[str]  # each evaluated row's own text (without prefix or instruction), once
 
     @property
     def n(self) -> int:
@@ -143,7 +143,7 @@ def write_all_prompts(config: PaperConfig, runs: list[PaperRun], overwrite: bool
     return path
 
 
-def score_run(run: PaperRun, answers: dict[str, str]) -> dict:
+def run_metrics(run: PaperRun, answers: dict[str, str]) -> dict:
     """The paper's metrics of each trial, and their mean and standard deviation."""
     per_trial = []
     for t in range(run.trials):
@@ -171,12 +171,12 @@ def summary_lines(rows: list[dict]) -> list[str]:
                      f"{100 * r['std']:.1f}\t{r['trials']}" for r in rows]
 
 
-def score_runs(config: PaperConfig, runs: list[PaperRun], summary: JobSummary) -> tuple[list[dict], dict]:
+def evaluate_runs(config: PaperConfig, runs: list[PaperRun], summary: JobSummary) -> tuple[list[dict], dict]:
     """Predictions, metrics.json and summary.tsv from the finished job; returns the summary rows and the
     completions by id."""
     done = read_completions(summary)
     answers = {i: (done[i]["completion"] or "") for i in done}
-    metrics = {r.dataset.name: score_run(r, answers) for r in runs}
+    metrics = {r.dataset.name: run_metrics(r, answers) for r in runs}
     preds = [{"id": i, "dataset": r.dataset.name, "prompt": p, "completion": done.get(i, {}).get("completion"),
               "gold": g.strip(), "error": done.get(i, {"error": "its shard failed every try; rerun"})["error"]}
              for r in runs for i, p, g in zip(r.ids, r.prompts, r.golds)]
@@ -189,7 +189,7 @@ def score_runs(config: PaperConfig, runs: list[PaperRun], summary: JobSummary) -
 
 def run_paper(config: PaperConfig, model: Path, engine: EngineSettings, overwrite: bool = False,
               dry_run: bool = False):
-    """Build and write the prompts; unless `dry_run`, complete them with `model` as one job and score them.
+    """Build and write the prompts; unless `dry_run`, complete them with `model` as one job and evaluate them.
     Returns the runs, the summary rows, the job's summary and the completions by id."""
     runs = build_runs(config)
     path = write_all_prompts(config, runs, overwrite)
@@ -200,5 +200,5 @@ def run_paper(config: PaperConfig, model: Path, engine: EngineSettings, overwrit
     summary = run_job(RunConfig.for_job(
         engine, input=str(path), output=config.output / COMPLETIONS_DIR, model=model, overwrite=overwrite,
         params=SamplingParams(max_new_tokens=config.max_tokens, temperature=0.0, stop=(config.stop_token,))))
-    rows, done = score_runs(config, runs, summary)
+    rows, done = evaluate_runs(config, runs, summary)
     return runs, rows, summary, done

@@ -1,4 +1,4 @@
-"""The paper's scores (fm_data_tasks `utils.compute_metrics`), counted its way.
+"""The paper's metrics (fm_data_tasks `utils.compute_metrics`), counted its way.
 
 Answer and gold are stripped and lower-cased. An answer is right when it equals the gold (entity matching,
 imputation), starts with it (schema matching, Hospital's spelling errors), or when the last blank-line
@@ -12,6 +12,8 @@ F1 = 2PR / max(1, P + R), so F1 is understated whenever P + R < 1: the paper's f
 from __future__ import annotations
 
 import math
+
+from jobs.wrangle.metrics import f1
 
 PAPER_METRICS = ("prec", "rec", "f1", "acc")
 
@@ -43,7 +45,8 @@ def compute_metrics(preds: list[str], golds: list[str], task: str) -> dict[str, 
     prec = c["tp"] / max(1, c["tp"] + c["fp"])
     rec = c["tp"] / max(1, c["tp"] + c["fn"])
     acc = c["crc"] / len(golds) if golds else 0.0
-    return {"prec": prec, "rec": rec, "f1": 2 * prec * rec / max(1, prec + rec), "acc": acc, **c, "n": len(golds)}
+    return {"prec": prec, "rec": rec, "f1": f1(prec, rec, paper_denominator=True), "acc": acc, **c,
+            "n": len(golds)}
 
 
 def trial_summary(trials: list[dict[str, float]]) -> dict:

@@ -23,7 +23,7 @@ import numpy as np
 
 from jobs.wrangle.data import WrangleInputError
 from jobs.wrangle.datasets import Dataset
-from jobs.wrangle.paper_data import PaperRow
+from jobs.wrangle.paper_rows import PaperRow
 
 SAMPLE_METHODS = ("random", "manual", "validation_clusters")
 _SHUFFLE_STATE = 42  # read_data's fixed random_state

@@ -1,6 +1,6 @@
 """Prompts and answers of the data-wrangling tasks: rows serialized as `attr: value. attr: value` (or values
-only), a per-task prompt template, a few-shot prefix (k random train examples for a seed, or a hand-written
-file), and the parsing of a completion into Yes/No or an imputed value.
+only; jobs/wrangle/data.py `serialize_row`), a per-task prompt template, a few-shot prefix (k random train
+examples for a seed, or a hand-written file), and the parsing of a completion into Yes/No or an imputed value.
 
 A template is a `str.format` pattern. Its fields:
 
@@ -19,7 +19,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.wrangle.data import TASKS, Example, Row, WrangleInputError
+from jobs.wrangle.data import TASKS, Example, WrangleInputError, serialize_row
 
 STYLES = ("attr", "values")
 _PUNCTUATION = string.punctuation + " \t"
@@ -90,19 +90,12 @@ def get_template(task: str, name: str | None) -> Template:
     return choices[name]
 
 
-def serialize(row: Row, style: str = "attr") -> str:
-    """`attr: value. attr: value` (style "attr"), or `value value` (style "values")."""
-    if style == "values":
-        return " ".join(v for _, v in row)
-    return ". ".join(f"{c}: {v}" for c, v in row)
-
-
 def _fields(example: Example, template: Template, target: str | None) -> dict[str, str]:
     if template.task == "entity_matching":
         a, b = example.rows
-        return {"A": serialize(a, template.style), "B": serialize(b, template.style)}
+        return {"A": serialize_row(a, style=template.style), "B": serialize_row(b, style=template.style)}
     (row,) = example.rows
-    fields = {**dict(row), "row": serialize(row, template.style)}
+    fields = {**dict(row), "row": serialize_row(row, style=template.style)}
     if template.task == "data_imputation":
         return {**fields, "target": target or ""}
     column, value = example.cell

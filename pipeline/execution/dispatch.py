@@ -9,9 +9,9 @@ import math
 import traceback
 from dataclasses import dataclass
 
-from engine.errors import FlexbatchError
+from engine.errors import FlexbatchError, one_line_with_type
 from pipeline.errors import OutputWriteError
-from pipeline.execution.worker import ShardResult, ShardWorker
+from pipeline.execution.worker import ShardResult, ShardWorker, WorkerSetup
 from pipeline.input.shards import Shard
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,10 @@ class InlineDispatcher:
         self._worker = ShardWorker(job, 0, threads=threads)
         self._pending: Shard | None = None
 
-    def start(self) -> list[dict]:
+    def start(self) -> list[WorkerSetup]:
         return [self._worker.info()]
 
-    def take_job(self, job, total_rows: int) -> list[dict]:
+    def take_job(self, job, total_rows: int) -> list[WorkerSetup]:
         """Hand the worker the next job (it plans it, keeping its engine where it can); its set-up info."""
         self._worker.take_job(job)
         return self.start()
@@ -60,7 +60,7 @@ class InlineDispatcher:
             return [Outcome(0, shard, result=self._worker.run_shard(shard))]
         except Exception as e:  # a failing shard is retried or reported; it never ends the job
             log.debug("shard %d failed:\n%s", shard.index, traceback.format_exc())
-            return [Outcome(0, shard, error=_one_line(e), retry=not isinstance(e, OutputWriteError))]
+            return [Outcome(0, shard, error=one_line_with_type(e), retry=not isinstance(e, OutputWriteError))]
 
     def close(self) -> None:
         self._worker = None
@@ -82,7 +82,7 @@ class RayDispatcher:
         self._oom_kills, self._node_kills = oom_kills(), NodeOomKills()
         self.replaced = 0
 
-    def start(self) -> list[dict]:
+    def start(self) -> list[WorkerSetup]:
         """Wait for every actor's setup (model loaded, policy planned); an actor that fails it fails the job."""
         import ray
 
@@ -97,10 +97,10 @@ class RayDispatcher:
             except ray.exceptions.RayError as e:
                 raise RuntimeError(f"worker {i} on {self._specs[i].node_ip} failed to start: {_cause(e)}") from e
         for info in infos:
-            self._node_kills.note(info["node"], info["oom_kills"])
+            self._node_kills.note(info.node, info.oom_kills)
         return infos
 
-    def take_job(self, job, total_rows: int) -> list[dict]:
+    def take_job(self, job, total_rows: int) -> list[WorkerSetup]:
         """Hand every actor the next job, each planning for its share of `total_rows` (and keeping its engine where
         it can); their set-up infos, as `start` gives them."""
         import ray
@@ -184,11 +184,7 @@ def _cause(e: BaseException) -> str:
     """The error a Ray exception wraps, in one line."""
     cause = getattr(e, "cause", None)
     if isinstance(cause, BaseException) and not isinstance(cause, type(e)):
-        return _one_line(cause)
+        return one_line_with_type(cause)
     text = str(e).strip().splitlines()
     return " ".join(text[-1:]) if text else type(e).__name__
 
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__

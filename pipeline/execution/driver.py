@@ -7,22 +7,25 @@ and every other shard still completes."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
 from collections import Counter, deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.batching import shard_rows
 from engine.errors import FlexbatchError
 from pipeline.execution.progress import Progress
 from pipeline.input.shards import Shard, make_shards
 from pipeline.job import JobSetup, JobSummary, RunConfig, prepare_job
-from pipeline.output.folder import JOB_FILES, check_output, open_output
+from pipeline.output.folder import JOB_FILES, OutputCheck, check_output, open_output
 from pipeline.output.lock import lock_output
 from pipeline.output.manifest import append_manifest, read_manifest, write_success
 from pipeline.storage import Folder, temp_target
+
+if TYPE_CHECKING:
+    from pipeline.execution.worker import WorkerSetup
 
 log = logging.getLogger(__name__)
 
@@ -66,35 +69,33 @@ class WorkerPool:
 
 
 def run_job(config: RunConfig, pool: WorkerPool | None = None) -> JobSummary:
-    """Check, lock the output folder, start the engines (or take `pool`'s), complete every shard not yet
-    committed, write `_SUCCESS`."""
+    """Check the job, lock the output folder and check it (once: as it is now that no other run can change it),
+    start the engines (or take `pool`'s), complete every shard not yet committed, write `_SUCCESS`."""
     job = prepare_job(config)
     lock = lock_output(config.output)
-    try:  # the folder as it is now that no other run can change it
-        job = dataclasses.replace(job, output=check_output(job.output.folder, job.record, config.overwrite))
-        return _run_locked(job, lock, pool)
+    try:
+        output = check_output(job.folder, job.record, config.overwrite)
+        return _run_locked(job, output, lock, pool)
     finally:
         lock.release()
 
 
-def _run_locked(job: JobSetup, lock, pool: WorkerPool | None = None) -> JobSummary:
+def _run_locked(job: JobSetup, output: OutputCheck, lock, pool: WorkerPool | None = None) -> JobSummary:
     config = job.config
     total = sum(f.num_rows for f in job.files)
     log.info("%d rows in %d files; model %s (%s)", total, len(job.files), config.model, job.spec.model_type)
-    shards = _recorded_shards(job) or (make_shards(job.files, config.shard_rows) if config.shard_rows else None)
-    folder = job.output.folder
-    committed = read_manifest(folder, job.record["config_hash"]) if job.output.action == "reuse" else {}
-    if shards is not None and all(s.part_name in committed for s in shards):
-        log.info("every shard of this job is already committed in %s", folder)
-        return _finish(job, shards, committed, {}, [], [], 0.0)
+    recorded = _recorded_shards(job, output)
+    committed = read_manifest(job.folder, job.record["config_hash"]) if output.action == "reuse" else {}
+    if recorded is not None and all(s.part_name in committed for s in recorded):
+        log.info("every shard of this job is already committed in %s", job.folder)
+        return _finish(job, recorded, committed, {}, [], [], 0.0)
     dispatcher, infos = pool.workers(config, job, total) if pool else _start_workers(config, job, total)
     kept = False
     try:
-        if shards is None:
-            shards = make_shards(job.files, derived_shard_rows(total, infos))
+        shards = recorded or make_shards(job.files, config.shard_rows or derived_shard_rows(total, infos))
         job.record["shards"] = [s.to_dict() for s in shards]
-        job.record["run"]["workers"] = infos
-        open_output(job.output, job.record)
+        job.record["run"]["workers"] = [info.record() for info in infos]
+        open_output(output, job.record)
         pending = [s for s in shards if s.part_name not in committed]
         log.info("%d shards: %d committed by an earlier run, %d to do", len(shards), len(shards) - len(pending),
                  len(pending))
@@ -110,9 +111,10 @@ def _run_locked(job: JobSetup, lock, pool: WorkerPool | None = None) -> JobSumma
     return _finish(job, shards, committed, new, failed, infos, seconds)
 
 
-def _recorded_shards(job: JobSetup) -> list[Shard] | None:
-    """The shard layout of an earlier run of this job (kept so that its committed parts stay valid)."""
-    old = job.output.old_record if job.output.action == "reuse" else None
+def _recorded_shards(job: JobSetup, output: OutputCheck) -> list[Shard] | None:
+    """The shard layout of an earlier run of this job (kept so that its committed parts stay valid); else the
+    shards are cut once the workers have planned (--shard-rows, or `derived_shard_rows`)."""
+    old = output.old_record if output.action == "reuse" else None
     recorded = (old or {}).get("shards") or []
     try:
         shards = [Shard.from_dict(d) for d in recorded]
@@ -125,10 +127,9 @@ def _recorded_shards(job: JobSetup) -> list[Shard] | None:
     return shards if shards and dict(covered) == {p: n for p, n in files.items()} else None
 
 
-def derived_shard_rows(total_rows: int, infos: list[dict]) -> int:
+def derived_shard_rows(total_rows: int, infos: list[WorkerSetup]) -> int:
     """The shard size of `engine.batching.shard_rows` for the workers' largest planned block."""
-    block = max(p["policy"]["gbs"] * p["policy"]["num_gb"] for p in infos)
-    return shard_rows(total_rows, block, len(infos))
+    return shard_rows(total_rows, max(info.policy.block_size for info in infos), len(infos))
 
 
 def _start_workers(config: RunConfig, job: JobSetup, total: int):
@@ -157,10 +158,9 @@ def _start_workers(config: RunConfig, job: JobSetup, total: int):
         dispatcher.close()
         raise
     for info in infos:
-        predicted = info["predicted"]
-        log.info("worker %d: pid %d on %s, %d threads, setup %.1f s; policy %s%s", info["worker"], info["pid"],
-                 info["host"], info["threads"], info["setup_seconds"], info["policy"],
-                 f"; predicted {predicted['seconds']:.1f} s for its share" if predicted else "")
+        log.info("worker %d: pid %d on %s, %d threads, setup %.1f s; policy %s%s", info.worker, info.pid, info.host,
+                 info.threads, info.setup_seconds, info.policy.to_dict(),
+                 f"; predicted {info.predicted.total_s:.1f} s for its share" if info.predicted else "")
     return dispatcher, infos
 
 
@@ -180,7 +180,7 @@ def _dispatch(dispatcher, job: JobSetup, pending: list[Shard], rows_to_do: int, 
             for o in dispatcher.wait(_WAIT_SECONDS):
                 if o.result is not None:
                     lock.check()
-                    new[o.shard.part_name] = _commit(job.output.folder, job.record["config_hash"], o.shard, o.result)
+                    new[o.shard.part_name] = _commit(job.folder, job.record["config_hash"], o.shard, o.result)
                     progress.add(o.result.rows, o.result.completion_tokens)
                     continue
                 attempts[o.shard.index] += 1
@@ -221,15 +221,16 @@ def _commit(folder: Folder, config_hash: str, shard: Shard, result) -> dict:
     return record
 
 
-def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, infos: list, seconds: float):
+def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, infos: list[WorkerSetup],
+            seconds: float):
     """Remove temporaries, write `_SUCCESS` and return the summary (of the whole job, earlier runs included)."""
-    folder = job.output.folder
+    folder = job.folder
     ours = {s.part_name for s in shards} | set(JOB_FILES)
     for name, is_file in folder.entries():
         if is_file and temp_target(name) in ours:
             folder.delete(name)
     done = {**committed, **new}
-    predictions = [i["predicted"]["seconds"] for i in infos if i.get("predicted")]
+    predictions = [i.predicted.total_s for i in infos if i.predicted]
     summary = JobSummary(
         output=job.config.output, files=len(job.files), rows=sum(r["rows"] for r in done.values()),
         error_rows=sum(r["error_rows"] for r in done.values()),
@@ -237,9 +238,9 @@ def _finish(job: JobSetup, shards, committed: dict, new: dict, failed: list, inf
         completion_tokens=sum(r["completion_tokens"] for r in done.values()),
         generate_seconds=sum(r["seconds"] for r in new.values()),
         parts=tuple(part_location(folder, s.part_name) for s in shards if s.part_name in done),
-        policy=infos[0]["policy"] if infos else None,
+        policy=infos[0].policy.to_dict() if infos else None,
         predicted_seconds=max(predictions) if predictions else None,
-        workers=tuple(infos), shards=len(shards), skipped_shards=len(committed), failed_shards=tuple(failed),
+        workers=tuple(i.record() for i in infos), shards=len(shards), skipped_shards=len(committed), failed_shards=tuple(failed),
         wall_seconds=seconds, run_completion_tokens=sum(r["completion_tokens"] for r in new.values()),
         shared_tokens=sum(r.get("shared_tokens", 0) for r in done.values()),
         saved_tokens=sum(r.get("saved_tokens", 0) for r in done.values()),

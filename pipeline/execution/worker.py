@@ -12,22 +12,27 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.errors import FlexbatchError
 from engine.memory.room import oom_kills_here
-from engine.request import Completion, Request
+from engine.request import Completion
 from pipeline.errors import InputError
 from pipeline.execution.logs import setup_logging
 from pipeline.input.openai_batch import line_completions, read_batch_shard
-from pipeline.input.parquet import output_table, write_part_atomic
 from pipeline.input.requests import build_requests, row_ids
 from pipeline.input.scoring import CONTINUATION_COLUMN, UNUSED_COLUMNS, score_columns, scored, scoring_items
 from pipeline.input.shards import Shard, read_shard
 from pipeline.input.utf8 import column_values
 from pipeline.job import JobSetup
 from pipeline.output.openai_batch import choices_by_line, jsonl_bytes, output_lines
-from pipeline.plan.host import EngineHost
+from pipeline.output.parts import output_table, write_part_atomic
+from pipeline.plan.host import Completed, EngineHost
 from pipeline.plan.planning import job_workload, prediction_record
+
+if TYPE_CHECKING:
+    from engine.policy import Policy
+    from planner.predict import Prediction
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,32 @@ class ShardResult:
     worker: int
     shared_tokens: int = 0  # shared prefixes' tokens, computed once per block (engine/loop/shared_prefix.py)
     saved_tokens: int = 0  # prompt tokens rows did not compute because their block's prefix was shared
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker reports once its engine is set up for a job; the driver logs it, sizes shards by its policy's
+    block and records it (`record`) in `_job.json` and the job's summary."""
+
+    worker: int
+    pid: int
+    host: str
+    threads: int
+    policy: Policy
+    predicted: Prediction | None  # the planner's prediction for this worker's share; None with --no-plan
+    setup_seconds: float
+    node: str | None  # the Ray node; None with --no-ray
+    node_engines: int  # engines that started together on this node and share its memory
+    cpu_budget: float | None
+    oom_kills: int | None  # the driver's baseline for its node
+    engine_reused: bool  # the engine of the worker's last job was kept (pipeline.plan.host.load_key)
+
+    def record(self) -> dict:
+        """As `_job.json`'s `run.workers` and `JobSummary.workers` hold it."""
+        return {"worker": self.worker, "pid": self.pid, "host": self.host, "threads": self.threads,
+                "policy": self.policy.to_dict(), "predicted": self.predicted and prediction_record(self.predicted),
+                "setup_seconds": self.setup_seconds, "node": self.node, "node_engines": self.node_engines,
+                "cpu_budget": self.cpu_budget, "oom_kills": self.oom_kills, "engine_reused": self.engine_reused}
 
 
 class ShardWorker:
@@ -82,17 +113,13 @@ class ShardWorker:
         started = time.perf_counter()
         config = self.job.config
         reused = self.host.take(config.model, self.job.spec, config, job_workload(self.job, planned_rows))
-        predicted = self.host.prediction
-        self._info = {
-            "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "threads": _threads(),
-            "policy": self.host.policy.to_dict(), "predicted": predicted and prediction_record(predicted),
-            "setup_seconds": time.perf_counter() - started, "node": _node_id(),
-            "node_engines": self.host.node_engines, "cpu_budget": self.host.budgets.get("cpu"),
-            "oom_kills": oom_kills_here(),  # the driver's baseline for its node
-            "engine_reused": reused,
-        }
+        self._info = WorkerSetup(
+            worker=self.worker_id, pid=os.getpid(), host=socket.gethostname(), threads=_threads(),
+            policy=self.host.policy, predicted=self.host.prediction, setup_seconds=time.perf_counter() - started,
+            node=_node_id(), node_engines=self.host.node_engines, cpu_budget=self.host.budgets.get("cpu"),
+            oom_kills=oom_kills_here(), engine_reused=reused)
 
-    def info(self) -> dict:
+    def info(self) -> WorkerSetup:
         if self._setup_error is not None:
             raise self._setup_error
         return self._info
@@ -104,18 +131,19 @@ class ShardWorker:
         log.info("worker %d (pid %d) starts shard %d: %s rows %d-%d", self.worker_id, os.getpid(), shard.index,
                  os.path.basename(shard.path), shard.row_start, shard.row_stop)
         run = self._batch_part if self.job.format == "openai" else self._parquet_part
-        self._sharing = {"shared_tokens": 0, "saved_tokens": 0}
-        (size, sha256), rows, seconds = run(shard)
-        return ShardResult(**self._sharing,
+        (size, sha256), rows, done = run(shard)
+        return ShardResult(
             shard=shard.index, part=shard.part_name, bytes=size, sha256=sha256, rows=len(rows),
             error_rows=sum(any(c.finish_reason == "error" for c in row) for row in rows),
             prompt_tokens=sum(row[0].prompt_tokens for row in rows),
             completion_tokens=sum(c.completion_tokens for row in rows for c in row),
-            seconds=seconds, wall_seconds=time.perf_counter() - started, worker=self.worker_id,
+            seconds=done.seconds, wall_seconds=time.perf_counter() - started, worker=self.worker_id,
+            shared_tokens=done.shared_tokens, saved_tokens=done.saved_tokens,
         )
 
-    def _parquet_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:
-        """Complete a Parquet shard and write its part: (bytes, SHA-256), each row's completion, seconds."""
+    def _parquet_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], Completed]:
+        """Complete a Parquet shard and write its part: (bytes, SHA-256), each row's completion, what the engine
+        did."""
         config = self.job.config
         table = read_shard(shard)
         if table.num_rows != shard.num_rows:
@@ -130,52 +158,33 @@ class ShardWorker:
             continuations = (column_values(table, CONTINUATION_COLUMN) if CONTINUATION_COLUMN in table.column_names
                              else None)
             items, lengths = scoring_items(items, continuations, self.engine.tokenizer, self.job.spec.vocab_size)
-        completions, seconds = self._complete(items, shard)
+        done = self.host.complete(items, config.truncate, label=f"shard {shard.index}")
+        completions = done.completions
         check_one_per_row(completions, ids)
         scores = None
         if config.score:
             completions = [scored(c, n) for c, n in zip(completions, lengths)]
             scores = score_columns(completions, lengths)
         out = output_table(table, completions, ids, config.params.logprobs, scores)
-        return write_part_atomic(out, self.job.output.folder, shard.part_name), [[c] for c in completions], seconds
+        return write_part_atomic(out, self.job.folder, shard.part_name), [[c] for c in completions], done
 
-    def _batch_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], float]:
+    def _batch_part(self, shard: Shard) -> tuple[tuple[int, str], list[list[Completion]], Completed]:
         """Complete a shard of an OpenAI Batch file and write its JSONL part: (bytes, SHA-256), each line's
-        choices, seconds."""
+        choices, what the engine did."""
         config = self.job.config
         file = next(f for f in self.job.files if str(f.path) == shard.path)
         lines = read_batch_shard(shard, file, config.params, self.job.chat)
         if self.job.sample is not None:  # the lines the driver sampled are tokenized already
             self.job.sample.with_line_ids(lines, shard)
         items = line_completions(lines)
-        completions, seconds = self._complete(items, shard)
-        check_one_per_row(completions, [item.id for item in items])
-        rows = choices_by_line(lines, completions)
+        done = self.host.complete(items, config.truncate, label=f"shard {shard.index}")
+        check_one_per_row(done.completions, [item.id for item in items])
+        rows = choices_by_line(lines, done.completions)
         objects = output_lines(lines, rows, self.engine.tokenizer, config.model.name, self.job.record["config_hash"])
-        folder, data = self.job.output.folder, jsonl_bytes(objects)
+        folder, data = self.job.folder, jsonl_bytes(objects)
         folder.write_bytes(shard.part_name, data)
         log.info("wrote %s (%d lines)", folder.child(shard.part_name), len(objects))
-        return (len(data), hashlib.sha256(data).hexdigest()), rows, seconds
-
-    def _complete(self, items: list[Request | Completion], shard: Shard) -> tuple[list[Completion], float]:
-        """Run the requests among `items` through the engine; one completion per item, in order, and the
-        seconds spent generating. Calls are as long as the host says (`engine.batching.call_rows`)."""
-        slots = [i for i, item in enumerate(items) if isinstance(item, Request)]
-        done = list(items)
-        seconds, start = 0.0, 0
-        while start < len(slots):
-            chunk = slots[start : start + self.host.next_call_rows()]
-            began = time.perf_counter()
-            out = self.host.generate([items[i] for i in chunk], truncate=self.job.config.truncate)
-            seconds += time.perf_counter() - began
-            for name in self._sharing:
-                self._sharing[name] += self.engine.schedule_counts.get(name, 0)
-            for i, completion in zip(chunk, out):
-                done[i] = completion
-            start += len(chunk)
-            if len(slots) > len(chunk):
-                log.info("shard %d: %d/%d requests done", shard.index, start, len(slots))
-        return done, seconds
+        return (len(data), hashlib.sha256(data).hexdigest()), rows, done
 
 
 def check_one_per_row(completions: list, ids: list[str]) -> None:

@@ -1,10 +1,9 @@
-"""Parquet in and out: find the input files, check their schemas from the footer alone, read them, and write one
-output part per input file atomically (temporary name in the same folder, fsync, rename)."""
+"""Parquet in: find the input files, check their schemas from the footer alone, and name the output part each
+becomes (the parts themselves: pipeline/output/parts.py)."""
 
 from __future__ import annotations
 
 import glob
-import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,21 +11,17 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from engine.request import Completion
+from engine.errors import one_line
 from pipeline.errors import InputError
-from pipeline.input.ids import ID_COLUMN, check_unique_ids
-from pipeline.input.scoring import CONTINUATION_COLUMN, SCORE_COLUMNS
-from pipeline.storage import Folder, is_uri, list_parquet, open_parquet, stem
-
-log = logging.getLogger(__name__)
+from pipeline.input.ids import check_unique_ids
+from pipeline.input.scoring import CONTINUATION_COLUMN
+from pipeline.output.parts import OUTPUT_COLUMNS
+from pipeline.storage import is_uri, list_parquet, open_parquet, stem
 
 MESSAGES_COLUMN = "messages"  # a chat row's conversation: a list of {role, content} (Ray Data LLM's name)
 CHAT_CHOICES = ("auto", "on", "off")
 FORMAT_CHOICES = ("auto", "parquet", "openai")  # openai: OpenAI Batch JSONL (pipeline/input/openai_batch.py)
 SUFFIXES = {"parquet": ".parquet", "openai": ".jsonl"}
-# Columns the job appends; an input that already has one of them would be silently clobbered.
-OUTPUT_COLUMNS = ("completion", "prompt_tokens", "completion_tokens", "finish_reason", "error", "logprobs",
-                  "token_ids", *SCORE_COLUMNS)
 _GLOB_CHARS = ("*", "?", "[")
 
 
@@ -156,45 +151,5 @@ def read_footer(path: Path) -> tuple[pa.Schema, int]:
         with open_parquet(path) as pf:
             return pf.schema_arrow, pf.metadata.num_rows
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{path}: not a readable Parquet file ({_one_line(e)})") from e
+        raise InputError(f"{path}: not a readable Parquet file ({one_line(e)})") from e
 
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
-
-
-def output_table(table: pa.Table, completions: Sequence[Completion], ids: Sequence[str], logprobs: bool,
-                 scores: dict[str, pa.Array] | None = None) -> pa.Table:
-    """The input table plus the completion columns, row for row, and `scores` (a scoring job's columns,
-    pipeline/input/scoring.py) after them. The `id` column holds `ids` as strings: it replaces an input `id`
-    column in place (filling its nulls with made ids) or becomes the first column."""
-    if not len(completions) == len(ids) == table.num_rows:
-        raise RuntimeError(f"{len(completions)} completions and {len(ids)} ids for {table.num_rows} input rows")
-    id_array = pa.array(ids, pa.string())
-    if ID_COLUMN in table.column_names:
-        out = table.set_column(table.column_names.index(ID_COLUMN), ID_COLUMN, id_array)
-    else:
-        out = table.add_column(0, ID_COLUMN, id_array)
-    columns = {
-        "completion": pa.array([c.text for c in completions], pa.string()),
-        "prompt_tokens": pa.array([c.prompt_tokens for c in completions], pa.int32()),
-        "completion_tokens": pa.array([c.completion_tokens for c in completions], pa.int32()),
-        "finish_reason": pa.array([c.finish_reason for c in completions], pa.string()),
-        "error": pa.array([c.error for c in completions], pa.string()),
-    }
-    if logprobs:  # the ids let a reader name each scored token (HELM's `tokens`)
-        columns["logprobs"] = pa.array([c.logprobs for c in completions], pa.list_(pa.float32()))
-        columns["token_ids"] = pa.array([c.token_ids if c.logprobs is not None else None for c in completions],
-                                        pa.list_(pa.int32()))
-    columns.update(scores or {})
-    for name, values in columns.items():
-        out = out.append_column(name, values)
-    return out
-
-
-def write_part_atomic(table: pa.Table, folder: Folder, name: str) -> tuple[int, str]:
-    """Write `folder/name` so that readers see either the old file or the whole new one, never a partial one;
-    returns the part's size in bytes and its SHA-256."""
-    size, sha256 = folder.write_table(name, table)
-    log.info("wrote %s (%d rows)", folder.child(name), table.num_rows)
-    return size, sha256

@@ -2,16 +2,18 @@
 rows' own max_new_tokens and stop columns, in one pass) and each prompt tokenized once. The planner takes its
 prompt and generation lengths from it (pipeline/plan/planning.py); the sampled rows' token ids (a Parquet row's, a
 batch file line's) travel with the job, so the worker whose shard holds such a row hands the engine its ids
-instead of tokenizing it again."""
+instead of tokenizing it again. An engine that plans on the first rows it is handed (the Ray Data stage's first
+batch, lm-eval's first requests: `pipeline.plan.host.EngineHost.take_first`) samples them the same way
+(`requests_sample`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from engine.prompt_ids import PromptError
+from engine.prompt_ids import PromptError, request_prompt_ids
 from engine.prompt_ids import prompt_ids as rule_prompt_ids
-from engine.request import Request
+from engine.request import Request, SamplingParams
 from pipeline.input.parquet import InputFile
 from pipeline.input.utf8 import NotUtf8, column_values
 from pipeline.storage import open_parquet
@@ -73,6 +75,31 @@ def take_sample(files: tuple[InputFile, ...], column: str, tokenizer, gen_len: i
     return InputSample(prompt_lengths=tuple(len(t or ()) for _, t in ids),
                        row_lengths=tuple(rows[:limit]) or ((gen_len, bool(stop)),),
                        prompt_ids={key: tuple(t) for key, t in ids if t})
+
+
+def requests_sample(items: list, default: SamplingParams, limit: int = SAMPLE_ROWS) -> InputSample:
+    """The sample of the requests among `items` (the rows a caller hands the engine first): up to `limit` of them,
+    spread evenly, each one's prompt token count (its `prompt_ids`; 0 where it has none) and (max_new_tokens,
+    whether a stop string may end it); `default`'s where no row runs."""
+    requests = [item for item in items if isinstance(item, Request)]
+    picked = requests[:: max(1, len(requests) // limit)][:limit]
+    rows = tuple((r.params.max_new_tokens, bool(r.params.stop)) for r in picked)
+    return InputSample(tuple(len(r.prompt_ids or ()) for r in picked),
+                       rows or ((default.max_new_tokens, bool(default.stop)),))
+
+
+def with_prompt_ids(items: list, tokenizer, vocab_size: int | None = None) -> list:
+    """`items` with each request that has no token ids yet carrying them, by the engine's rule
+    (engine/prompt_ids.py); a request the rule fails is left as it is (the engine fails that row, naming why)."""
+    out = []
+    for item in items:
+        if isinstance(item, Request) and item.prompt_ids is None:
+            try:
+                item = dataclasses.replace(item, prompt_ids=tuple(request_prompt_ids(tokenizer, vocab_size, item)))
+            except PromptError:
+                pass
+        out.append(item)
+    return out
 
 
 def _sample_parquet(f: InputFile, column: str, gen_len: int, stop: tuple[str, ...], limit: int, prompts: list,

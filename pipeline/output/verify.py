@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import InputError, OutputFolderError
-from pipeline.input.parquet import ID_COLUMN, read_footer
+from pipeline.input.ids import ID_COLUMN
+from pipeline.input.parquet import read_footer
 from pipeline.input.requests import row_ids
 from pipeline.input.shards import Shard, read_shard
 from pipeline.output.folder import JOB_FILE, JOB_FILES, config_hash, read_job_file

@@ -1,22 +1,31 @@
-"""`EngineHost`: the one path from engine settings and a workload to a loaded engine and the policy its calls run.
-A job's worker (pipeline/execution/worker.py) and the Ray Data stage (flexbatch/ray.py) each hold one; `flexbatch
-plan` decides by the same `choose_policy`.
+"""`EngineHost`: the engine service every caller of an engine goes through: a job's worker
+(pipeline/execution/worker.py), the Ray Data stage (flexbatch/ray.py) and the lm-eval model (flexbatch/lm_eval.py)
+each hold one and only adapt their rows to it; `flexbatch plan` decides by the same `choose_policy`.
 
-The host plans (or takes the settings' policy with --no-plan), loads the engine, or keeps the one it holds where
-the new policy keeps what the load fixed (`load_key`), and warms it. Each engine call runs the host's policy,
-passed to `Engine.generate`; as rows finish, refill is chosen again from what they really generated."""
+The host plans (from a job's sample, or on the first rows it is handed; the settings' policy with --no-plan), loads
+the engine, or keeps the one it holds where the new policy keeps what the load fixed (`load_key`), and warms it.
+It then completes rows in engine calls as long as `engine.batching.call_rows` says, each under the host's
+policy; as rows finish, refill is chosen again from what they really generated."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.batching import call_rows
 from engine.request import Completion, Request, SamplingParams
-from pipeline.plan.planning import choose_policy, plan_budgets, refill_after
+from pipeline.input.sample import requests_sample, with_prompt_ids
+from pipeline.plan.planning import (
+    choose_policy,
+    plan_budgets,
+    refill_after,
+    workload_dtype,
+    workload_from_sample,
+)
 from pipeline.plan.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -27,6 +36,18 @@ if TYPE_CHECKING:
     from planner.workload import Workload
 
 log = logging.getLogger(__name__)
+SHARING_COUNTS = ("shared_tokens", "saved_tokens")  # of `Engine.schedule_counts`, summed over a run's calls
+
+
+@dataclass(frozen=True)
+class Completed:
+    """What `EngineHost.complete` did: one completion per item, in order, the seconds its engine calls took, and
+    what shared prefixes saved in them (engine/loop/shared_prefix.py)."""
+
+    completions: list[Completion]
+    seconds: float
+    shared_tokens: int = 0  # shared prefixes' tokens, computed once per block
+    saved_tokens: int = 0  # prompt tokens rows did not compute because their block's prefix was shared
 
 
 def load_key(model: Path, settings: EngineSettings, policy: Policy, budgets: dict, num_layers: int) -> tuple:
@@ -73,6 +94,23 @@ class EngineHost:
         warm_up(self.engine)
         return False
 
+    def take_first(self, model: Path, spec: ModelSpec, settings: EngineSettings, items: list,
+                   default: SamplingParams | None = None) -> list:
+        """`take`, planned (with settings.plan) on the first rows a caller has, for calls shaped like them: `items`
+        (requests, and rows already failed) sampled as a job samples its input (`requests_sample`; `default`'s
+        lengths where no row runs). Returns `items`, each request carrying the token ids planning measured, so
+        that the engine does not tokenize a prompt twice."""
+        work = None
+        if settings.plan:
+            from engine.tokenizer import load_tokenizer
+
+            items = with_prompt_ids(items, load_tokenizer(model), spec.vocab_size)
+            runs = sum(isinstance(item, Request) for item in items)
+            work = workload_from_sample(requests_sample(items, default or SamplingParams()), spec,
+                                        workload_dtype(settings.dtype), max(1, runs))
+        self.take(model, spec, settings, work)
+        return items
+
     def _budgets(self, settings: EngineSettings) -> dict:
         """The budgets to plan and load within: one reading of the memory room for plan and engine, and for a
         loaded engine the reading it loaded with (so that a next job with the same budget options may keep it)."""
@@ -80,13 +118,31 @@ class EngineHost:
             return self.budgets
         return plan_budgets(settings.budgets, engines=self.node_engines)
 
-    def next_call_rows(self) -> int:
-        """Rows to hand the engine in the next call (`engine.batching.call_rows`)."""
-        return call_rows(self.policy.block_size, self.measured[0])
+    def complete(self, items: list, truncate: str, label: str = "") -> Completed:
+        """Complete the requests among `items` (a row already failed, a `Completion`, is kept as it is): one
+        completion per item, in order. Calls are as long as `engine.batching.call_rows` says: one block until a
+        block's rows have finished (refill is then chosen from what they generated), then several; with more than
+        one call, each is logged as `label`'s progress."""
+        slots = [i for i, item in enumerate(items) if isinstance(item, Request)]
+        done, seconds, counts = list(items), 0.0, dict.fromkeys(SHARING_COUNTS, 0)
+        start = 0
+        while start < len(slots):
+            chunk = slots[start : start + call_rows(self.policy.block_size, self.measured[0])]
+            began = time.perf_counter()
+            out = self._generate([items[i] for i in chunk], truncate)
+            seconds += time.perf_counter() - began
+            for name in counts:
+                counts[name] += self.engine.schedule_counts.get(name, 0)
+            for i, completion in zip(chunk, out):
+                done[i] = completion
+            start += len(chunk)
+            if len(slots) > len(chunk):
+                log.info("%s: %d/%d rows done", label or "engine", start, len(slots))
+        return Completed(done, seconds, **counts)
 
-    def generate(self, requests: list[Request], truncate: str) -> list[Completion]:
-        """Complete `requests` under the host's policy, then count what the finished rows generated and, when
-        planned without a refill pin, choose refill again for the rows to come with that measured length."""
+    def _generate(self, requests: list[Request], truncate: str) -> list[Completion]:
+        """One engine call under the host's policy; then count what the finished rows generated and, when planned
+        without a refill pin, choose refill again for the rows to come with that measured length."""
         out = self.engine.generate(requests, self.policy, truncate=truncate)
         if len(out) != len(requests):
             raise RuntimeError(f"engine returned {len(out)} completions for {len(requests)} requests")

@@ -8,8 +8,8 @@ import pytest
 from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
-from engine.score import perplexity
 from tests.conftest import REPO
+from tests.engine.teacher_forcing import perplexity
 
 DATA = REPO / "examples" / "demo-data"
 COMPRESSED = {

@@ -138,7 +138,7 @@ def test_bad_rows_fail_alone(engine):
 
 
 def test_teacher_forced_logprobs_match_the_reference_forward(checkpoint, engine):
-    from engine.score import continuation_logprobs
+    from tests.engine.teacher_forcing import continuation_logprobs
 
     ref = hf_model(checkpoint(VARIANT))
     text = PROMPTS[3]

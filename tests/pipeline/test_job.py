@@ -41,7 +41,7 @@ def test_plan_checks_everything_without_loading_or_writing(tmp_path, tiny_llama_
     write_parquet(tmp_path / "in" / "a.parquet", prompt=["x", "y"])
     job = prepare_job(_config(tmp_path, tiny_llama_dir))
     assert [f.num_rows for f in job.files] == [2] and job.spec.model_type == "llama"
-    assert job.output.action == "create" and not (tmp_path / "out").exists()
+    assert str(job.folder) == str(tmp_path / "out") and not (tmp_path / "out").exists()
 
 
 def test_job_over_several_files_keeps_every_row(tmp_path, tiny_llama_dir):
@@ -124,3 +124,26 @@ def test_a_planned_job_with_a_split_pinned_without_its_layer_is_checked_and_reco
     assert job.record["run"]["pins"]["prefill_device"] == "split"
     with pytest.raises(InvalidParamsError, match="split_layer"):  # without planning: a whole policy
         _config(tmp_path, tiny_llama_dir, plan=False, pins={"prefill_device": "split"})
+
+
+def test_the_output_folder_is_checked_once_under_the_lock_and_shards_are_cut_once(tmp_path, tiny_llama_dir,
+                                                                                  monkeypatch):
+    import pipeline.execution.driver as driver
+
+    calls = []
+
+    def spied(name, real):
+        def spy(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return spy
+
+    for name in ("check_output", "make_shards", "lock_output"):
+        monkeypatch.setattr(driver, name, spied(name, getattr(driver, name)))
+    write_parquet(tmp_path / "in" / "a.parquet", prompt=["x", "y", "z"])
+    config = _config(tmp_path, tiny_llama_dir, params=SamplingParams(max_new_tokens=2), shard_rows=1)
+    assert run_job(config).shards == 3
+    assert calls == ["lock_output", "check_output", "make_shards"]
+    calls.clear()
+    assert run_job(config).skipped_shards == 3  # resumed: the recorded layout, nothing cut again
+    assert calls == ["lock_output", "check_output"]

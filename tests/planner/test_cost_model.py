@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from engine.errors import InvalidParamsError
+from engine.memory import footprint as fp
 from engine.policy import Policy
 from planner import cost_model as cm
 from planner import memory_model as mm
@@ -24,13 +25,13 @@ def block(policy=POLICY, hw=None):
 
 def test_layer_and_cache_bytes():
     assert SMALL.params_per_layer == 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64 == 36992
-    assert mm.linear_params(SMALL) == 36864
-    assert mm.layer_bytes(SMALL, 2, compressed=False) == 73984
+    assert fp.linear_params(SMALL) == 36864
+    assert fp.layer_bytes(SMALL, 2, compressed=False) == 73984
     # 4-bit, groups of 64 along `in`: 36 bytes (32 of codes, 4 of min and scale) per group per output row
-    assert mm.layer_bytes(SMALL, 2, compressed=True) == (64 + 32 + 32 + 64 + 128 + 128 + 64 * 2) * 36 + 128 * 2
-    assert mm.kv_slot_bytes(SMALL, 2, compressed=False) == 2 * 2 * 16 * 2 == 128
-    assert mm.kv_slot_bytes(SMALL, 2, compressed=True) == 2 * 2 * 36  # one (padded) group per 16-wide head
-    assert mm.global_bytes(SMALL, 2) == (100 * 64 + 64) * 2
+    assert fp.layer_bytes(SMALL, 2, compressed=True) == (64 + 32 + 32 + 64 + 128 + 128 + 64 * 2) * 36 + 128 * 2
+    assert fp.kv_slot_bytes(SMALL, 2, compressed=False) == 2 * 2 * 16 * 2 == 128
+    assert fp.kv_slot_bytes(SMALL, 2, compressed=True) == 2 * 2 * 36  # one (padded) group per 16-wide head
+    assert fp.global_bytes(SMALL, 2) == (100 * 64 + 64) * 2
 
 
 def test_compute_terms():
@@ -89,7 +90,7 @@ def test_plain_disk_weights_are_faulted_in_by_the_main_thread():
 
 
 def test_4bit_disk_weights_hide_behind_compute_unless_the_cores_are_shared():
-    w4 = mm.layer_bytes(SMALL, 2, compressed=True)
+    w4 = fp.layer_bytes(SMALL, 2, compressed=True)
     dequant = 36992 * 2 / 1e9
     base = predict(SMALL, cpu_machine(overlap=1.0), WORK, Policy(gbs=2, num_gb=2, compress_weight=True))
     hidden = predict(SMALL, cpu_machine(overlap=1.0), WORK, Policy(gbs=2, num_gb=2, compress_weight=True,
@@ -128,7 +129,7 @@ def test_a_binding_memory_limit_counts_the_disk_tiers_mapped_scratch_in_cpu_memo
         kv = mm.kv_block_bytes(SMALL, WORK, 4, compress)
         base, counted = memory_need(SMALL, free, WORK, spilled, 4), memory_need(SMALL, limited, WORK, spilled, 4)
         whole = memory_need(SMALL, free, WORK, in_memory, 4)
-        buffers = 0.0 if compress else 0.5 * 2 * kv / SMALL.num_layers
+        buffers = 0.0 if compress else 0.5 * kv / SMALL.num_layers  # the disk rows' K and V of one layer
         for phase in ("prefill", "decode"):
             assert base[phase]["cpu"] == pytest.approx(whole[phase]["cpu"] - 0.5 * kv - 0.5 * act + buffers)
             assert counted[phase]["cpu"] == pytest.approx(base[phase]["cpu"] + 0.5 * act + (0.5 * kv if compress
@@ -181,7 +182,7 @@ def test_a_slower_kernel_leaves_compressed_weights_priced_as_dequantization_and_
 
 def test_peak_memory_by_hand():
     need = memory_need(SMALL, cpu_machine(), WORK, POLICY, rows=4)
-    home = 2 * 73984 + (100 * 64 + 64) * 2 + 4 * 12 * 2 * 128 + 4 * 8 * 64 * 2
+    home = 2 * 73984 + (100 * 64 + 64) * 2 + 4 * 12 * 2 * 128 + 4 * 8 * 64 * 4  # float32 activations
     per_token = 2 * 64 + 2 * 32 + 2 * 64 + 3 * 128  # q, k, v, attention out and MLP scratch
     assert need["prefill"]["cpu"] == home + 2 * 8 * per_token * 2 + 2 * 4 * 8 * 8 * 4
     assert need["decode"]["cpu"] == home + 2 * 1 * per_token * 2
@@ -220,7 +221,7 @@ def test_a_split_with_its_gpu_layers_resident_stages_nothing_on_the_gpu():
     assert not mm.streams_to_gpu(resident, 2) and mm.streams_to_gpu(streamed, 2)
     for phase in ("prefill", "decode"):
         gap = mm.working_bytes(SMALL, WORK, streamed, phase)["gpu"] - mm.working_bytes(SMALL, WORK, resident, phase)["gpu"]
-        assert gap == 2 * mm.layer_bytes(SMALL, 2, compressed=False)
+        assert gap == 2 * fp.layer_bytes(SMALL, 2, compressed=False)
 
 
 def test_expected_gen_len_is_checked():

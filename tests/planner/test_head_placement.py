@@ -5,6 +5,7 @@ they live."""
 import pytest
 from click.testing import CliRunner
 
+from engine.memory import footprint as fp
 from engine.policy import Policy
 from jobs import cli
 from planner import cost_model as cm
@@ -59,7 +60,7 @@ def test_the_fitting_split_leaves_room_for_the_head_and_embeddings():
     from planner.search import SPLIT_FIT_SHARE, modes
 
     model = llama(layers=8, vocab=1000)
-    capacity = (mm.global_bytes(model, 2) + 3.5 * mm.layer_bytes(model, 2, False)) / SPLIT_FIT_SHARE
+    capacity = (fp.global_bytes(model, 2) + 3.5 * fp.layer_bytes(model, 2, False)) / SPLIT_FIT_SHARE
     splits = {m["decode_split_layer"] for m in modes(model, gpu_machine(), {}, False, capacity, 2)
               if m["decode_device"] == "split"}
     assert splits == {2, 4, 5, 6}

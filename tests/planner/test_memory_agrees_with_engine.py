@@ -1,5 +1,6 @@
-"""The planner's home memory per tier equals what the engine reserves for the same policy: its weights and
-globals at load, plus `BlockExecutor.block_bytes` for a block (the engine's budget check)."""
+"""The planner's predicted peak per tier, less the working memory the engine does not account, equals what the
+engine reserves for the same policy: its weights and globals at load, plus `BlockExecutor.block_bytes` for a block
+(the engine's budget check), in float32 and bfloat16, with and without a shared prefix."""
 
 import dataclasses
 
@@ -10,11 +11,13 @@ from engine.compression.int4 import Int4Packed
 from engine.compression.qlinear import QWeight
 from engine.engine import Engine
 from engine.kernels.int4_tiles import Int4Tiles
+from engine.memory.footprint import global_bytes
 from engine.policy import Policy
 from engine.spec import load_model_spec
-from planner.memory_model import disk_staging_bytes, global_bytes, home_bytes
-from planner.predict import realized_policy
-from planner.workload import PLACEMENT, TIERS, Workload
+from planner.memory_model import working_bytes
+from planner.predict import memory_need, realized_policy
+from planner.workload import TIERS, Workload
+from tests.planner.specs import cpu_machine
 
 POLICIES = [
     Policy(gbs=2, num_gb=2),
@@ -25,30 +28,38 @@ POLICIES = [
     Policy(gbs=2, num_gb=2, compress_weight=True, weight_format="int8"),
     Policy(gbs=2, num_gb=1, weight_cpu=0.5, compress_weight=True, weight_format="int8"),
     Policy(gbs=2, num_gb=1, weight_cpu=0.5, compress_weight=True, weight_format="bf16"),
+    Policy(gbs=2, num_gb=2, cache_cpu=0.5, act_cpu=0.5),
+    Policy(gbs=4, num_gb=1, cache_gpu=0.75, cache_cpu=0.25, act_gpu=0.5, act_cpu=0.5, decode_device="gpu"),
 ]
+IDS = ["cpu", "split", "compressed-disk", "int8", "int8-disk", "bf16-disk", "plain-cache-disk", "cache-gpu"]
+SHARED = 5  # prefix tokens of a block that shares one
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=["cpu", "split", "compressed-disk", "int8", "int8-disk",
-                                                   "bf16-disk"])
-def test_home_bytes_match_the_engine(tmp_path, tiny_llama_dir, policy):
-    check_home_bytes(tmp_path, tiny_llama_dir, policy)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("policy", POLICIES, ids=IDS)
+def test_home_bytes_match_the_engine(tmp_path, tiny_llama_dir, policy, dtype):
+    check_home_bytes(tmp_path, tiny_llama_dir, policy, dtype)
 
 
 @pytest.mark.parametrize("policy", [Policy(gbs=2, num_gb=2, compress_weight=True),
                                     Policy(gbs=2, num_gb=1, weight_cpu=0.5, compress_weight=True)],
                          ids=["int4", "int4-disk"])
-def test_the_int4_kernels_layout_counts_where_the_engine_keeps_it(tmp_path, tiny_llama_dir, policy,
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_int4_kernels_layout_counts_where_the_engine_keeps_it(tmp_path, tiny_llama_dir, policy, dtype,
                                                                   compressed_kernels):
-    """CPU-resident 4-bit layers packed for the int4 kernel (which wins at every row count here) keep that
-    layout beside their codes: the engine reserves it and the planner counts it."""
-    eng = check_home_bytes(tmp_path, tiny_llama_dir, policy)
+    """CPU-resident 4-bit layers packed for the int4 kernel (which wins at every row count here) keep the
+    project's tiles in place of their codes, or aten's layout beside them where the project's kernels are not
+    built: the engine reserves what it keeps and the planner counts it."""
+    eng = check_home_bytes(tmp_path, tiny_llama_dir, policy, dtype)
     held = {}
     for layer in eng.weights.resident.values():
         for value in layer.values():
             collect_tensors(value, held)
-    assert any(isinstance(v, QWeight) and isinstance(v.fast, (Int4Tiles, Int4Packed))
-               for layer in eng.weights.resident.values() for v in layer.values())
-    globals_bytes = global_bytes(load_model_spec(tiny_llama_dir), 4)
+    packed = [v for layer in eng.weights.resident.values() for v in layer.values() if isinstance(v, QWeight)]
+    assert packed and all(isinstance(v.fast, (Int4Tiles, Int4Packed)) for v in packed)
+    assert all((v.stored is None) == isinstance(v.fast, Int4Tiles) for v in packed)
+    elem = torch.empty((), dtype=eng.dtype).element_size()
+    globals_bytes = global_bytes(load_model_spec(tiny_llama_dir), elem, policy)  # the int8 head included
     assert eng.devices.tiers["cpu"].used - globals_bytes == sum(held.values())
 
 
@@ -61,21 +72,21 @@ def collect_tensors(value, out: dict) -> None:
             collect_tensors(getattr(value, f.name), out)
 
 
-def check_home_bytes(tmp_path, tiny_llama_dir, policy):
+def check_home_bytes(tmp_path, tiny_llama_dir, policy, dtype="float32"):
     spec = load_model_spec(tiny_llama_dir)
-    eng = Engine.load(tiny_llama_dir, dtype="float32", policy=policy, simulate_gpu=True, offload_dir=tmp_path)
+    eng = Engine.load(tiny_llama_dir, dtype=dtype, policy=policy, simulate_gpu=True, offload_dir=tmp_path)
     try:
         rows, S, T = policy.block_size, 7, 12
-        engine_bytes = eng.executor(policy).block_bytes(rows, S, T)
-        for tier in TIERS:
-            engine_bytes[tier] += eng.devices.tiers[tier].used  # weights and globals placed at load
-        work = Workload(prompt_len=S, gen_len=T - S, num_prompts=rows, dtype="float32")
         real = realized_policy(policy, spec.num_layers)
-        x = [getattr(real, n) for n in PLACEMENT]
-        ours = {t: a.at(x) for t, a in home_bytes(spec, work, real, rows).items()}
-        if real.weight_disk > 0:
-            ours["cpu"] += disk_staging_bytes(spec, work, policy)
-        assert ours == pytest.approx(engine_bytes, rel=0, abs=1)
+        for shared in (0, SHARED):
+            engine_bytes = eng.executor(policy).block_bytes(rows, S, T, shared=shared)
+            for tier in TIERS:
+                engine_bytes[tier] += eng.devices.tiers[tier].used  # weights and globals placed at load
+            work = Workload(prompt_len=S, gen_len=T - S, num_prompts=rows, dtype=dtype, shared_len=shared)
+            for phase, peak in memory_need(spec, cpu_machine(), work, real, rows).items():
+                scratch = working_bytes(spec, work, real, phase)
+                ours = {t: peak[t] - scratch[t] for t in TIERS}
+                assert ours == pytest.approx(engine_bytes, rel=0, abs=1), (phase, shared)
         return eng
     finally:
         eng.weights.close()

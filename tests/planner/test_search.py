@@ -157,7 +157,8 @@ def test_refill_is_priced_at_its_shared_cursor_span_and_sorted_blocks_at_their_o
     prompts and the tokens it runs for (prompt_len + block_gen_len / 2). So on W4's shape (long prompts of
     varied length, varied max_new_tokens) the sorted blocks are chosen, as measured there (refill 0.78x sorted),
     and refill where rows share one max_new_tokens and half of them stop early (as measured: refill 1.5x)."""
-    from planner.cost_model import decode_kv_bytes, kv_slot_bytes
+    from engine.memory.footprint import kv_slot_bytes
+    from planner.cost_model import decode_kv_bytes
     from planner.search import with_refill_choice
 
     model, hw, policy = llama(hidden=128, ffn=352, layers=10, heads=4, kv_heads=4, vocab=512, context=1024), \

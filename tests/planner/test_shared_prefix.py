@@ -4,7 +4,8 @@ rows, and the job is predicted faster; the prefix's own K/V are counted once."""
 
 from dataclasses import replace
 
-from planner.memory_model import kv_block_bytes, kv_slot_bytes
+from engine.memory.footprint import kv_slot_bytes
+from planner.memory_model import kv_block_bytes
 from planner.search import search
 from planner.workload import Workload
 from tests.planner.specs import llama, server_cpu

@@ -35,28 +35,26 @@ inline void store_pair(const Scratch& w, int64_t h, int64_t t0, __m512 r, __m512
   _mm256_storeu_ps(w.s + (h + 1) * w.tp + t0, _mm512_extractf32x8_ps(r, 1));
 }
 
-template <int NC>  // NC = d / 16
-void scores_f32(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
-  const float* K = static_cast<const float*>(kv->k);
+// Scores of every slot for every query row, 16 slots at a time: two query rows share each load of a key
+// (Keys::pair), a last odd row goes alone (Keys::one); -inf where a slot may not be attended. Keys: the cache's
+// element type T and its dot products into acc (the q . k of key j in lane sums of acc[j]; for a pair, of row h + 1
+// in acc[8 + j]).
+template <class Keys>
+void scores_plain(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
+  using T = typename Keys::T;
+  const T* K = static_cast<const T*>(kv->k);
   const __m512 neg = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(a->scale);
   for (int64_t t0 = 0; t0 < a->t; t0 += 16) {
     const __mmask16 allow = allowed16(a->mask, t0, a->t);
-    const float* rows[16];
-    for (int j = 0; j < 16; ++j) rows[j] = t0 + j < a->t ? K + (t0 + j) * kv->k_stride : w.zero;
+    const T* rows[16];
+    for (int j = 0; j < 16; ++j)
+      rows[j] = t0 + j < a->t ? K + (t0 + j) * kv->k_stride : reinterpret_cast<const T*>(w.zero);
     int64_t h = 0;
-    for (; h + 2 <= a->n && allow; h += 2)  // two query rows share each load of a key
+    for (; h + 2 <= a->n && allow; h += 2)
       for (int half = 0; half < 16; half += 8) {
         __m512 acc[16];
         for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-        for (int c = 0; c < NC; ++c) {
-          const __m512 q0 = _mm512_loadu_ps(a->q + h * a->dp + 16 * c);
-          const __m512 q1 = _mm512_loadu_ps(a->q + (h + 1) * a->dp + 16 * c);
-          for (int j = 0; j < 8; ++j) {
-            const __m512 k = _mm512_loadu_ps(rows[half + j] + 16 * c);
-            acc[j] = _mm512_fmadd_ps(q0, k, acc[j]);
-            acc[8 + j] = _mm512_fmadd_ps(q1, k, acc[8 + j]);
-          }
-        }
+        Keys::pair(a, w, rows + half, h, acc);
         store_pair(w, h, t0 + half, reduce16(acc), sc, (allow >> half) & 0xFF);
       }
     for (; h < a->n; ++h) {
@@ -65,25 +63,49 @@ void scores_f32(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
         _mm512_storeu_ps(out, neg);
         continue;
       }
-      const float* q = a->q + h * a->dp;
       __m512 acc[16];
       for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-      for (int c = 0; c < NC; ++c) {
-        const __m512 qc = _mm512_loadu_ps(q + 16 * c);
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(rows[j] + 16 * c), acc[j]);
-      }
+      Keys::one(a, w, rows, h, acc);
       _mm512_storeu_ps(out, _mm512_mask_blend_ps(allow, neg, _mm512_mul_ps(reduce16(acc), sc)));
     }
   }
 }
 
+// Keys' dot products go inline into scores_plain, so that its accumulators stay in registers.
+#define FLEXBATCH_ALWAYS_INLINE inline __attribute__((always_inline))
+
+template <int NC>  // NC = d / 16
+struct F32Keys {
+  using T = float;
+  static FLEXBATCH_ALWAYS_INLINE void pair(const AttnQuery* a, const Scratch&, const float* const* rows, int64_t h,
+                                           __m512* acc) {
+    for (int c = 0; c < NC; ++c) {
+      const __m512 q0 = _mm512_loadu_ps(a->q + h * a->dp + 16 * c);
+      const __m512 q1 = _mm512_loadu_ps(a->q + (h + 1) * a->dp + 16 * c);
+      for (int j = 0; j < 8; ++j) {
+        const __m512 k = _mm512_loadu_ps(rows[j] + 16 * c);
+        acc[j] = _mm512_fmadd_ps(q0, k, acc[j]);
+        acc[8 + j] = _mm512_fmadd_ps(q1, k, acc[8 + j]);
+      }
+    }
+  }
+  static FLEXBATCH_ALWAYS_INLINE void one(const AttnQuery* a, const Scratch&, const float* const* rows, int64_t h,
+                                          __m512* acc) {
+    const float* q = a->q + h * a->dp;
+    for (int c = 0; c < NC; ++c) {
+      const __m512 qc = _mm512_loadu_ps(q + 16 * c);
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(rows[j] + 16 * c), acc[j]);
+    }
+  }
+};
+
 // q in bf16 (and, for float32 queries, its bf16 remainder: q ~ qh + ql to 2^-16)
 void split_q(const AttnQuery* a, const Scratch& w) {
   for (int64_t i = 0; i < a->n * a->dp; i += 16) {
     const __m512 x = _mm512_loadu_ps(a->q + i);
-    const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+    const __m256i h = to_bf16(x);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.qh + i), h);
-    const __m256i l = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, bf16_to_f32(h)));
+    const __m256i l = to_bf16(_mm512_sub_ps(x, widen_bf16(h)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.ql + i), l);
   }
 }
@@ -92,58 +114,41 @@ inline __mmask32 chunk_mask(int c, int nb, int64_t d) {
   return c < nb - 1 || d % 32 == 0 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (d % 32)) - 1);
 }
 
+// q (split_q's halves; LO: the remainder too) against bf16 keys by vdpbf16ps
 template <int NB, bool LO>  // NB = d / 32 rounded up
-void scores_bf16(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
-  const uint16_t* K = static_cast<const uint16_t*>(kv->k);
-  const __m512 neg = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(a->scale);
-  for (int64_t t0 = 0; t0 < a->t; t0 += 16) {
-    const __mmask16 allow = allowed16(a->mask, t0, a->t);
-    const uint16_t* rows[16];
-    for (int j = 0; j < 16; ++j)
-      rows[j] = t0 + j < a->t ? K + (t0 + j) * kv->k_stride : reinterpret_cast<const uint16_t*>(w.zero);
-    int64_t h = 0;
-    for (; h + 2 <= a->n && allow; h += 2)  // two query rows share each load of a key
-      for (int half = 0; half < 16; half += 8) {
-        __m512 acc[16];
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-        for (int c = 0; c < NB; ++c) {
-          const __mmask32 m = chunk_mask(c, NB, a->d);
-          const __m512i q0 = _mm512_loadu_si512(w.qh + h * a->dp + 32 * c);
-          const __m512i q1 = _mm512_loadu_si512(w.qh + (h + 1) * a->dp + 32 * c);
-          for (int j = 0; j < 8; ++j) {
-            const __m512i k = _mm512_maskz_loadu_epi16(m, rows[half + j] + 32 * c);
-            acc[j] = dot_bf16(acc[j], q0, k);
-            acc[8 + j] = dot_bf16(acc[8 + j], q1, k);
-            if constexpr (LO) {
-              acc[j] = dot_bf16(acc[j], _mm512_loadu_si512(w.ql + h * a->dp + 32 * c), k);
-              acc[8 + j] = dot_bf16(acc[8 + j], _mm512_loadu_si512(w.ql + (h + 1) * a->dp + 32 * c), k);
-            }
-          }
-        }
-        store_pair(w, h, t0 + half, reduce16(acc), sc, (allow >> half) & 0xFF);
-      }
-    for (; h < a->n; ++h) {
-      float* out = w.s + h * w.tp + t0;
-      if (!allow) {
-        _mm512_storeu_ps(out, neg);
-        continue;
-      }
-      __m512 acc[16];
-      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-      for (int c = 0; c < NB; ++c) {
-        const __mmask32 m = chunk_mask(c, NB, a->d);
-        const __m512i qh = _mm512_loadu_si512(w.qh + h * a->dp + 32 * c);
-        const __m512i ql = _mm512_loadu_si512(w.ql + h * a->dp + 32 * c);
-        for (int j = 0; j < 16; ++j) {
-          const __m512i k = _mm512_maskz_loadu_epi16(m, rows[j] + 32 * c);
-          acc[j] = dot_bf16(acc[j], qh, k);
-          if constexpr (LO) acc[j] = dot_bf16(acc[j], ql, k);
+struct Bf16Keys {
+  using T = uint16_t;
+  static FLEXBATCH_ALWAYS_INLINE void pair(const AttnQuery* a, const Scratch& w, const uint16_t* const* rows,
+                                           int64_t h, __m512* acc) {
+    for (int c = 0; c < NB; ++c) {
+      const __mmask32 m = chunk_mask(c, NB, a->d);
+      const __m512i q0 = _mm512_loadu_si512(w.qh + h * a->dp + 32 * c);
+      const __m512i q1 = _mm512_loadu_si512(w.qh + (h + 1) * a->dp + 32 * c);
+      for (int j = 0; j < 8; ++j) {
+        const __m512i k = _mm512_maskz_loadu_epi16(m, rows[j] + 32 * c);
+        acc[j] = dot_bf16(acc[j], q0, k);
+        acc[8 + j] = dot_bf16(acc[8 + j], q1, k);
+        if constexpr (LO) {
+          acc[j] = dot_bf16(acc[j], _mm512_loadu_si512(w.ql + h * a->dp + 32 * c), k);
+          acc[8 + j] = dot_bf16(acc[8 + j], _mm512_loadu_si512(w.ql + (h + 1) * a->dp + 32 * c), k);
         }
       }
-      _mm512_storeu_ps(out, _mm512_mask_blend_ps(allow, neg, _mm512_mul_ps(reduce16(acc), sc)));
     }
   }
-}
+  static FLEXBATCH_ALWAYS_INLINE void one(const AttnQuery* a, const Scratch& w, const uint16_t* const* rows,
+                                          int64_t h, __m512* acc) {
+    for (int c = 0; c < NB; ++c) {
+      const __mmask32 m = chunk_mask(c, NB, a->d);
+      const __m512i qh = _mm512_loadu_si512(w.qh + h * a->dp + 32 * c);
+      const __m512i ql = _mm512_loadu_si512(w.ql + h * a->dp + 32 * c);
+      for (int j = 0; j < 16; ++j) {
+        const __m512i k = _mm512_maskz_loadu_epi16(m, rows[j] + 32 * c);
+        acc[j] = dot_bf16(acc[j], qh, k);
+        if constexpr (LO) acc[j] = dot_bf16(acc[j], ql, k);
+      }
+    }
+  }
+};
 
 // ---- plain caches: pass 2, p . V for HB query rows at a time (their accumulators in registers) ----
 
@@ -242,7 +247,7 @@ void pv_bf16_rows(const AttnQuery* a, const PlainKv* kv, const Scratch& w, int64
 template <int NC>
 void decode_f32(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
   constexpr int HB = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
-  scores_f32<NC>(a, kv, w);
+  scores_plain<F32Keys<NC>>(a, kv, w);
   softmax(a, w, false);
   int64_t h = 0;
   for (; h + HB <= a->n; h += HB) pv_f32_rows<NC, HB>(a, kv, w, h);
@@ -253,7 +258,7 @@ template <int NB, bool LO>
 void decode_bf16(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
   constexpr int HB = NB <= 2 ? 4 : NB <= 4 ? 2 : 1;
   split_q(a, w);
-  scores_bf16<NB, LO>(a, kv, w);
+  scores_plain<Bf16Keys<NB, LO>>(a, kv, w);
   softmax(a, w, true);
   int64_t h = 0;
   for (; h + HB <= a->n; h += HB) pv_bf16_rows<NB, HB, LO>(a, kv, w, h);

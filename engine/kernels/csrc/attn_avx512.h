@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "simd_avx512.h"
 
 namespace flexbatch {
 namespace {
@@ -14,18 +15,9 @@ namespace {
 // e^x, relative error ~1e-7 (Cephes' polynomial); 0 for x <= -150 (and -inf).
 inline __m512 exp_ps(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-150.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
+  __m512 n, r;
+  const __m512 p = exp_poly<Lanes16>(x, &n, &r);
+  return _mm512_scalef_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f))), n);
 }
 
 // acc + a . b over pairs of bf16 (vdpbf16ps). Written as asm: GCC 12 stores an accumulator array updated by the
@@ -64,9 +56,8 @@ inline Scratch carve(const AttnQuery* a) {
   return w;
 }
 
-inline __mmask16 live16(int64_t t0, int64_t t) {
-  return t0 >= t ? 0 : t - t0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (t - t0)) - 1);
-}
+// Which of slots [t0, t0 + 16) exist.
+inline __mmask16 live16(int64_t t0, int64_t t) { return t0 >= t ? (__mmask16)0 : first16(t - t0); }
 
 // Which of slots [t0, t0 + 16) exist and may be attended to.
 inline __mmask16 allowed16(const uint8_t* mask, int64_t t0, int64_t t) {
@@ -75,8 +66,6 @@ inline __mmask16 allowed16(const uint8_t* mask, int64_t t0, int64_t t) {
   const __m128i m = _mm_maskz_loadu_epi8(live, mask + t0);
   return _mm_test_epi8_mask(m, m) & live;
 }
-
-inline __m512 bf16_to_f32(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
 // ---- the online-softmax step between the passes ----
 
@@ -110,9 +99,9 @@ inline void softmax(const AttnQuery* a, const Scratch& w, bool bf16) {
     if (!bf16) continue;
     for (int64_t t0 = 0; t0 < w.tp; t0 += 16) {
       const __m512 p = _mm512_loadu_ps(s + t0);
-      const __m256i ph = (__m256i)_mm512_cvtneps_pbh(p);
+      const __m256i ph = to_bf16(p);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.ph + h * w.tp + t0), ph);
-      const __m256i pl = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(p, bf16_to_f32(ph)));
+      const __m256i pl = to_bf16(_mm512_sub_ps(p, widen_bf16(ph)));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.pl + h * w.tp + t0), pl);
     }
   }

@@ -2,24 +2,16 @@
 // spread over torch's threads; each folds its slots into the online-softmax state (m, l, o) in place.
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
-
 #include <vector>
 
 #include "attn.h"
-#include "isa.h"
+#include "bind_args.h"
 #include "parallel.h"
 
 namespace flexbatch {
 namespace {
 
-const AttnKernels& kernels() {
-  switch (current_isa()) {
-    case Isa::avx512: return *avx512_attn();
-    case Isa::avx2: return *avx2_attn();
-    default: TORCH_CHECK(false, "flexbatch kernels: no supported instruction set on this CPU (AVX2 at least)");
-  }
-}
+const AttnKernels& kernels() { return required(by_isa(avx512_attn, avx2_attn)); }
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

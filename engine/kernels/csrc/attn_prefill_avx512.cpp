@@ -128,7 +128,7 @@ void softmax_row(const PrefillItem* it, const PrefillWork& w, int64_t r, int64_t
   for (int c = 0; c < 4; ++c) {
     const __m512 p = _mm512_maskz_mov_ps((__mmask16)(vis >> (16 * c)), exp_ps(_mm512_sub_ps(x[c], mv)));
     sum = _mm512_add_ps(sum, p);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * c), (__m256i)_mm512_cvtneps_pbh(p));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * c), to_bf16(p));
   }
   w.m[r] = m_new;
   w.l[r] = w.l[r] * alpha + _mm512_reduce_add_ps(sum);
@@ -203,7 +203,7 @@ void store_outputs(const PrefillItem* it, const PrefillWork& w, int64_t s0, int6
       uint16_t* out = it->out + j * it->o_head + i * it->o_pos;
       for (int64_t c = 0; c < it->d; c += 16) {
         const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(w.ob + r * it->d + c), inv);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), (__m256i)_mm512_cvtneps_pbh(y));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), to_bf16(y));
       }
     }
 }

@@ -33,8 +33,9 @@ struct Int4Kernels {
   // x [rows][k] (float32 or bfloat16 by x_bf16, row stride ldx) -> QuantRows buffers, rows [r0, r1)
   void (*quantize_groups)(const void* x, int x_bf16, int64_t ldx, int64_t k, int64_t r0, int64_t r1,
                           int8_t* codes, float* scale, float* scaled_sum, int64_t kp, int64_t group);
-  // y[m][c] for rows [r0, r1) and the tile's `cols` (<= 16) columns, written at y + m * ldy (float32 or bf16)
-  void (*int4_tile_gemm)(const Int4Tile* tile, const QuantRows* x, int64_t r0, int64_t r1, void* y,
+  // y[m][c] for rows [r0, r1) over `ntiles` (1 or 2) adjacent tiles, 16 columns each but the last's `cols`
+  // (<= 16), written at y + m * ldy (float32 or bf16)
+  void (*int4_tile_gemm)(const Int4Tile* tiles, int ntiles, const QuantRows* x, int64_t r0, int64_t r1, void* y,
                          int64_t ldy, int cols, int out_kind);
 };
 

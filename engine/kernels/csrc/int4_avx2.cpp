@@ -2,44 +2,17 @@
 // activation codes into int16 pairs, at most 2 * 15 * 127 each, and vpmaddwd sums those into int32 lanes), and
 // the per-group activation quantization it takes. Same layouts and results as int4_avx512.cpp.
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "int4.h"
+#include "row_loops.h"
+#include "simd_avx2.h"
 
 namespace flexbatch {
 namespace {
 
 constexpr int kMaxGroup = 1024;
-
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t b = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &b, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even (values here are finite)
-  uint32_t b;
-  memcpy(&b, &f, 4);
-  b += 0x7FFF + ((b >> 16) & 1);
-  return (uint16_t)(b >> 16);
-}
-
-inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
-}
-
-inline int32_t hsum8i(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
 
 void quantize_row(const void* x, int bf16, int64_t k, int8_t* codes, float* scale, float* scaled_sum,
                   int64_t kp, int64_t group) {
@@ -48,39 +21,27 @@ void quantize_row(const void* x, int bf16, int64_t k, int8_t* codes, float* scal
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t g = 0; g < ng; ++g) {
     const int64_t g0 = g * group;
-    for (int64_t j = 0; j < group; ++j) {
-      const int64_t i = g0 + j;
-      tmp[j] = i >= k ? 0.0f
-                      : (bf16 ? bf16_to_f32(static_cast<const uint16_t*>(x)[i]) : static_cast<const float*>(x)[i]);
+    for (int64_t j = 0; j < group; j += 8) {
+      if (g0 + j + 8 <= k) _mm256_storeu_ps(tmp + j, load8(x, bf16, g0 + j));
+      else
+        for (int64_t i = g0 + j; i < g0 + j + 8; ++i) tmp[i - g0] = i >= k ? 0.0f : load1(x, bf16, i);
     }
     __m256 amax = _mm256_setzero_ps();
     for (int64_t j = 0; j < group; j += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(tmp + j)));
-    const float m = hmax8(amax);
+    const float m = hmax(amax);
     const float s = m / 127.0f;
     const __m256 inv = _mm256_set1_ps(s > 0 ? 127.0f / m : 0.0f);
-    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
     __m256i sum = _mm256_setzero_si256();
     for (int64_t j = 0; j < group; j += 16) {
-      __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(tmp + j), inv));
-      __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(tmp + j + 8), inv));
-      a = _mm256_max_epi32(_mm256_min_epi32(a, hi), lo);
-      b = _mm256_max_epi32(_mm256_min_epi32(b, hi), lo);
+      const __m256i a = quantize8(_mm256_loadu_ps(tmp + j), inv), b = quantize8(_mm256_loadu_ps(tmp + j + 8), inv);
       sum = _mm256_add_epi32(sum, _mm256_add_epi32(a, b));
       const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // a0..a7 b0..b7 as int16
       const __m128i q = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + g0 + j), q);
     }
     scale[g] = s;
-    scaled_sum[g] = s * (float)hsum8i(sum);
+    scaled_sum[g] = s * (float)hsum(sum);
   }
-}
-
-void quantize_groups(const void* x, int bf16, int64_t ldx, int64_t k, int64_t r0, int64_t r1, int8_t* codes,
-                     float* scale, float* scaled_sum, int64_t kp, int64_t group) {
-  const int64_t ng = kp / group, esize = bf16 ? 2 : 4;
-  for (int64_t r = r0; r < r1; ++r)
-    quantize_row(static_cast<const char*>(x) + r * ldx * esize, bf16, k, codes + r * kp, scale + r * ng,
-                 scaled_sum + r * ng, kp, group);
 }
 
 inline void store_row(void* y, int64_t off, __m256 v0, __m256 v1, int cols, int out_kind) {
@@ -136,14 +97,19 @@ void tile_rows(const Int4Tile* t, const QuantRows* x, int64_t r0, void* y, int64
   for (int r = 0; r < R; ++r) store_row(y, (r0 + r) * ldy, acc[r][0], acc[r][1], cols, out_kind);
 }
 
-void int4_tile_gemm(const Int4Tile* t, const QuantRows* x, int64_t r0, int64_t r1, void* y, int64_t ldy,
-                    int cols, int out_kind) {
-  int64_t r = r0;
-  for (; r + 2 <= r1; r += 2) tile_rows<2>(t, x, r, y, ldy, cols, out_kind);
-  if (r < r1) tile_rows<1>(t, x, r, y, ldy, cols, out_kind);
+void int4_tile_gemm(const Int4Tile* tiles, int ntiles, const QuantRows* x, int64_t r0, int64_t r1, void* y,
+                    int64_t ldy, int cols, int out_kind) {
+  const int64_t esize = out_kind == OUT_F32 ? 4 : 2;
+  for (int j = 0; j < ntiles; ++j) {
+    void* yj = static_cast<char*>(y) + 16 * j * esize;
+    const int cj = j == ntiles - 1 ? cols : 16;
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) tile_rows<2>(tiles + j, x, r, yj, ldy, cj, out_kind);
+    if (r < r1) tile_rows<1>(tiles + j, x, r, yj, ldy, cj, out_kind);
+  }
 }
 
-const Int4Kernels table = {"avx2", quantize_groups, int4_tile_gemm};
+const Int4Kernels table = {"avx2", quantize_groups_rows<quantize_row>, int4_tile_gemm};
 
 }  // namespace
 

@@ -1,51 +1,28 @@
 // 4-bit weights x int8 activations on AVX-512 VNNI (vpdpbusd: unsigned codes 0..15 times signed activation
 // codes, four products summed into each int32 lane), and the per-group activation quantization it takes.
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "int4.h"
+#include "row_loops.h"
+#include "simd_avx512.h"
 
 namespace flexbatch {
 namespace {
 
-inline __m512 load_f32_or_bf16(const void* p, int bf16, int64_t i) {
-  if (!bf16) return _mm512_loadu_ps(static_cast<const float*>(p) + i);
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-inline __m512 load_f32_or_bf16_tail(const void* p, int bf16, int64_t i, int n) {
-  __mmask16 m = (__mmask16)((1u << n) - 1);
-  if (!bf16) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
-  __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// One row: groups of `group` values -> int8 codes (round to nearest even, |code| <= 127), the group's scale
-// max|x| / 127 and scale * sum(codes). Inputs past k (padding up to kp) are zero.
+// Each group: int8 codes (round to nearest even, |code| <= 127), its scale max|x| / 127 and scale * sum(codes).
 void quantize_row(const void* x, int bf16, int64_t k, int8_t* codes, float* scale, float* scaled_sum,
                   int64_t kp, int64_t group) {
   const int64_t ng = kp / group;
   for (int64_t g = 0; g < ng; ++g) {
     const int64_t g0 = g * group, g1 = g0 + group < k ? g0 + group : k;
-    __m512 amax = _mm512_setzero_ps();
-    for (int64_t i = g0; i < g1; i += 16) {
-      int n = g1 - i < 16 ? (int)(g1 - i) : 16;
-      __m512 v = n == 16 ? load_f32_or_bf16(x, bf16, i) : load_f32_or_bf16_tail(x, bf16, i, n);
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-    }
-    const float m = _mm512_reduce_max_ps(amax);
+    const float m = absmax(x, bf16, g0, g1);
     const float s = m / 127.0f;
     const __m512 inv = _mm512_set1_ps(s > 0 ? 127.0f / m : 0.0f);
     __m512i sum = _mm512_setzero_si512();
     for (int64_t i = g0; i < g0 + group; i += 16) {
-      int n = i >= g1 ? 0 : (g1 - i < 16 ? (int)(g1 - i) : 16);
-      __m512 v = n == 16 ? load_f32_or_bf16(x, bf16, i)
-                         : (n ? load_f32_or_bf16_tail(x, bf16, i, n) : _mm512_setzero_ps());
-      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));  // round to nearest even
-      q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+      const __m512i q = quantize16(load_upto16(x, bf16, i, g1 - i), inv);
       sum = _mm512_add_epi32(sum, q);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(q));
     }
@@ -54,76 +31,82 @@ void quantize_row(const void* x, int bf16, int64_t k, int8_t* codes, float* scal
   }
 }
 
-void quantize_groups(const void* x, int bf16, int64_t ldx, int64_t k, int64_t r0, int64_t r1, int8_t* codes,
-                     float* scale, float* scaled_sum, int64_t kp, int64_t group) {
-  const int64_t ng = kp / group, esize = bf16 ? 2 : 4;
-  for (int64_t r = r0; r < r1; ++r)
-    quantize_row(static_cast<const char*>(x) + r * ldx * esize, bf16, k, codes + r * kp, scale + r * ng,
-                 scaled_sum + r * ng, kp, group);
-}
-
-inline void store_row(void* y, int64_t off, __m512 v, int cols, int out_kind) {
-  __mmask16 m = (__mmask16)(cols == 16 ? 0xFFFF : (1u << cols) - 1);
-  if (out_kind == OUT_F32) {
-    _mm512_mask_storeu_ps(static_cast<float*>(y) + off, m, v);
-  } else {
-    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + off, m, h);
-  }
-}
-
-// R rows (1..4) of the tile: two int32 accumulators per row (low and high nibbles) keep eight vpdpbusd
-// chains in flight; each group's sums are scaled into float32 once.
-template <int R>
+// R rows (1..4) of T tiles (1 or 2) side by side: each activation broadcast serves both tiles, and one int32
+// accumulator per row and tile takes the low- and the high-nibble products (2 R T vpdpbusd chains in flight);
+// each group's sums are scaled into float32 once. The last tile has `cols` (<= 16) columns.
+template <int R, int T>
 void tile_rows(const Int4Tile* t, const QuantRows* x, int64_t r0, void* y, int64_t ldy, int cols, int out_kind) {
   const int64_t ng = x->kp / x->group, octets = x->group / 8;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[T][R];
+  for (int j = 0; j < T; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
   const int8_t* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = x->codes + (r0 + r) * x->kp;
-  const uint8_t* cp = t->codes;
+  const uint8_t* cp[T];
+  for (int j = 0; j < T; ++j) cp[j] = t[j].codes;
   for (int64_t g = 0; g < ng; ++g) {
-    __m512i lo_acc[R], hi_acc[R];
-    for (int r = 0; r < R; ++r) lo_acc[r] = hi_acc[r] = _mm512_setzero_si512();
-    for (int64_t o = 0; o < octets; ++o, cp += 64) {
-      const __m512i v = _mm512_loadu_si512(cp);
-      const __m512i lo = _mm512_and_si512(v, low4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    __m512i dots[T][R];
+    for (int j = 0; j < T; ++j)
+      for (int r = 0; r < R; ++r) dots[j][r] = _mm512_setzero_si512();
+    for (int64_t o = 0; o < octets; ++o) {
+      __m512i lo[T], hi[T];
+      for (int j = 0; j < T; ++j) {
+        const __m512i v = _mm512_loadu_si512(cp[j]);
+        cp[j] += 64;
+        lo[j] = _mm512_and_si512(v, low4);
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
       const int64_t i = g * x->group + o * 8;
       for (int r = 0; r < R; ++r) {
         int32_t a, b;
         memcpy(&a, xr[r] + i, 4);
         memcpy(&b, xr[r] + i + 4, 4);
-        lo_acc[r] = _mm512_dpbusd_epi32(lo_acc[r], lo, _mm512_set1_epi32(a));
-        hi_acc[r] = _mm512_dpbusd_epi32(hi_acc[r], hi, _mm512_set1_epi32(b));
+        const __m512i xa = _mm512_set1_epi32(a), xb = _mm512_set1_epi32(b);
+        for (int j = 0; j < T; ++j) {
+          dots[j][r] = _mm512_dpbusd_epi32(dots[j][r], lo[j], xa);
+          dots[j][r] = _mm512_dpbusd_epi32(dots[j][r], hi[j], xb);
+        }
       }
     }
-    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t->scales + g * 16)));
-    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t->mins + g * 16)));
-    for (int r = 0; r < R; ++r) {
-      const int64_t m = r0 + r;
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(lo_acc[r], hi_acc[r]));
-      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, _mm512_set1_ps(x->scale[m * ng + g])), acc[r]);
-      acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x->scaled_sum[m * ng + g]), acc[r]);
+    for (int j = 0; j < T; ++j) {
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t[j].scales + g * 16)));
+      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t[j].mins + g * 16)));
+      for (int r = 0; r < R; ++r) {
+        const int64_t m = r0 + r;
+        const __m512 dot = _mm512_cvtepi32_ps(dots[j][r]);
+        acc[j][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, _mm512_set1_ps(x->scale[m * ng + g])), acc[j][r]);
+        acc[j][r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x->scaled_sum[m * ng + g]), acc[j][r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) store_row(y, (r0 + r) * ldy, acc[r], cols, out_kind);
+  for (int j = 0; j < T; ++j)
+    for (int r = 0; r < R; ++r)
+      store16(y, out_kind == OUT_BF16, (r0 + r) * ldy + 16 * j, acc[j][r], first16(j == T - 1 ? cols : 16));
 }
 
-void int4_tile_gemm(const Int4Tile* t, const QuantRows* x, int64_t r0, int64_t r1, void* y, int64_t ldy,
-                    int cols, int out_kind) {
+template <int T>
+void tiles_rows(const Int4Tile* t, const QuantRows* x, int64_t r0, int64_t r1, void* y, int64_t ldy, int cols,
+                int out_kind) {
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) tile_rows<4>(t, x, r, y, ldy, cols, out_kind);
+  for (; r + 4 <= r1; r += 4) tile_rows<4, T>(t, x, r, y, ldy, cols, out_kind);
   switch (r1 - r) {
-    case 3: tile_rows<3>(t, x, r, y, ldy, cols, out_kind); break;
-    case 2: tile_rows<2>(t, x, r, y, ldy, cols, out_kind); break;
-    case 1: tile_rows<1>(t, x, r, y, ldy, cols, out_kind); break;
+    case 3: tile_rows<3, T>(t, x, r, y, ldy, cols, out_kind); break;
+    case 2: tile_rows<2, T>(t, x, r, y, ldy, cols, out_kind); break;
+    case 1: tile_rows<1, T>(t, x, r, y, ldy, cols, out_kind); break;
     default: break;
   }
 }
 
-const Int4Kernels table = {"avx512", quantize_groups, int4_tile_gemm};
+void int4_tile_gemm(const Int4Tile* tiles, int ntiles, const QuantRows* x, int64_t r0, int64_t r1, void* y,
+                    int64_t ldy, int cols, int out_kind) {
+  if (ntiles == 2)
+    tiles_rows<2>(tiles, x, r0, r1, y, ldy, cols, out_kind);
+  else
+    tiles_rows<1>(tiles, x, r0, r1, y, ldy, cols, out_kind);
+}
+
+const Int4Kernels table = {"avx512", quantize_groups_rows<quantize_row>, int4_tile_gemm};
 
 }  // namespace
 

@@ -7,52 +7,25 @@
 #include <string.h>
 
 #include "int8.h"
+#include "row_loops.h"
+#include "simd_avx2.h"
 
 namespace flexbatch {
 namespace {
 
-inline float load1(const void* p, int bf16, int64_t i) {
-  if (!bf16) return static_cast<const float*>(p)[i];
-  uint32_t b = (uint32_t) static_cast<const uint16_t*>(p)[i] << 16;
-  float f;
-  memcpy(&f, &b, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even (values here are finite)
-  uint32_t b;
-  memcpy(&b, &f, 4);
-  b += 0x7FFF + ((b >> 16) & 1);
-  return (uint16_t)(b >> 16);
-}
-
-void quantize_rows(const void* x, int bf16, int64_t ldx, int64_t k, int64_t r0, int64_t r1, uint8_t* codes,
-                   float* scale, int64_t kp) {
-  const int64_t esize = bf16 ? 2 : 4;
-  for (int64_t r = r0; r < r1; ++r) {
-    const void* xr = static_cast<const char*>(x) + r * ldx * esize;
-    float m = 0.0f;
-    for (int64_t i = 0; i < k; ++i) m = fmaxf(m, fabsf(load1(xr, bf16, i)));
-    const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
-    int8_t* out = reinterpret_cast<int8_t*>(codes + r * kp);
-    for (int64_t i = 0; i < kp; i += 8) {
-      float v[8];
-      for (int j = 0; j < 8; ++j) v[j] = i + j < k ? load1(xr, bf16, i + j) : 0.0f;
-      __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inv));  // round to nearest even
-      q = _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
-      int32_t qi[8];
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi), q);
-      for (int j = 0; j < 8; ++j) out[i + j] = (int8_t)qi[j];
-    }
-    scale[r] = m / 127.0f;
+void quantize_row(const void* x, int bf16, int64_t k, uint8_t* codes, float* scale, int64_t kp) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < k; ++i) m = fmaxf(m, fabsf(load1(x, bf16, i)));
+  const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
+  int8_t* out = reinterpret_cast<int8_t*>(codes);
+  for (int64_t i = 0; i < kp; i += 8) {
+    float v[8];
+    for (int j = 0; j < 8; ++j) v[j] = i + j < k ? load1(x, bf16, i + j) : 0.0f;
+    int32_t q[8];
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), quantize8(_mm256_loadu_ps(v), inv));
+    for (int j = 0; j < 8; ++j) out[i + j] = (int8_t)q[j];
   }
-}
-
-inline int32_t hsum(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
+  *scale = m / 127.0f;
 }
 
 // R rows x C columns (R, C <= 2) starting at (r0, c0); the last partial 32 inputs go through a zero-padded copy.
@@ -108,7 +81,7 @@ void gemm(const Int8Weight* w, const uint8_t* codes, const float* scale, int64_t
   if (r < r1) rows_block<1>(w, codes, scale, kp, r, c0, c1, y, ldy, out_kind);
 }
 
-const Int8Kernels table = {"avx2", quantize_rows, gemm};
+const Int8Kernels table = {"avx2", quantize_rows<quantize_row>, gemm};
 
 }  // namespace
 

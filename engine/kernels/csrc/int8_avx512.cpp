@@ -3,41 +3,24 @@
 // taken off at the end (exact in int32). A micro-tile of up to 4 rows x 4 columns keeps 16 dot products in
 // flight, 64 inputs per step; each is reduced across its lanes once, at the end.
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "int8.h"
+#include "row_loops.h"
+#include "simd_avx512.h"
 
 namespace flexbatch {
 namespace {
 
-inline __m512 load_x(const void* p, int bf16, int64_t i, __mmask16 m) {
-  if (!bf16) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
-  __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-inline __mmask16 mask_of(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
-
-void quantize_rows(const void* x, int bf16, int64_t ldx, int64_t k, int64_t r0, int64_t r1, uint8_t* codes,
-                   float* scale, int64_t kp) {
-  const int64_t esize = bf16 ? 2 : 4;
-  for (int64_t r = r0; r < r1; ++r) {
-    const void* xr = static_cast<const char*>(x) + r * ldx * esize;
-    __m512 amax = _mm512_setzero_ps();
-    for (int64_t i = 0; i < k; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load_x(xr, bf16, i, mask_of(k - i))));
-    const float m = _mm512_reduce_max_ps(amax);
-    const __m512 inv = _mm512_set1_ps(m > 0 ? 127.0f / m : 0.0f);
-    uint8_t* out = codes + r * kp;
-    for (int64_t i = 0; i < kp; i += 16) {
-      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load_x(xr, bf16, i, i < k ? mask_of(k - i) : 0), inv));
-      q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
-      q = _mm512_add_epi32(q, _mm512_set1_epi32(128));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(q));
-    }
-    scale[r] = m / 127.0f;
+void quantize_row(const void* x, int bf16, int64_t k, uint8_t* codes, float* scale, int64_t kp) {
+  const float m = absmax(x, bf16, 0, k);
+  const __m512 inv = _mm512_set1_ps(m > 0 ? 127.0f / m : 0.0f);
+  for (int64_t i = 0; i < kp; i += 16) {
+    const __m512i q = _mm512_add_epi32(quantize16(load_upto16(x, bf16, i, k - i), inv), _mm512_set1_epi32(128));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(q));
   }
+  *scale = m / 127.0f;
 }
 
 // The four lane sums of a0..a3, as one 128-bit vector [sum a0, sum a1, sum a2, sum a3].
@@ -129,7 +112,7 @@ void gemm(const Int8Weight* w, const uint8_t* codes, const float* scale, int64_t
   }
 }
 
-const Int8Kernels table = {"avx512", quantize_rows, gemm};
+const Int8Kernels table = {"avx512", quantize_rows<quantize_row>, gemm};
 
 }  // namespace
 

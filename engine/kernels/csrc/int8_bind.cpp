@@ -2,24 +2,16 @@
 // then (row block, column block) work items spread over torch's threads.
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 
+#include "bind_args.h"
 #include "int8.h"
-#include "isa.h"
 #include "parallel.h"
 
 namespace flexbatch {
 namespace {
 
-const Int8Kernels& kernels() {
-  switch (current_isa()) {
-    case Isa::avx512: return *avx512_int8();
-    case Isa::avx2: return *avx2_int8();
-    default: TORCH_CHECK(false, "flexbatch kernels: no supported instruction set on this CPU (AVX2 at least)");
-  }
-}
+const Int8Kernels& kernels() { return required(by_isa(avx512_int8, avx2_int8)); }
 
 // y = (x quantized per row) W^T with W as stored: x [*, K] float32 or bfloat16 -> y [*, N] in x's dtype;
 // codes [N, K] int8, scales [N] float32, code_sums [N] int32 (sum of each row's codes).
@@ -34,8 +26,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                   code_sums.is_contiguous() && code_sums.scalar_type() == at::kInt && code_sums.numel() == n,
               "int8_linear: scales [N] float32 and code_sums [N] int32 expected");
   TORCH_CHECK(x.size(-1) == k, "int8_linear: x has ", x.size(-1), " inputs, the weight ", k);
-  auto x2 = x.reshape({-1, k});
-  if (x2.stride(-1) != 1) x2 = x2.contiguous();
+  const auto x2 = as_rows(x);
   const int64_t M = x2.size(0);
   const int bf16 = x.scalar_type() == at::kBFloat16;
   const auto& kern = kernels();
@@ -56,9 +47,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                 c * cb, std::min(n, (c + 1) * cb), y.data_ptr(), n, out_kind);
     }
   });
-  auto shape = x.sizes().vec();
-  shape.back() = n;
-  return y.view(shape);
+  return shaped_like(y, x);
 }
 
 }  // namespace

@@ -4,33 +4,15 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "layer.h"
+#include "row_loops.h"
+#include "simd_avx2.h"
 
 namespace flexbatch {
 namespace {
 
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t b = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &b, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
-  if (f != f) return 0x7FC0;
-  uint32_t b;
-  memcpy(&b, &f, 4);
-  b += 0x7FFF + ((b >> 16) & 1);
-  return (uint16_t)(b >> 16);
-}
-
-inline float get(const void* p, int bf16, int64_t i) {
-  return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
-}
-
-inline void put(void* p, int bf16, int64_t i, float v) {
+inline void store1(void* p, int bf16, int64_t i, float v) {
   if (bf16) static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
   else static_cast<float*>(p)[i] = v;
 }
@@ -41,12 +23,6 @@ inline float round_to(float v, int bf16) {
   if (bf16) return bf16_to_f32(f32_to_bf16(v));
   __asm__("" : "+x"(v));
   return v;
-}
-
-inline __m256 load(const void* p, int bf16, int64_t i) {
-  if (!bf16) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 // bfloat16 bits of v (round to nearest even, NaN kept a NaN) in the low half of each 32-bit lane
@@ -66,33 +42,26 @@ inline __m256 round_to(__m256 v, int bf16) {
   return v;
 }
 
-inline void store(void* p, int bf16, int64_t i, __m256 v) {
+inline void store8(void* p, int bf16, int64_t i, __m256 v) {
   if (!bf16) return _mm256_storeu_ps(static_cast<float*>(p) + i, v);
   const __m256i b = bf16_bits(v);
   const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(p) + i), packed);
 }
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-void add_rms_norm_row(const float* h, const void* delta, int delta_bf16, float* h_out, const void* w, void* x,
-                      int bf16, int64_t n, float eps) {
+void add_rms_norm(const float* h, const void* delta, int delta_bf16, float* h_out, const void* w, void* x, int bf16,
+                  int64_t n, float eps) {
   const int64_t n8 = n - n % 8;
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t i = 0, c = 0; i < n8; i += 8, c = (c + 1) & 3) {
     __m256 v = _mm256_loadu_ps(h + i);
-    if (delta) v = _mm256_add_ps(v, load(delta, delta_bf16, i));
+    if (delta) v = _mm256_add_ps(v, load8(delta, delta_bf16, i));
     if (h_out) _mm256_storeu_ps(h_out + i, v);
     acc[c] = _mm256_fmadd_ps(v, v, acc[c]);
   }
   float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
   for (int64_t i = n8; i < n; ++i) {
-    float v = h[i] + (delta ? get(delta, delta_bf16, i) : 0.0f);
+    float v = h[i] + (delta ? load1(delta, delta_bf16, i) : 0.0f);
     if (h_out) h_out[i] = v;
     sum += v * v;
   }
@@ -102,23 +71,14 @@ void add_rms_norm_row(const float* h, const void* delta, int delta_bf16, float* 
   const __m256 r = _mm256_set1_ps(rs);
   for (int64_t i = 0; i < n8; i += 8) {
     __m256 v = _mm256_loadu_ps(s + i);
-    if (add) v = _mm256_add_ps(v, load(delta, delta_bf16, i));
+    if (add) v = _mm256_add_ps(v, load8(delta, delta_bf16, i));
     const __m256 normed = round_to(_mm256_mul_ps(v, r), bf16);
-    store(x, bf16, i, _mm256_mul_ps(normed, load(w, bf16, i)));
+    store8(x, bf16, i, _mm256_mul_ps(normed, load8(w, bf16, i)));
   }
   for (int64_t i = n8; i < n; ++i) {
-    const float v = s[i] + (add ? get(delta, delta_bf16, i) : 0.0f);
-    put(x, bf16, i, round_to(v * rs, bf16) * get(w, bf16, i));
+    const float v = s[i] + (add ? load1(delta, delta_bf16, i) : 0.0f);
+    store1(x, bf16, i, round_to(v * rs, bf16) * load1(w, bf16, i));
   }
-}
-
-void add_rms_norm(const float* h, int64_t ldh, const void* delta, int delta_bf16, int64_t ldd, float* h_out,
-                  int64_t ldo, const void* w, void* x, int64_t ldx, int bf16, int64_t n, float eps, int64_t r0,
-                  int64_t r1) {
-  const int64_t dsize = delta_bf16 ? 2 : 4, xsize = bf16 ? 2 : 4;
-  for (int64_t r = r0; r < r1; ++r)
-    add_rms_norm_row(h + r * ldh, delta ? static_cast<const char*>(delta) + r * ldd * dsize : nullptr, delta_bf16,
-                     h_out ? h_out + r * ldo : nullptr, w, static_cast<char*>(x) + r * ldx * xsize, bf16, n, eps);
 }
 
 // exp(x) within 2 ulp (Cephes' polynomial on x - n ln 2, |x - n ln 2| <= ln 2 / 2, scaled by 2 * 2^(n - 1)
@@ -127,16 +87,8 @@ void add_rms_norm(const float* h, int64_t ldh, const void* delta, int delta_bf16
 inline __m256 exp_ps(__m256 x) {
   const __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(88.7228394f), _CMP_GT_OQ);
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-86.5f)), _mm256_set1_ps(88.7228394f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 n, r;
+  const __m256 p = exp_poly<Lanes8>(x, &n, &r);
   const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(126)), 23);
   const __m256 e = _mm256_mul_ps(_mm256_add_ps(y, y), _mm256_castsi256_ps(scale));
@@ -147,48 +99,39 @@ inline __m256 silu_ps(__m256 x) {
   return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp_ps(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)))));
 }
 
-void silu_mul(const void* gu, int64_t ldg, void* out, int64_t ldo, int64_t f, int bf16, int64_t r0, int64_t r1) {
-  const int64_t esize = bf16 ? 2 : 4, f8 = f - f % 8;
-  for (int64_t r = r0; r < r1; ++r) {
-    const char* g = static_cast<const char*>(gu) + r * ldg * esize;
-    char* o = static_cast<char*>(out) + r * ldo * esize;
-    for (int64_t j = 0; j < f8; j += 8)
-      store(o, bf16, j, _mm256_mul_ps(round_to(silu_ps(load(g, bf16, j)), bf16), load(g, bf16, f + j)));
-    if (f8 < f) {  // the tail through the same vector arithmetic, in a zero-padded copy
-      float x[8] = {0}, up[8] = {0}, y[8];
-      for (int64_t j = f8; j < f; ++j) x[j - f8] = get(g, bf16, j), up[j - f8] = get(g, bf16, f + j);
-      _mm256_storeu_ps(y, _mm256_mul_ps(round_to(silu_ps(_mm256_loadu_ps(x)), bf16), _mm256_loadu_ps(up)));
-      for (int64_t j = f8; j < f; ++j) put(o, bf16, j, y[j - f8]);
+void silu_mul(const void* g, void* out, int64_t f, int bf16) {
+  const int64_t f8 = f - f % 8;
+  for (int64_t j = 0; j < f8; j += 8)
+    store8(out, bf16, j, _mm256_mul_ps(round_to(silu_ps(load8(g, bf16, j)), bf16), load8(g, bf16, f + j)));
+  if (f8 < f) {  // the tail through the same vector arithmetic, in a zero-padded copy
+    float x[8] = {0}, up[8] = {0}, y[8];
+    for (int64_t j = f8; j < f; ++j) x[j - f8] = load1(g, bf16, j), up[j - f8] = load1(g, bf16, f + j);
+    _mm256_storeu_ps(y, _mm256_mul_ps(round_to(silu_ps(_mm256_loadu_ps(x)), bf16), _mm256_loadu_ps(up)));
+    for (int64_t j = f8; j < f; ++j) store1(out, bf16, j, y[j - f8]);
+  }
+}
+
+void rope(void* row, int64_t heads, int64_t d, const void* c, const void* s, int bf16) {
+  const int64_t half = d / 2, h8 = half - half % 8;
+  for (int64_t h = 0; h < heads; ++h) {
+    void* p = static_cast<char*>(row) + h * d * (bf16 ? 2 : 4);
+    for (int64_t j = 0; j < h8; j += 8) {
+      const __m256 cj = load8(c, bf16, j), sj = load8(s, bf16, j);
+      const __m256 x1 = load8(p, bf16, j), x2 = load8(p, bf16, half + j);
+      store8(p, bf16, j, _mm256_sub_ps(round_to(_mm256_mul_ps(x1, cj), bf16), round_to(_mm256_mul_ps(x2, sj), bf16)));
+      store8(p, bf16, half + j,
+             _mm256_add_ps(round_to(_mm256_mul_ps(x2, cj), bf16), round_to(_mm256_mul_ps(x1, sj), bf16)));
+    }
+    for (int64_t j = h8; j < half; ++j) {
+      const float cj = load1(c, bf16, j), sj = load1(s, bf16, j), x1 = load1(p, bf16, j), x2 = load1(p, bf16, half + j);
+      store1(p, bf16, j, round_to(x1 * cj, bf16) - round_to(x2 * sj, bf16));
+      store1(p, bf16, half + j, round_to(x2 * cj, bf16) + round_to(x1 * sj, bf16));
     }
   }
 }
 
-void rope(void* qkv, int64_t ld, int64_t heads, int64_t d, const void* cos, const void* sin, int64_t ldt, int bf16,
-          int64_t r0, int64_t r1) {
-  const int64_t esize = bf16 ? 2 : 4, half = d / 2, h8 = half - half % 8;
-  for (int64_t r = r0; r < r1; ++r) {
-    char* row = static_cast<char*>(qkv) + r * ld * esize;
-    const char* c = static_cast<const char*>(cos) + r * ldt * esize;
-    const char* s = static_cast<const char*>(sin) + r * ldt * esize;
-    for (int64_t h = 0; h < heads; ++h) {
-      char* p = row + h * d * esize;
-      for (int64_t j = 0; j < h8; j += 8) {
-        const __m256 cj = load(c, bf16, j), sj = load(s, bf16, j);
-        const __m256 x1 = load(p, bf16, j), x2 = load(p, bf16, half + j);
-        store(p, bf16, j, _mm256_sub_ps(round_to(_mm256_mul_ps(x1, cj), bf16), round_to(_mm256_mul_ps(x2, sj), bf16)));
-        store(p, bf16, half + j,
-              _mm256_add_ps(round_to(_mm256_mul_ps(x2, cj), bf16), round_to(_mm256_mul_ps(x1, sj), bf16)));
-      }
-      for (int64_t j = h8; j < half; ++j) {
-        const float cj = get(c, bf16, j), sj = get(s, bf16, j), x1 = get(p, bf16, j), x2 = get(p, bf16, half + j);
-        put(p, bf16, j, round_to(x1 * cj, bf16) - round_to(x2 * sj, bf16));
-        put(p, bf16, half + j, round_to(x2 * cj, bf16) + round_to(x1 * sj, bf16));
-      }
-    }
-  }
-}
-
-const LayerKernels table = {"avx2", add_rms_norm, silu_mul, rope};
+const LayerKernels table = {"avx2", add_rms_norm_rows<add_rms_norm>, silu_mul_rows<silu_mul>,
+                            rope_rows<rope>};
 
 }  // namespace
 

@@ -4,25 +4,18 @@
 // float32 / bfloat16, rows that are not evenly strided): one call from Python, which then runs PyTorch.
 #include <torch/extension.h>
 
-#include "parallel.h"
-
 #include <algorithm>
 #include <optional>
 #include <tuple>
 
 #include "isa.h"
 #include "layer.h"
+#include "parallel.h"
 
 namespace flexbatch {
 namespace {
 
-const LayerKernels* kernels() {
-  switch (current_isa()) {
-    case Isa::avx512: return avx512_layer();
-    case Isa::avx2: return avx2_layer();
-    default: return nullptr;
-  }
-}
+const LayerKernels* kernels() { return by_isa(avx512_layer, avx2_layer); }
 
 constexpr int64_t kValuesPerTask = 1 << 15;  // below this a thread's share costs more to hand out than to run
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.compression.codecs import KVCodec, WeightCodec
+from engine.compression.codecs import WeightCodec
 from engine.compression.int4 import dequantize, quantize
 from engine.engine import Engine
 from engine.policy import Policy
@@ -52,12 +52,6 @@ def test_compressed_layers_are_what_is_stored(checkpoint, tmp_path):
     assert 0.12 < ratio < 0.2, ratio
     files = list((tmp_path / "b").rglob("layer_*.safetensors"))
     assert files and all(".data" in "".join(load_file(f)) for f in files)
-
-
-def test_kv_codec_accounts_its_bytes():
-    codec = KVCodec()
-    assert codec.bytes_per_head_slot(128) == 2 * (32 + 4)
-    assert codec.bytes_per_head_slot(48) == 32 + 4  # padded to one group
 
 
 def test_compressed_cache_runs_under_placements(checkpoint, tmp_path):

@@ -10,6 +10,7 @@ import torch
 from engine.compression.codecs import WeightCodec
 from engine.compression.qlinear import QLinear, QWeight
 from engine.engine import Engine
+from engine.kernels import int4_tiles
 from engine.kernels import rates as kernel_rates
 from engine.kernels.native import NativeKernels
 from engine.policy import Policy
@@ -54,6 +55,9 @@ def test_rows_above_max_rows_take_the_dense_path(fmt, monkeypatch):
     assert q.weight.max_rows == 4 and q._dense is None
     y = kernels.linear(torch.randn(5, 192).to(torch.bfloat16), q)  # 5 rows: dequantize + GEMM
     assert q._dense is not None and y.shape == (5, 96)
+    # the same dense weight as the stored form's, though a 4-bit layer keeps the kernel's tiles alone
+    assert (q.weight.stored is None) == (fmt == "int4" and int4_tiles.available())
+    assert torch.equal(q._dense, codec.dense(NAME, codec.split(stored, meta)[1][NAME], {}))
     again = kernels.ready(packed, meta, codec, "cpu")[0][NAME]  # the next step dequantizes anew
     assert again._dense is None
 
@@ -203,17 +207,18 @@ def test_compressed_load_peaks_at_a_fraction_of_float32(tmp_path):
     assert int4["peak_growth"] < 0.6 * plain["peak_growth"], (int4, plain)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("variant", ["llama_gqa_llama3", "llama_tied"])
-def test_int8_weights_keep_the_head_in_int8_and_the_planner_counts_it(checkpoint, variant):
-    """With int8 weights the LM head is its own row-wise int8 weight (the embeddings stay for the lookup, tied or
-    not), its logits within int8's error of the dense head's, and the planner counts it at that size; 4-bit
-    weights keep a dense head."""
+def test_compressed_weights_keep_the_head_in_int8_and_the_planner_counts_it(checkpoint, variant, fmt):
+    """With int8 or 4-bit weights the LM head is its own row-wise int8 weight (the embeddings stay for the lookup,
+    tied or not), its logits within int8's error of the dense head's, and the planner counts it at that size;
+    uncompressed weights keep a dense head."""
+    from engine.memory.footprint import global_bytes
     from engine.spec import load_model_spec
-    from planner.memory_model import global_bytes
 
     model_dir = checkpoint(variant)
     spec = load_model_spec(model_dir)
-    policy = Policy(compress_weight=True, weight_format="int8")
+    policy = Policy(compress_weight=True, weight_format=fmt)
     eng, dense = Engine.load(model_dir, dtype="float32", policy=policy), Engine.load(model_dir, dtype="float32")
     head = eng.gw["lm_head.weight"]
     assert isinstance(head, QWeight) and head.stored.codes.dtype == torch.int8
@@ -224,5 +229,4 @@ def test_int8_weights_keep_the_head_in_int8_and_the_planner_counts_it(checkpoint
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
     dropped = 0 if spec.tie_word_embeddings else spec.vocab_size * spec.hidden_size * 4  # the dense head
     assert global_bytes(spec, 4, policy) - global_bytes(spec, 4) == head.stored.nbytes - dropped
-    int4 = Engine.load(model_dir, dtype="float32", policy=Policy(compress_weight=True))
-    assert all(isinstance(w, torch.Tensor) for w in int4.gw.values())
+    assert all(isinstance(w, torch.Tensor) for w in dense.gw.values())

@@ -5,14 +5,8 @@ import pytest
 import torch
 
 from engine.compression.int4 import quantize
-from engine.engine import Engine
 from engine.kernels import decode_choice as dk
 from engine.kernels import rates as kernel_rates
-from engine.policy import Policy
-from engine.request import Request, SamplingParams
-from tests.engine.reference import PROMPTS, hf_greedy, hf_model
-
-MAX_NEW = 12
 
 
 @pytest.mark.parametrize("kind", ["plain", "4bit"])
@@ -29,18 +23,9 @@ def test_sdpa_and_chunked_decode_agree(kind):
 
 @pytest.mark.parametrize("variant", ["llama_gqa_llama3", "opt", "mistral_window"])
 @pytest.mark.parametrize("compress_cache", [False, True])
-def test_greedy_fp32_with_sdpa_decode_matches_transformers(checkpoint, variant, compress_cache, sdpa_decode):
-    model_dir = checkpoint(variant)
-    engine = Engine.load(model_dir, dtype="float32", policy=Policy(gbs=4, num_gb=1, compress_cache=compress_cache))
-    requests = [Request(str(i), p, SamplingParams(max_new_tokens=MAX_NEW)) for i, p in enumerate(PROMPTS)]
-    got = [c.token_ids for c in engine.generate(requests)]
-    if compress_cache:  # lossy: the chunked path over the same 4-bit cache is the reference
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(dk, "decode_kernel", lambda *a: "chunked")
-            assert got == [c.token_ids for c in engine.generate(requests)]
-        return
-    ref = hf_model(model_dir)
-    assert got == [hf_greedy(ref, engine.tokenizer, p, MAX_NEW, engine.eos_ids) for p in PROMPTS]
+def test_greedy_fp32_with_sdpa_decode_matches_transformers(greedy_fp32_matches_transformers, variant, compress_cache,
+                                                           sdpa_decode):
+    greedy_fp32_matches_transformers(variant, compress_cache)
 
 
 def test_the_kernel_is_measured_once_per_shape_bucket_and_cached(tmp_path, monkeypatch):

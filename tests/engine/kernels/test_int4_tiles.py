@@ -10,7 +10,7 @@ import torch
 
 from engine.compression.int4 import Int4Packed, QuantConfig, dequantize, quantize
 from engine.kernels import compiled, int4_tiles
-from tests.engine.kernels.own_isas import isas
+from tests.engine.kernels.own_isas import isas, needs_both, on_both
 
 
 def reference(x: torch.Tensor, qt, group: int) -> torch.Tensor:
@@ -23,6 +23,19 @@ def reference(x: torch.Tensor, qt, group: int) -> torch.Tensor:
     codes = torch.where(scale > 0, xp / scale, 0.0).round().clamp(-127, 127)
     xq = (codes * scale).view(x.shape[0], kp)[:, :k]
     return xq @ dequantize(qt, dtype=torch.float64).T
+
+
+@pytest.mark.parametrize("n,k,group", [(48, 128, 64), (17, 100, 32), (40, 256, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tiles_dequantize_to_the_stored_forms_dense_weight(n, k, group, dtype):
+    """A layer kept in the tiles alone gives the dense path (the calls the kernel does not take) the very weight the
+    stored form would: bit for bit, padding cut off, into a reused buffer too."""
+    qt = quantize(torch.randn(n, k), QuantConfig(4, group, 1))
+    tiles = int4_tiles.pack(qt)
+    want = dequantize(qt, dtype=dtype)
+    assert torch.equal(int4_tiles.dequantize(tiles, dtype), want)
+    buf = torch.full((tiles.codes.numel() * 2 + 7,), float("nan"), dtype=dtype)
+    assert torch.equal(int4_tiles.dequantize(tiles, dtype, out=buf), want)
 
 
 def test_the_kernels_build_where_a_compiler_is():
@@ -48,15 +61,11 @@ def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, group, rows, 
     assert (y.double() - ref).abs().max() <= tol * ref.abs().max()
 
 
-@pytest.mark.skipif("avx512" not in isas(), reason="needs an AVX-512 CPU to compare both instruction sets")
+@needs_both
 def test_both_instruction_sets_agree(pinned):
-    qt = quantize(torch.randn(80, 320) * 0.05, QuantConfig(group_size=64))
-    tiles = int4_tiles.pack(qt)
+    tiles = int4_tiles.pack(quantize(torch.randn(80, 320) * 0.05, QuantConfig(group_size=64)))
     x = torch.randn(9, 320)
-    pinned("avx2")
-    a = int4_tiles.linear(x, tiles)
-    pinned("avx512")
-    b = int4_tiles.linear(x, tiles)
+    a, b = on_both(pinned, lambda: int4_tiles.linear(x, tiles))
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 

@@ -6,7 +6,7 @@ import torch
 
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.kernels import compiled, int8_rows
-from tests.engine.kernels.own_isas import isas
+from tests.engine.kernels.own_isas import isas, needs_both, on_both
 
 
 def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
@@ -36,14 +36,11 @@ def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, rows, dtype):
     assert (y.double() - ref).abs().max() <= tol * ref.abs().max()
 
 
-@pytest.mark.skipif("avx512" not in isas(), reason="needs an AVX-512 CPU to compare both instruction sets")
+@needs_both
 def test_both_instruction_sets_agree(pinned):
     w = int8_rows.pack_fast(quantize_int8(torch.randn(80, 333)))
     x = torch.randn(9, 333)
-    pinned("avx2")
-    a = int8_rows.fast_linear(x, w)
-    pinned("avx512")
-    b = int8_rows.fast_linear(x, w)
+    a, b = on_both(pinned, lambda: int8_rows.fast_linear(x, w))
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 

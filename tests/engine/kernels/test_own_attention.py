@@ -19,7 +19,7 @@ from engine.kernels.shared_attention import shared_prefix_attention
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from tests.engine.kernels.own_isas import isas
-from tests.engine.reference import PROMPTS, hf_greedy, hf_model
+from tests.engine.reference import PROMPTS
 
 MAX_NEW = 12
 
@@ -48,11 +48,20 @@ def tolerance(q_dtype, cache_dtype):
     return 2e-5 if cache_dtype == torch.float32 else 1e-4
 
 
-@pytest.mark.parametrize("isa", isas())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
-@pytest.mark.parametrize("D", [16, 64, 80, 128])
-@pytest.mark.parametrize("T", [1, 37, 200])
+def decode_cases(test):
+    """Parametrize a test over every instruction set, dtype, (query heads, KV heads), head size D and length T."""
+    for mark in (
+        pytest.mark.parametrize("T", [1, 37, 200]),
+        pytest.mark.parametrize("D", [16, 64, 80, 128]),
+        pytest.mark.parametrize("heads", [(8, 2), (4, 4)]),
+        pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16]),
+        pytest.mark.parametrize("isa", isas()),
+    ):
+        test = mark(test)
+    return test
+
+
+@decode_cases
 def test_plain_cache_equals_attention_in_float64(pinned, isa, dtype, heads, D, T):
     pinned(isa)
     q, k, v, mask = case(3, *heads, T, D, dtype, seed=D + T)
@@ -62,11 +71,7 @@ def test_plain_cache_equals_attention_in_float64(pinned, isa, dtype, heads, D, T
     torch.testing.assert_close(got.double(), reference(q, k, v, mask), atol=tolerance(dtype, dtype), rtol=0)
 
 
-@pytest.mark.parametrize("isa", isas())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
-@pytest.mark.parametrize("D", [16, 64, 80, 128])
-@pytest.mark.parametrize("T", [1, 37, 200])
+@decode_cases
 def test_4bit_cache_equals_attention_over_its_dequantized_values(pinned, isa, dtype, heads, D, T):
     pinned(isa)
     q, k, v, mask = case(3, *heads, T, D, dtype, seed=D + T + 1)
@@ -134,18 +139,9 @@ def test_shapes_it_does_not_take_keep_the_pytorch_path(own_decode, monkeypatch):
 
 @pytest.mark.parametrize("variant", ["llama_gqa_llama3", "opt", "mistral_window"])
 @pytest.mark.parametrize("compress_cache", [False, True])
-def test_greedy_fp32_with_own_decode_matches_transformers(checkpoint, variant, compress_cache, own_decode):
-    model_dir = checkpoint(variant)
-    engine = Engine.load(model_dir, dtype="float32", policy=Policy(gbs=4, num_gb=1, compress_cache=compress_cache))
-    requests = [Request(str(i), p, SamplingParams(max_new_tokens=MAX_NEW)) for i, p in enumerate(PROMPTS)]
-    got = [c.token_ids for c in engine.generate(requests)]
-    if compress_cache:  # lossy: the chunked path over the same 4-bit cache is the reference
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(decode_choice, "decode_kernel", lambda *a: "chunked")
-            assert got == [c.token_ids for c in engine.generate(requests)]
-        return
-    ref = hf_model(model_dir)
-    assert got == [hf_greedy(ref, engine.tokenizer, p, MAX_NEW, engine.eos_ids) for p in PROMPTS]
+def test_greedy_fp32_with_own_decode_matches_transformers(greedy_fp32_matches_transformers, variant, compress_cache,
+                                                          own_decode):
+    greedy_fp32_matches_transformers(variant, compress_cache)
 
 
 def prefill_isas():

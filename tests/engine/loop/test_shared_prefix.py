@@ -10,7 +10,7 @@ from engine.loop.shared_prefix import MIN_SHARED, shared_length
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from tests.checkpoints import VARIANTS
-from tests.engine.loop.test_prompt_scores import _check, hf_prompt_scores
+from tests.engine.loop.test_prompt_logprobs import _check, hf_prompt_logprobs
 from tests.engine.reference import hf_greedy, hf_model
 from tests.engine.test_policies import POLICIES
 
@@ -86,7 +86,7 @@ def test_prompt_scores_with_a_shared_prefix_equal_transformers(checkpoint):
     ref = hf_model(model_dir)
     got = engine.generate(_reqs(max_new=1, prompt_logprobs=True))
     assert engine.schedule_counts["shared_tokens"] >= MIN_SHARED
-    _check(got, [hf_prompt_scores(ref, engine.tokenizer, t) for t in ROWS])
+    _check(got, [hf_prompt_logprobs(ref, engine.tokenizer, t) for t in ROWS])
 
 
 @pytest.mark.parametrize("last", [1, 3, 1000])
@@ -122,8 +122,8 @@ def test_the_choices_of_questions_share_their_context_and_score_as_alone(checkpo
     contexts = [[rnd.randrange(5, 200) for _ in range(60)] for _ in range(3)]
     rows = [ctx + [rnd.randrange(5, 200) for _ in range(own[c % 2])] for ctx in contexts for c in range(3)]
     asked = []
-    real = schedule.prefix_scores
-    monkeypatch.setattr(schedule, "prefix_scores", lambda rows, shared: asked.append(real(rows, shared)) or asked[-1])
+    real = schedule.prefix_logprobs_needed
+    monkeypatch.setattr(schedule, "prefix_logprobs_needed", lambda rows, shared: asked.append(real(rows, shared)) or asked[-1])
 
     def scores(policy=None):
         params = SamplingParams(max_new_tokens=1, prompt_logprobs=True, score_last=last)

@@ -68,9 +68,9 @@ def test_without_cuda_it_names_the_fix_before_building_anything(tmp_path, monkey
 def test_the_default_budget_holds_the_head_and_two_streamed_layers():
     """On every released shape, the default GPU budget holds the embeddings and LM head (on the GPU in the
     offloading baseline) and the two layers it streams, with room left for a batch's activations."""
+    from engine.memory.footprint import global_bytes, layer_bytes
     from engine.spec import spec_from_config
     from jobs.bench.gpu_models import GPU_PRESETS, default_gpu_budget
-    from planner.memory_model import global_bytes, layer_bytes
 
     for name, preset in GPU_PRESETS.items():
         if name.startswith("tiny"):

@@ -93,7 +93,7 @@ def test_prompt_scores_take_each_prompt_tokens_own_logprob():
         prompt_token_ids = [5, 7, 9]
         prompt_logprobs = [None, {7: Logprob(-1.5), 3: Logprob(-0.5)}, {1: Logprob(-0.1), 9: Logprob(-2.0)}]
 
-    assert vs.prompt_scores(Output()) == [-1.5, -2.0]
+    assert vs.prompt_logprobs(Output()) == [-1.5, -2.0]
 
 
 def test_prompt_ids_are_written_as_token_ids(tmp_path):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from jobs.helm.adapter import adapt
+from jobs.helm.run_entries import AdapterSpec
 from jobs.helm.scenarios import BUILTIN, downsample_eval, load_instances
-from jobs.helm.spec import AdapterSpec
 
 REPO = Path(__file__).resolve().parents[3]
 QA = AdapterSpec(input_prefix="Q: ", input_suffix=" ", output_prefix="A: ", instance_prefix="",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from jobs.helm.adapter import adapt
 from jobs.helm.execute import read_completions, request_rows, run_requests
-from jobs.helm.spec import AdapterSpec
+from jobs.helm.run_entries import AdapterSpec
 from pipeline.plan.settings import EngineSettings
 
 REPO = Path(__file__).resolve().parents[3]

@@ -11,8 +11,8 @@ from engine.tokenizer import load_tokenizer
 from jobs.common import demo_model_dir
 from jobs.helm.adapter import adapt
 from jobs.helm.fit import CLIENT, SERVICE, WINDOW, register_deployment
+from jobs.helm.run_entries import AdapterSpec
 from jobs.helm.scenarios import downsample_eval, load_instances
-from jobs.helm.spec import AdapterSpec
 
 QA = AdapterSpec(input_prefix="Q: ", input_suffix=" ", output_prefix="A: ", instance_prefix="", max_train_instances=5,
                  num_outputs=1, temperature=0, max_tokens=4, stop_sequences=("\n",), instructions="Answer.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.wrangle.metrics import binary_metrics, f1_score, imputation_metrics, is_correct
+from jobs.wrangle.metrics import binary_metrics, f1, imputation_metrics, is_correct
 
 T, F = True, False
 
@@ -31,8 +31,14 @@ def test_f1_is_the_harmonic_mean_when_precision_plus_recall_is_below_one():
     assert m["accuracy"] == 0.2
 
 
+def test_one_f1_holds_both_denominators():
+    assert f1(0.5, 0.25) == pytest.approx(1 / 3)  # 2PR / (P + R)
+    assert f1(0.5, 0.25, paper_denominator=True) == pytest.approx(0.25)  # 2PR / max(1, P + R): fm_data_tasks'
+    assert f1(1.0, 0.5, paper_denominator=True) == f1(1.0, 0.5)  # P + R >= 1: the same figure
+
+
 def test_zero_cases():
-    assert f1_score(0.0, 0.0) == 0.0
+    assert f1(0.0, 0.0) == 0.0 and f1(0.0, 0.0, paper_denominator=True) == 0.0
     nothing_predicted = binary_metrics([T, F], [F, F])  # no positive prediction: P = 0 by definition
     assert (nothing_predicted["precision"], nothing_predicted["recall"], nothing_predicted["f1"]) == (0, 0, 0)
     assert nothing_predicted["accuracy"] == 0.5

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.wrangle.data import WrangleInputError
+from jobs.wrangle.data import Format, WrangleInputError
 from jobs.wrangle.datasets import DATASETS, dataset_of, find_datasets
-from jobs.wrangle.paper_data import Format, grouped_join, read_split
 from jobs.wrangle.paper_job import PaperConfig, build_runs
 from jobs.wrangle.paper_prompts import load_manual_prompts
+from jobs.wrangle.paper_rows import grouped_join, read_split
 
 REPO = Path(__file__).resolve().parents[3]
 ROOT = REPO / "examples" / "fm_datasets"

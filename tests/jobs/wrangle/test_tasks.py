@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.wrangle.data import Example, WrangleInputError
+from jobs.wrangle.data import Example, WrangleInputError, serialize_row
 from jobs.wrangle.tasks import (
     Template,
     get_template,
@@ -15,7 +15,6 @@ from jobs.wrangle.tasks import (
     read_prefix,
     render,
     sample_shots,
-    serialize,
     shots_prefix,
 )
 
@@ -30,9 +29,9 @@ def match(i: int, a=LAMP, b=LISTING, gold=True) -> Example:
 
 
 def test_serialize_attr_and_values():
-    assert serialize(CITY) == "name: Kelcor Grill. city: Torwyn"
-    assert serialize(CITY, "values") == "Kelcor Grill Torwyn"
-    assert serialize((("a", "nan"),)) == "a: nan"
+    assert serialize_row(CITY) == "name: Kelcor Grill. city: Torwyn"
+    assert serialize_row(CITY, style="values") == "Kelcor Grill Torwyn"
+    assert serialize_row((("a", "nan"),)) == "a: nan"
 
 
 def test_entity_matching_prompts():

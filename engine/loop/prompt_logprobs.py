@@ -9,7 +9,7 @@ import torch
 POSITIONS = 256  # positions per LM head call: [POSITIONS, V] float32 logits at a time
 
 
-def prompt_scores(head, hidden: torch.Tensor, ids: list[int]) -> tuple[list[float], list[bool]]:
+def prompt_logprobs(head, hidden: torch.Tensor, ids: list[int]) -> tuple[list[float], list[bool]]:
     """hidden [L, H] (the prefill's last-layer states at a prompt's L positions, on the head's device), `head`
     mapping [n, H] -> float32 logits [n, V] on the CPU, ids the prompt's L token ids -> for tokens 1..L-1, the
     log-probability of each given the tokens before it (log_softmax of the logits one position earlier) and

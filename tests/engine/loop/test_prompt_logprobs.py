@@ -17,7 +17,7 @@ VARIANT = "llama_gqa_llama3"
 TEXTS = PROMPTS[:4] + ["Product A is a red kettle of two litres and product B a blue one; are they the same? No"]
 
 
-def hf_prompt_scores(model, tokenizer, text: str) -> tuple[torch.Tensor, list[bool]]:
+def hf_prompt_logprobs(model, tokenizer, text: str) -> tuple[torch.Tensor, list[bool]]:
     ids = torch.tensor([tokenizer(text)["input_ids"]])
     with torch.no_grad():
         logits = model(ids).logits[0, :-1].float()
@@ -41,7 +41,7 @@ def _check(got, expected):
 def expected(checkpoint):
     model_dir = checkpoint(VARIANT)
     ref, tok = hf_model(model_dir), Engine.load(model_dir, dtype="float32").tokenizer
-    return [hf_prompt_scores(ref, tok, t) for t in TEXTS]
+    return [hf_prompt_logprobs(ref, tok, t) for t in TEXTS]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -49,7 +49,7 @@ def test_prompt_logprobs_equal_transformers_for_every_family(checkpoint, variant
     model_dir = checkpoint(variant)
     engine = Engine.load(model_dir, dtype="float32")
     ref = hf_model(model_dir)
-    _check(_score(engine, TEXTS), [hf_prompt_scores(ref, engine.tokenizer, t) for t in TEXTS])
+    _check(_score(engine, TEXTS), [hf_prompt_logprobs(ref, engine.tokenizer, t) for t in TEXTS])
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
@@ -79,8 +79,8 @@ def test_scoring_only_the_last_tokens_gives_their_scores_with_the_head_run_there
     from engine.loop import schedule
 
     positions = []
-    real = schedule.prompt_scores
-    monkeypatch.setattr(schedule, "prompt_scores", lambda head, h, ids: positions.append(len(ids) - 1) or real(
+    real = schedule.prompt_logprobs
+    monkeypatch.setattr(schedule, "prompt_logprobs", lambda head, h, ids: positions.append(len(ids) - 1) or real(
         head, h, ids))
     engine = Engine.load(checkpoint(VARIANT), dtype="float32")
     reqs = [Request(str(i), t, SamplingParams(max_new_tokens=1, prompt_logprobs=True, score_last=2))
@@ -101,7 +101,7 @@ def test_score_last_needs_prompt_logprobs():
 def test_is_argmax_breaks_ties_as_argmax_does():
     """A target that holds the largest value is the argmax only where no earlier index holds it too; NaN-free
     rows of every kind: a unique max, a tie before the target, a tie after it, a target below the max."""
-    from engine.loop.prompt_scores import is_argmax
+    from engine.loop.prompt_logprobs import is_argmax
 
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [3.0, 1.0, 3.0, 0.0], [1.0, 3.0, 3.0, 0.0], [1.0, 2.0, 0.0, 2.0]])
     t = torch.tensor([1, 2, 1, 0])

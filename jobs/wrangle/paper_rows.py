@@ -1,6 +1,6 @@
-"""A paper dataset's splits read as fm_data_tasks reads them (its `data_utils.read_raw_data`): CSV files read by
-pandas (so values keep pandas' types: a year column with a blank reads `2003.0`), rows serialized as
-`attr: value. attr: value` with the dataset's question, and the answer `Yes`/`No` or the imputed value.
+"""A paper dataset's splits as fm_data_tasks makes its rows (its `data_utils.read_raw_data`): the CSV files read by
+pandas (jobs/wrangle/data.py `read_csv_typed`: a year column with a blank reads `2003.0`), joined, and each row
+serialized (`serialize_row`) with the dataset's question, and the answer `Yes`/`No` or the imputed value.
 
 Two of the paper's pandas behaviours are reproduced on purpose:
 - its pandas (^1.4) returned an inner merge's rows grouped by key, in the order each key first appears, not
@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.wrangle.data import WrangleInputError
+from jobs.wrangle.data import Format, WrangleInputError, read_csv_typed, serialize_row
 from jobs.wrangle.datasets import Dataset
 
 log = logging.getLogger(__name__)
@@ -34,27 +34,6 @@ class PaperRow:
     key: str | None = None
 
 
-@dataclass(frozen=True)
-class Format:
-    """The serialization flags: --sep-tok and --nan-tok."""
-
-    sep_tok: str = "."
-    nan_tok: str = "nan"
-
-
-def read_csv(path: Path) -> tuple[list[str], list[dict]]:
-    """A CSV file's columns and rows, typed as pandas types them."""
-    import pandas as pd  # imported here: only dataset mode needs it
-
-    try:
-        frame = pd.read_csv(path)
-    except FileNotFoundError:
-        raise WrangleInputError(f"{path} is missing: the paper's layout needs it; add it or fix --data-dir") from None
-    except (OSError, ValueError) as e:
-        raise WrangleInputError(f"{path} cannot be read as CSV ({e}); fix the file") from None
-    return [str(c) for c in frame.columns], frame.to_dict("records")
-
-
 def prepare(columns: list[str], rows: list[dict], dataset: Dataset, path: Path) -> tuple[list[str], list[dict]]:
     """Drop, then rename, the dataset's columns (DATA2DROPCOLS, DATA2COLREMAP)."""
     missing = [c for c in dataset.drop if c not in columns]
@@ -64,17 +43,6 @@ def prepare(columns: list[str], rows: list[dict], dataset: Dataset, path: Path) 
     keep = [c for c in columns if c not in dataset.drop]
     names = [dataset.rename.get(c, c) for c in keep]
     return names, [{dataset.rename.get(c, c): r[c] for c in keep} for r in rows]
-
-
-def cell(value, fmt: Format) -> str:
-    return fmt.nan_tok if str(value) == "nan" else str(value).strip()
-
-
-def serialize_row(pairs: list[tuple[str, object]], fmt: Format) -> str:
-    """`name: value` per column, joined by the separator (serialize_row)."""
-    parts = [f"{name}: {cell(value, fmt)}".lstrip() for name, value in pairs]
-    sep = f" {fmt.sep_tok}" if fmt.sep_tok and fmt.sep_tok != "." else fmt.sep_tok
-    return f"{sep} ".join(parts)
 
 
 def grouped_join(left: list[dict], key: str, right: dict[object, list[dict]], where: Path | None = None
@@ -104,9 +72,9 @@ def _yes_no(yes: bool) -> str:
 
 
 def _matching(folder: Path, dataset: Dataset, split: Path, fmt: Format) -> list[PaperRow]:
-    tables = [prepare(*read_csv(folder / f"table{s}.csv"), dataset, folder / f"table{s}.csv") for s in "AB"]
+    tables = [prepare(*read_csv_typed(folder / f"table{s}.csv"), dataset, folder / f"table{s}.csv") for s in "AB"]
     (cols_a, rows_a), (cols_b, rows_b) = tables
-    labels = read_csv(split)[1]
+    labels = read_csv_typed(split)[1]
     for need in ("ltable_id", "rtable_id", "label"):
         if labels and need not in labels[0]:
             raise WrangleInputError(f"{split} lacks the column {need!r}; entity-matching pairs need ltable_id, "
@@ -125,22 +93,21 @@ def _matching(folder: Path, dataset: Dataset, split: Path, fmt: Format) -> list[
 
 
 def _imputation(dataset: Dataset, split: Path, fmt: Format) -> list[PaperRow]:
-    cols, rows = prepare(*read_csv(split), dataset, split)
+    cols, rows = prepare(*read_csv_typed(split), dataset, split)
     if dataset.impute_col not in cols:
         raise WrangleInputError(f"{split} lacks the imputed column {dataset.impute_col!r}; use the dataset's files")
     shown = [c for c in cols if c not in ("id", dataset.impute_col)]
-    sep = f" {fmt.sep_tok}" if fmt.sep_tok and fmt.sep_tok != "." else fmt.sep_tok
-    return [PaperRow(f"{serialize_row([(c, r[c]) for c in shown], fmt)}{sep}{dataset.suffix} ",
+    return [PaperRow(f"{serialize_row([(c, r[c]) for c in shown], fmt)}{fmt.separator}{dataset.suffix} ",
                      f"{r[dataset.impute_col]}\n") for r in rows]
 
 
 def _spelling(folder: Path, dataset: Dataset, split: Path, fmt: Format) -> list[PaperRow]:
     """Hospital: one cell per prompt, `Is there a x spelling error in col: value?` (the row is not shown)."""
-    table = read_csv(folder / "table.csv")
+    table = read_csv_typed(folder / "table.csv")
     cols, rows = prepare(*table, dataset, folder / "table.csv")
     by_position = {i: [r] for i, r in enumerate(rows)}
     out = []
-    for i, (label, row) in enumerate(grouped_join(read_csv(split)[1], "row_id", by_position, split)):
+    for i, (label, row) in enumerate(grouped_join(read_csv_typed(split)[1], "row_id", by_position, split)):
         column = label["col_name"]
         if column not in cols:
             raise WrangleInputError(f"{split} row {i}: col_name {column!r} is not a column of table.csv; fix it")
@@ -150,8 +117,8 @@ def _spelling(folder: Path, dataset: Dataset, split: Path, fmt: Format) -> list[
 
 
 def _detection(folder: Path, dataset: Dataset, fmt: Format) -> list[PaperRow]:
-    """Adult: the paper's code scores table.csv's own rows (each with col_name and is_clean) in every split."""
-    cols, rows = prepare(*read_csv(folder / "table.csv"), dataset, folder / "table.csv")
+    """Adult: the paper's code evaluates table.csv's own rows (each with col_name and is_clean) in every split."""
+    cols, rows = prepare(*read_csv_typed(folder / "table.csv"), dataset, folder / "table.csv")
     out = []
     for r in rows:
         whole = serialize_row([(c, r[c]) for c in cols if c not in _SKIP_IN_ROW], fmt)
@@ -162,7 +129,7 @@ def _detection(folder: Path, dataset: Dataset, fmt: Format) -> list[PaperRow]:
 
 
 def _schema(dataset: Dataset, split: Path) -> list[PaperRow]:
-    _, rows = prepare(*read_csv(split), dataset, split)
+    _, rows = prepare(*read_csv_typed(split), dataset, split)
     return [PaperRow(f"A is {r['left']}. B is {r['right']}. {dataset.suffix} ", _yes_no(r["label"] != 0),
                      r["label"], str(r["left"])) for r in rows]
 
@@ -180,7 +147,7 @@ def read_split(folder: Path, dataset: Dataset, split: str, fmt: Format) -> list[
     if dataset.task == "error_detection_spelling":
         return _spelling(Path(folder), dataset, path, fmt)
     if dataset.task == "error_detection":
-        read_csv(path)  # the paper's code reads (and requires) the split file, then uses table.csv
+        read_csv_typed(path)  # the paper's code reads (and requires) the split file, then uses table.csv
         return _detection(Path(folder), dataset, fmt)
     if (Path(folder) / "table.csv").is_file() is False:
         raise WrangleInputError(f"{Path(folder) / 'table.csv'} is missing: the paper's code reads it for "

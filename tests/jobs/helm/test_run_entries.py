@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.helm.errors import SpecError
+from jobs.helm.run_entries import AdapterSpec, load_spec, with_overrides
 from jobs.helm.scenarios import load_instances
-from jobs.helm.spec import AdapterSpec, load_spec, with_overrides
 from tests.jobs.helm.files import assert_user_error, invoke, write_jsonl, write_spec
 
 REPO = Path(__file__).resolve().parents[3]

@@ -1,5 +1,6 @@
-"""Scoring text with the engine: log-likelihood and perplexity of continuations, computed token by token
-through the decode path (so a compressed KV cache is part of what is measured)."""
+"""Teacher forcing through the engine's decode path: log-probabilities and perplexity of texts, token by token
+(so a compressed KV cache is part of what is measured); the tests' check of decode, beside the prefill's
+prompt log-probabilities (engine/loop/prompt_logprobs.py) that `--score` uses."""
 
 from __future__ import annotations
 

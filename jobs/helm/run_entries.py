@@ -1,5 +1,5 @@
-"""The benchmark spec: a YAML file of run entries, read into frozen dataclasses and checked before any model is
-loaded. Every error names the entry and field, the bad value, and the fix.
+"""The benchmark spec (`flexbatch helm --spec`): a YAML file of run entries, read into frozen dataclasses and
+checked before any model is loaded. Every error names the entry and field, the bad value, and the fix.
 
     defaults:                       # optional: fields shared by every entry (an entry's adapter keys win)
       adapter: {method: generation, max_tokens: 8, stop_sequences: ["\\n"], temperature: 0, num_outputs: 1}
@@ -26,10 +26,10 @@ from helm.benchmark.adaptation import adapter_spec as helm_adapter_spec
 
 from engine.options import OptionError, options_of
 from engine.policy import Policy
+from jobs.helm.echo_requests import SCORING_METHODS
 from jobs.helm.errors import SpecError
 from jobs.helm.metrics import METRICS
 from jobs.helm.scenarios import BUILTIN, EVAL_SPLITS, resolve_scenario
-from jobs.helm.scoring import SCORING_METHODS
 
 METHODS = ("generation", "multiple_choice_joint", *SCORING_METHODS)
 DEMO_MODEL = "demo"

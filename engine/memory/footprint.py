@@ -1,0 +1,134 @@
+"""The bytes the engine holds, per unit: one layer's weights in each stored format, the embeddings and head, one
+token's K and V in one layer in each cache format, one row's activations between layers, a shared prefix's K/V,
+and the layers held while weights stream. The engine checks a block against its budgets with these figures
+(`engine.loop.schedule.BlockExecutor.block_bytes`); the planner multiplies the same figures by its placement
+fractions (planner/memory_model.py) and the GPU benchmark sizes its policies with them, so that what a plan
+promises is what the engine then needs. Every figure is in bytes."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.compression.int4 import DEFAULT_CONFIG, PARAM_DTYPE
+from engine.memory.weight_store import globals_tier, head_in_int8
+from engine.policy import Policy
+from engine.spec import ModelSpec
+
+ACT_DTYPE = torch.float32  # the residual stream between layers, whatever the compute dtype (engine/models/llama.py)
+GROUP = DEFAULT_CONFIG.group_size  # 4-bit groups of weights (along in) and of the KV cache (along head_dim)
+GROUP_PARAM_BYTES = 2 * PARAM_DTYPE.itemsize  # a 4-bit group's min and scale
+INT8_SCALE_BYTES = 4  # a row-wise int8 weight's float32 scale per output row (engine/compression/int8.py)
+STAGED_LAYERS = 2  # layers held while weights stream: the one computing and the one prefetched
+
+
+def linear_shapes(model: ModelSpec) -> list[tuple[int, int]]:
+    """(out, in) of each Linear weight of one layer: q, k, v, o and the MLP (gate, up, down or fc1, fc2)."""
+    h, f = model.hidden_size, model.ffn_size
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    mlp = [(f, h), (h, f)] if model.family == "opt" else [(f, h), (f, h), (h, f)]
+    return [(q, h), (kv, h), (kv, h), (h, q), *mlp]
+
+
+def linear_params(model: ModelSpec) -> int:
+    """P_lin = sum of out * in over one layer's Linear weights (elements): the GEMM work per token is 2 P_lin."""
+    return sum(o * i for o, i in linear_shapes(model))
+
+
+def int4_row_bytes(n: int, group: int = GROUP) -> int:
+    """n values in 4 bits, grouped along them (the last group padded): ceil(n / group) * (group / 2 + min and
+    scale)."""
+    return math.ceil(n / group) * (group // 2 + GROUP_PARAM_BYTES)
+
+
+def int4_bytes(out: int, inp: int) -> int:
+    """A 4-bit [out, in] weight grouped along in: out * int4_row_bytes(in)."""
+    return out * int4_row_bytes(inp)
+
+
+def int8_bytes(out: int, inp: int) -> int:
+    """A row-wise 8-bit [out, in] weight: out * in codes + out float32 scales."""
+    return out * inp + out * INT8_SCALE_BYTES
+
+
+def bf16_bytes(out: int, inp: int) -> int:
+    """A bfloat16 [out, in] weight (engine/compression/bf16.py)."""
+    return 2 * out * inp
+
+
+def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool, weight_format: str = "int4") -> float:
+    """W: one layer as stored and moved. Dense: params_per_layer * dtype_bytes; compressed: int4_bytes, int8_bytes
+    or bf16_bytes (by `weight_format`) of each Linear weight plus the norms and biases, which stay dense."""
+    dense = model.params_per_layer * dtype_bytes
+    if not compressed:
+        return dense
+    other = model.params_per_layer - linear_params(model)
+    size = {"int8": int8_bytes, "bf16": bf16_bytes}.get(weight_format, int4_bytes)
+    return sum(size(o, i) for o, i in linear_shapes(model)) + other * dtype_bytes
+
+
+def stored_layer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
+    """W of one layer in the form `policy` stores it (dense, or compressed in its weight format)."""
+    return layer_bytes(model, dtype_bytes, policy.compress_weight, policy.weight_format)
+
+
+def int4_kernel_layout_bytes(model: ModelSpec) -> int:
+    """Bytes the int4 kernel's layout keeps beside the codes of one CPU-resident layer (engine.compression.int4.pack_int4):
+    each fused Linear [out, in] with out padded to a multiple of 16, in int4_bytes' own format."""
+    h, f = model.hidden_size, model.ffn_size
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    mlp = [(f, h), (h, f)] if model.family == "opt" else [(2 * f, h), (h, f)]
+    return sum(int4_bytes(-(-o // 16) * 16, i) for o, i in [(q + 2 * kv, h), (h, q), *mlp])
+
+
+def global_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy | None = None) -> float:
+    """Embeddings (V * H), the head when untied (V * H), the final norm (H) and OPT's learned positions and
+    projections; placed on `globals_tier`. Where `policy` keeps the head in int8 (`head_in_int8`), the head is
+    its own int8_bytes(V, H) instead (beside the embeddings, tied or not)."""
+    h, v = model.hidden_size, model.vocab_size
+    int8_head = policy is not None and head_in_int8(policy, globals_tier(policy, model.num_layers))
+    n = v * h * (1 if model.tie_word_embeddings or int8_head else 2) + h
+    if model.family == "opt":
+        proj = model.word_embed_proj_dim or h
+        n += (model.max_position_embeddings + 2) * h + (2 * proj * h if proj != h else 0)
+    return n * dtype_bytes + (int8_bytes(v, h) if int8_head else 0)
+
+
+def kv_slot_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool) -> float:
+    """K and V of one token in one layer: 2 * KVH * D * dtype_bytes, or 2 * KVH * int4_row_bytes(D) in 4 bits."""
+    per_head = int4_row_bytes(model.head_dim) if compressed else model.head_dim * dtype_bytes
+    return 2 * model.num_kv_heads * per_head
+
+
+def kv_row_bytes(model: ModelSpec, slots: int, dtype_bytes: int, compressed: bool) -> float:
+    """The KV cache of one row: all `slots` slots of every layer are preallocated, L * slots * kv_slot_bytes."""
+    return model.num_layers * slots * kv_slot_bytes(model, dtype_bytes, compressed)
+
+
+def prefix_bytes(model: ModelSpec, shared: int, dtype_bytes: int) -> float:
+    """A block's shared prefix: one uncompressed row of `shared` slots, kv_row_bytes(shared)."""
+    return kv_row_bytes(model, shared, dtype_bytes, False)
+
+
+def prefix_tier(policy: Policy) -> str:
+    """Where a block's shared prefix lives, whole: on the gpu tier when it holds at least half of the KV cache,
+    else in CPU memory (the disk tier's rows attend on the CPU)."""
+    return "gpu" if policy.cache_gpu >= policy.cache_cpu + policy.cache_disk else "cpu"
+
+
+def disk_kv_buffer_bytes(model: ModelSpec, slots: int, dtype_bytes: int) -> float:
+    """CPU memory per row of a plain KV cache on the disk tier (engine/memory/disk_kv.py): the two buffers its
+    K and V of one layer move through, 2 * slots * KVH * D * dtype_bytes (each buffer is rounded up to 4 KiB per
+    GPU batch, which is not counted)."""
+    return slots * kv_slot_bytes(model, dtype_bytes, False)
+
+
+def act_row_bytes(model: ModelSpec, positions: int) -> float:
+    """The hidden states of one row between layers: positions * H in ACT_DTYPE (float32)."""
+    return positions * model.hidden_size * ACT_DTYPE.itemsize
+
+
+def staged_bytes(layer: float) -> float:
+    """Layers held while weights stream (from disk into CPU memory, or onto the GPU): STAGED_LAYERS * one layer."""
+    return STAGED_LAYERS * layer

@@ -1,0 +1,101 @@
+"""Compressed layers are converted once: the first load keeps each in the offload folder, later loads read them
+there instead of quantizing the checkpoint again, and a damaged file is converted anew."""
+
+import logging
+
+import pytest
+import torch
+
+from engine.checkpoint import CheckpointReader
+from engine.compression.codecs import WeightCodec
+from engine.engine import Engine
+from engine.memory import converted, weight_store
+from engine.memory.offload import layer_path
+from engine.policy import Policy
+from engine.request import Request, SamplingParams
+from engine.spec import load_model_spec
+
+VARIANT = "llama_gqa_llama3"
+
+
+def _run(model_dir, tmp_path, fmt: str):
+    engine = Engine.load(model_dir, dtype="float32", policy=Policy(compress_weight=True, weight_format=fmt),
+                         offload_dir=tmp_path)
+    try:
+        reqs = [Request(str(i), p, SamplingParams(max_new_tokens=6)) for i, p in enumerate(["The quick", "def add("])]
+        return [c.token_ids for c in engine.generate(reqs)], engine.weights.resident
+    finally:
+        engine.weights.close()
+
+
+def _kept_files(tmp_path):
+    return sorted(p.name for p in tmp_path.rglob("layer_*.safetensors"))
+
+
+def _no_conversion(monkeypatch):
+    def refuse(reader, i, dtype, codec):
+        raise AssertionError(f"layer {i} was quantized again")
+    monkeypatch.setattr(weight_store, "encode_layer", refuse)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_a_second_load_reads_the_converted_layers_and_computes_the_same(checkpoint, tmp_path, monkeypatch, fmt):
+    model_dir = checkpoint(VARIANT)
+    layers = load_model_spec(model_dir).num_layers
+    first, first_weights = _run(model_dir, tmp_path, fmt)
+    assert len(_kept_files(tmp_path)) == layers  # every resident layer kept, written once
+    _no_conversion(monkeypatch)
+    second, second_weights = _run(model_dir, tmp_path, fmt)
+    assert second == first
+    compared = 0
+    for i, layer in first_weights.items():  # the same stored form, read back
+        for name, w in layer.items():
+            a, b = (getattr(x, "stored", x) for x in (w, second_weights[i][name]))
+            for field in ("data", "codes", "scales", "mins"):
+                if hasattr(a, field):
+                    assert torch.equal(getattr(a, field), getattr(b, field)), (i, name, field)
+                    compared += 1
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, b), (i, name)
+    assert compared >= 4 * layers  # every compressed projection's codes and scales
+
+
+def test_a_damaged_converted_layer_is_converted_again(checkpoint, tmp_path, monkeypatch):
+    model_dir = checkpoint(VARIANT)
+    first, _ = _run(model_dir, tmp_path, "int4")
+    damaged = next(tmp_path.rglob("layer_0001.safetensors"))
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF  # same size, one flipped bit in the codes
+    damaged.write_bytes(bytes(data))
+    calls = []
+    real = weight_store.encode_layer
+    monkeypatch.setattr(weight_store, "encode_layer", lambda reader, i, *a: calls.append(i) or real(reader, i, *a))
+    second, _ = _run(model_dir, tmp_path, "int4")
+    assert calls == [1] and second == first
+
+
+def test_convert_writes_every_layer_once_and_a_run_then_converts_nothing(checkpoint, tmp_path, monkeypatch):
+    model_dir = checkpoint(VARIANT)
+    reader = CheckpointReader(model_dir, load_model_spec(model_dir))
+    codec = WeightCodec(torch.float32, format="int4")
+    folder, written = converted.convert(reader, torch.float32, codec, tmp_path)
+    assert written == reader.spec.num_layers and all(layer_path(folder, i).is_file() for i in range(written))
+    assert converted.convert(reader, torch.float32, codec, tmp_path) == (folder, 0)
+    _no_conversion(monkeypatch)
+    _run(model_dir, tmp_path, "int4")
+
+
+def test_a_folder_that_cannot_be_written_costs_only_the_reuse(checkpoint, tmp_path, monkeypatch, caplog):
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(converted, "write_layer", full_disk)
+    model_dir = checkpoint(VARIANT)
+    with caplog.at_level(logging.WARNING, logger="engine.memory.converted"):
+        tokens, _ = _run(model_dir, tmp_path, "int4")
+    assert tokens and all(len(t) == 6 for t in tokens)
+    assert "later runs will convert it again" in caplog.text and _kept_files(tmp_path) == []
+
+
+def test_uncompressed_resident_layers_are_not_copied(checkpoint, tmp_path):
+    Engine.load(checkpoint(VARIANT), dtype="float32", offload_dir=tmp_path).weights.close()
+    assert _kept_files(tmp_path) == []
