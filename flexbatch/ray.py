@@ -68,7 +68,7 @@ class Processor:
                                        hardware=hardware, offload_dir=offload_dir, plan=policy is None,
                                        pins=Pins.of(policy) if policy is not None else Pins())
         self.defaults = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                       top_k=top_k, stop=stop, seed=seed)
+                                       top_k=top_k, stop=tuple(stop), seed=seed)
         self.host = EngineHost(engines_per_node)
 
     @property
