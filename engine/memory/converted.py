@@ -1,24 +1,22 @@
 """Layers kept in their stored form in the offload folder, one folder per (checkpoint, dtype, format): the disk
 tier's layers, and every compressed layer, converted once. A run with compressed weights writes each layer it
-quantized there (a by-product of its first load, or of `flexbatch convert` beforehand); every later run and every
-worker of a job reads the compressed form from there instead of quantizing the checkpoint again. The files are
-engine/memory/offload.py's: safetensors with the format in their metadata, each checked against its completion
-record (size and SHA-256) on every reuse."""
+quantized there (a by-product of its first load); every later run and every worker of a job reads the compressed
+form from there instead of quantizing the checkpoint again. The files are engine/memory/offload.py's: safetensors
+with the format in their metadata, each checked against its completion record (size and SHA-256) on every
+reuse."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
-import time
 from pathlib import Path
 
 import torch
 
 from engine.checkpoint import CheckpointReader
 from engine.kernels.fuse import LAYOUT, fuse_projections
-from engine.memory.heap import release_freed_memory
-from engine.memory.offload import layer_path, offload_root, stored_layer, write_layer
+from engine.memory.offload import layer_path, offload_root, write_layer
 
 log = logging.getLogger(__name__)
 
@@ -65,20 +63,3 @@ def keep_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], meta: dic
     except OSError as e:
         log.warning("could not keep converted layer %d in %s (%s): later runs will convert it again", i, folder, e)
         return False
-
-
-def convert(reader: CheckpointReader, dtype: torch.dtype, codec, offload_dir: str | Path | None) -> tuple[Path, int]:
-    """Every layer of the checkpoint in `codec`'s format, written to its folder where not already complete there,
-    one layer in memory at a time: (the folder, layers written)."""
-    folder, written, t0 = layer_folder(reader, dtype, codec, offload_dir), 0, time.perf_counter()
-    for i in range(reader.spec.num_layers):
-        if stored_layer(folder, i) is None:
-            tensors, meta = encode_layer(reader, i, dtype, codec)
-            if not keep_layer(folder, i, tensors, meta):
-                raise OSError(f"could not write converted layer {i} into {folder}")
-            written += 1
-            del tensors
-            release_freed_memory()
-    log.info("%d of %d layers converted into %s in %.1fs", written, reader.spec.num_layers, folder,
-             time.perf_counter() - t0)
-    return folder, written

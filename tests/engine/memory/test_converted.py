@@ -6,11 +6,8 @@ import logging
 import pytest
 import torch
 
-from engine.checkpoint import CheckpointReader
-from engine.compression.codecs import WeightCodec
 from engine.engine import Engine
 from engine.memory import converted, weight_store
-from engine.memory.offload import layer_path
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from engine.spec import load_model_spec
@@ -72,17 +69,6 @@ def test_a_damaged_converted_layer_is_converted_again(checkpoint, tmp_path, monk
     monkeypatch.setattr(weight_store, "encode_layer", lambda reader, i, *a: calls.append(i) or real(reader, i, *a))
     second, _ = _run(model_dir, tmp_path, "int4")
     assert calls == [1] and second == first
-
-
-def test_convert_writes_every_layer_once_and_a_run_then_converts_nothing(checkpoint, tmp_path, monkeypatch):
-    model_dir = checkpoint(VARIANT)
-    reader = CheckpointReader(model_dir, load_model_spec(model_dir))
-    codec = WeightCodec(torch.float32, format="int4")
-    folder, written = converted.convert(reader, torch.float32, codec, tmp_path)
-    assert written == reader.spec.num_layers and all(layer_path(folder, i).is_file() for i in range(written))
-    assert converted.convert(reader, torch.float32, codec, tmp_path) == (folder, 0)
-    _no_conversion(monkeypatch)
-    _run(model_dir, tmp_path, "int4")
 
 
 def test_a_folder_that_cannot_be_written_costs_only_the_reuse(checkpoint, tmp_path, monkeypatch, caplog):
