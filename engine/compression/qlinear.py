@@ -12,7 +12,9 @@ is taken.
 
     int4   the project's 4-bit x int8 kernel (engine/kernels/int4_tiles.py) where it is built, else aten's packed
            int4 GEMM (`_weight_int4pack_mm_for_cpu`), for layers packed once at load
-    int8   int8 x int8 GEMM with activations quantized per row (`engine/compression/int8.py`), no packing needed"""
+    int8   int8 x int8 GEMM with activations quantized per row: the project's kernel over its tiles for layers
+           packed once at load (engine/kernels/int8_tiles.py) or over the codes as stored for layers read anew
+           (engine/kernels/int8_rows.py), else PyTorch's (`engine/compression/int8.py`)"""
 
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ import torch.nn.functional as F
 
 from engine.compression.int4 import Int4Packed
 from engine.compression.int8 import Int8Weight, dequantize_int8
-from engine.kernels import int4_tiles, int8_rows
+from engine.kernels import int4_tiles, int8_rows, int8_tiles
 from engine.kernels.int4_tiles import Int4Tiles
 from engine.kernels.int8_rows import Int8Rows
+from engine.kernels.int8_tiles import Int8Tiles
 from engine.kernels.rates import ROWS
 
 LARGEST_MEASURED = ROWS[-1]
@@ -35,11 +38,12 @@ LARGEST_MEASURED = ROWS[-1]
 @dataclass(frozen=True)
 class QWeight:
     """A compressed Linear weight as kept: `stored` (QTensor or Int8Weight) for the dense path, `fast` (the
-    compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows). A 4-bit
-    weight in the project's tiles keeps no stored form (None): its dense path dequantizes the tiles."""
+    compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows). A
+    weight in the project's tiles (4-bit or int8) keeps no stored form (None): its dense path dequantizes the
+    tiles."""
 
     stored: object
-    fast: Int4Tiles | Int4Packed | Int8Rows | Int8Weight | None
+    fast: Int4Tiles | Int4Packed | Int8Tiles | Int8Rows | Int8Weight | None
     max_rows: int
 
 
@@ -58,14 +62,16 @@ def _layout_bytes(fast) -> int:
 
 
 def stored_bytes(weights) -> int:
-    """Bytes of weights as kept: tensors at their size, QWeights at their stored form's (the int8 head), other
-    kept forms (a weight reordered for oneDNN) at their `nbytes`."""
-    return sum(w.stored.nbytes if isinstance(w, QWeight) else w.numel() * w.element_size()
+    """Bytes of weights as kept: tensors at their size, QWeights at their stored form's or, kept in tiles alone,
+    the tiles' (the int8 head), other kept forms (a weight reordered for oneDNN) at their `nbytes`."""
+    return sum((w.fast if w.stored is None else w.stored).nbytes if isinstance(w, QWeight) else w.numel() * w.element_size()
                if isinstance(w, torch.Tensor) else w.nbytes for w in weights)
 
 
 def one_call(w: QWeight, dtype: torch.dtype) -> QLinear:
     """A view of an int8 QWeight kept outside a layer (the head) for one call: a dense copy only if needed."""
+    if w.stored is None:
+        return QLinear(w, lambda: int8_tiles.dequantize(w.fast, dtype))
     return QLinear(w, lambda: dequantize_int8(w.stored, dtype))
 
 
@@ -87,7 +93,7 @@ class QLinear:
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         rows, w = x.numel() // x.shape[-1], self.weight
-        takes_any_rows = isinstance(w.fast, (Int8Rows, Int8Weight, Int4Tiles))
+        takes_any_rows = isinstance(w.fast, (Int8Tiles, Int8Rows, Int8Weight, Int4Tiles))
         if self.uses_fast(rows) or (takes_any_rows and w.max_rows >= LARGEST_MEASURED):
             y = _kernel(x, w.fast)
         elif w.fast is not None and w.max_rows >= LARGEST_MEASURED:  # still faster at the largest row count
@@ -98,7 +104,9 @@ class QLinear:
         return y if b is None else y.add_(b)
 
 
-def _kernel(x: torch.Tensor, fast: Int4Tiles | Int4Packed | Int8Rows | Int8Weight) -> torch.Tensor:
+def _kernel(x: torch.Tensor, fast: Int4Tiles | Int4Packed | Int8Tiles | Int8Rows | Int8Weight) -> torch.Tensor:
+    if isinstance(fast, Int8Tiles):
+        return int8_tiles.linear(x, fast)
     if isinstance(fast, (Int8Rows, Int8Weight)):
         return int8_rows.fast_linear(x, fast)
     return int4_tiles.fast_linear(x, fast)

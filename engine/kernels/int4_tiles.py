@@ -50,7 +50,7 @@ class Int4Tiles:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.mins))
+        return self.codes.nbytes + self.scales.nbytes + self.mins.nbytes
 
 
 def supports(qt: QTensor) -> bool:

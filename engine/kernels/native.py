@@ -28,7 +28,7 @@ from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
-from engine.kernels import int4_tiles, int8_rows, layer_ops, onednn_dense, prefill_choice, rates
+from engine.kernels import int4_tiles, int8_rows, int8_tiles, layer_ops, onednn_dense, prefill_choice, rates
 from engine.kernels.int4_tiles import Int4Tiles
 from engine.kernels.onednn_dense import OnednnWeight
 from engine.kernels.rates import max_rows
@@ -146,15 +146,20 @@ def int8_head(gw: LayerWeights, tied: bool, dtype: torch.dtype) -> LayerWeights:
     """The global weights with the LM head's weight (the embeddings' where tied, which stay as they are for the
     lookup) as a row-wise int8 QWeight under `lm_head.weight` (engine.memory.weight_store.head_in_int8 decides)."""
     w = gw["embed_tokens.weight"] if tied or "lm_head.weight" not in gw else gw["lm_head.weight"]
-    return gw | {"lm_head.weight": qweight(quantize_int8(w), dtype, pack=False)}
+    return gw | {"lm_head.weight": qweight(quantize_int8(w), dtype, pack=True)}
 
 
 def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:
-    """A QTensor, Int8Weight or Bf16Weight as a QWeight: int8 computes on its codes as they are; int4 needs packing
-    (`pack`, done once for resident layers) and is packed only where it was measured faster somewhere."""
+    """A QTensor, Int8Weight or Bf16Weight as a QWeight, packed for its kernel where `pack` (done once, for weights
+    kept in memory): int8 in the kernel's tiles (engine/kernels/int8_tiles.py), which replace the stored codes, or
+    else computed on its codes as they are (a layer read anew at every step); int4 is packed only where it was
+    measured faster somewhere."""
     if isinstance(w, Int8Weight):
         n, k = w.codes.shape
-        return QWeight(w, int8_rows.pack_fast(w), max_rows("int8", n, k, dtype))
+        rows = max_rows("int8", n, k, dtype)
+        if pack and int8_rows.available() and w.codes.device.type == "cpu":  # kept in the tiles alone
+            return QWeight(None, int8_tiles.pack(w), rows)
+        return QWeight(w, int8_rows.pack_fast(w), rows)
     if isinstance(w, Bf16Weight):  # no kernel of its own: widened, then the dense GEMM
         return QWeight(w, None, 0)
     n, k = w.shape

@@ -32,13 +32,13 @@ from engine.cache_root import CACHE_ROOT
 from engine.compression.int4 import DEFAULT_CONFIG, dequantize, quantize
 from engine.compression.int8 import dequantize_int8, quantize_int8
 from engine.dtypes import cpu_info
-from engine.kernels import compiled, int4_tiles, int8_rows, onednn_dense
+from engine.kernels import compiled, int4_tiles, int8_rows, int8_tiles, onednn_dense
 
 log = logging.getLogger(__name__)
 ROWS = (1, 4, 16, 64, 256, 1024)
 MIN_PACK_PARAMS = 1 << 20  # out * in of the smallest dense weight considered for reordering
 MIN_PACK_GAIN = 1.1  # geometric-mean speed-up over ROWS that a reordered dense weight must show
-VERSION = 4  # of the kernels measured and the entries' form: entries of another version are measured again
+VERSION = 5  # of the kernels measured and the entries' form: entries of another version are measured again
 MAX_AGE_S = 30 * 86400
 DEFAULT_PATH = CACHE_ROOT / "kernel_rates.json"
 _lock = threading.Lock()
@@ -67,10 +67,12 @@ def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
         plain = w.to(dtype)
         packed = onednn_dense.pack(plain)  # RuntimeError where this CPU cannot reorder this dtype
         return (lambda x: onednn_dense.linear(x, packed)), (lambda x: F.linear(x, plain))
-    if fmt == "int8":
+    if fmt == "int8":  # the form of a layer kept in memory: the kernel's tiles where it is built
         w8 = quantize_int8(w)
-        fast8 = int8_rows.pack_fast(w8)
-        return (lambda x: int8_rows.fast_linear(x, fast8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
+        if int8_rows.available():
+            tiles = int8_tiles.pack(w8)
+            return (lambda x: int8_tiles.linear(x, tiles)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
+        return (lambda x: int8_rows.fast_linear(x, w8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
     qt = quantize(w.to(dtype), DEFAULT_CONFIG)
     fast = int4_tiles.pack_fast(qt)
     return (lambda x: int4_tiles.fast_linear(x, fast)), (lambda x: F.linear(x, dequantize(qt, dtype=dtype)))

@@ -12,6 +12,7 @@ import math
 import torch
 
 from engine.compression.int4 import DEFAULT_CONFIG, PARAM_DTYPE
+from engine.kernels import int8_rows, int8_tiles
 from engine.memory.weight_store import globals_tier, head_in_int8
 from engine.policy import Policy
 from engine.spec import ModelSpec
@@ -52,6 +53,16 @@ def int8_bytes(out: int, inp: int) -> int:
     return out * inp + out * INT8_SCALE_BYTES
 
 
+def int8_head_bytes(out: int, inp: int) -> int:
+    """The int8 head as the engine keeps it: in the int8 kernel's tiles where the project's kernels are built (out
+    padded to a multiple of 16, in to one of 64, and an int32 code sum per output beside each scale;
+    engine/kernels/int8_tiles.py), else as stored."""
+    if not int8_rows.available():
+        return int8_bytes(out, inp)
+    padded = math.ceil(out / int8_tiles.TILE) * int8_tiles.TILE
+    return padded * math.ceil(inp / int8_tiles.INPUTS) * int8_tiles.INPUTS + padded * (INT8_SCALE_BYTES + 4)
+
+
 def bf16_bytes(out: int, inp: int) -> int:
     """A bfloat16 [out, in] weight (engine/compression/bf16.py)."""
     return 2 * out * inp
@@ -85,14 +96,14 @@ def int4_kernel_layout_bytes(model: ModelSpec) -> int:
 def global_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy | None = None) -> float:
     """Embeddings (V * H), the head when untied (V * H), the final norm (H) and OPT's learned positions and
     projections; placed on `globals_tier`. Where `policy` keeps the head in int8 (`head_in_int8`), the head is
-    its own int8_bytes(V, H) instead (beside the embeddings, tied or not)."""
+    its own int8_head_bytes(V, H) instead (beside the embeddings, tied or not)."""
     h, v = model.hidden_size, model.vocab_size
     int8_head = policy is not None and head_in_int8(policy, globals_tier(policy, model.num_layers))
     n = v * h * (1 if model.tie_word_embeddings or int8_head else 2) + h
     if model.family == "opt":
         proj = model.word_embed_proj_dim or h
         n += (model.max_position_embeddings + 2) * h + (2 * proj * h if proj != h else 0)
-    return n * dtype_bytes + (int8_bytes(v, h) if int8_head else 0)
+    return n * dtype_bytes + (int8_head_bytes(v, h) if int8_head else 0)
 
 
 def kv_slot_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool) -> float:

@@ -7,7 +7,9 @@
 // weighted sum of the values (V). The state may start from another source's (a shared prefix's) and is left
 // unnormalized, so that sources fold one after the other: out = o / l at the end.
 #pragma once
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 namespace flexbatch {
 
@@ -102,5 +104,27 @@ static inline int64_t attn_scratch_bytes(int64_t n, int64_t t, int64_t dp) {
   const int64_t tp = attn_padded_slots(t);
   return 4 * n * tp * 2 + 2 * 2 * n * tp + 2 * 2 * n * dp + 4 * dp + 256;
 }
+
+// One head's online-softmax step between the passes, written once for every instruction set (an anonymous
+// namespace: each set's file compiles its own copy): the state (m, l, o) of query row h moved to the new running
+// max max(m, mx), and the scores s[0, tp) made probabilities relative to it by `exp_pass(m_new)`, which returns
+// their sum (zero past t), or all zero while nothing has been seen.
+namespace {
+template <class ExpPass>
+inline void fold_step(const AttnQuery* a, int64_t h, float mx, float* s, int64_t tp, ExpPass exp_pass) {
+  const float m_new = fmaxf(a->m[h], mx);
+  float alpha = 1.0f, sum = 0.0f;
+  if (m_new == -INFINITY) {
+    memset(s, 0, 4 * tp);
+  } else {
+    alpha = expf(a->m[h] - m_new);
+    sum = exp_pass(m_new);
+  }
+  a->m[h] = m_new;
+  a->l[h] = a->l[h] * alpha + sum;
+  float* o = a->o + h * a->d;
+  for (int64_t i = 0; i < a->d; ++i) o[i] *= alpha;
+}
+}  // namespace
 
 }  // namespace flexbatch

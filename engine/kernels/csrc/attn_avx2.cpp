@@ -118,12 +118,7 @@ void softmax(const AttnQuery* a, const Scratch& w) {
     float* s = w.s + h * w.tp;
     float mx = -INFINITY;
     for (int64_t t = 0; t < T; ++t) mx = fmaxf(mx, s[t]);
-    const float m_new = fmaxf(a->m[h], mx);
-    float alpha = 1.0f, sum = 0.0f;
-    if (m_new == -INFINITY) {
-      memset(s, 0, 4 * w.tp);
-    } else {
-      alpha = expf(a->m[h] - m_new);
+    fold_step(a, h, mx, s, w.tp, [&](float m_new) {
       const __m256 mv = _mm256_set1_ps(m_new);
       __m256 acc = _mm256_setzero_ps();
       for (int64_t t0 = 0; t0 < w.tp; t0 += 8) {
@@ -135,11 +130,8 @@ void softmax(const AttnQuery* a, const Scratch& w) {
         _mm256_storeu_ps(s + t0, p);
         acc = _mm256_add_ps(acc, p);
       }
-      sum = hsum(acc);
-    }
-    a->m[h] = m_new;
-    a->l[h] = a->l[h] * alpha + sum;
-    for (int64_t i = 0; i < a->d; ++i) a->o[h * a->d + i] *= alpha;
+      return hsum(acc);
+    });
   }
 }
 

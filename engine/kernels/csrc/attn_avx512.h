@@ -77,12 +77,7 @@ inline void softmax(const AttnQuery* a, const Scratch& w, bool bf16) {
     float* s = w.s + h * w.tp;
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int64_t t0 = 0; t0 < T; t0 += 16) mx = _mm512_mask_max_ps(mx, live16(t0, T), mx, _mm512_loadu_ps(s + t0));
-    const float m_new = fmaxf(a->m[h], _mm512_reduce_max_ps(mx));
-    float alpha = 1.0f, sum = 0.0f;
-    if (m_new == -INFINITY) {
-      memset(s, 0, 4 * w.tp);
-    } else {
-      alpha = expf(a->m[h] - m_new);
+    fold_step(a, h, _mm512_reduce_max_ps(mx), s, w.tp, [&](float m_new) {
       const __m512 mv = _mm512_set1_ps(m_new);
       __m512 acc = _mm512_setzero_ps();
       for (int64_t t0 = 0; t0 < w.tp; t0 += 16) {
@@ -90,12 +85,8 @@ inline void softmax(const AttnQuery* a, const Scratch& w, bool bf16) {
         _mm512_storeu_ps(s + t0, p);
         acc = _mm512_add_ps(acc, p);
       }
-      sum = _mm512_reduce_add_ps(acc);
-    }
-    a->m[h] = m_new;
-    a->l[h] = a->l[h] * alpha + sum;
-    float* o = a->o + h * a->d;
-    for (int64_t i = 0; i < a->d; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), _mm512_set1_ps(alpha)));
+      return _mm512_reduce_add_ps(acc);
+    });
     if (!bf16) continue;
     for (int64_t t0 = 0; t0 < w.tp; t0 += 16) {
       const __m512 p = _mm512_loadu_ps(s + t0);

@@ -1,6 +1,7 @@
-// int8 x int8 GEMM on AVX2 over the weight as stored ([N][K] row-major). vpmaddubsw multiplies unsigned by signed
-// bytes into saturating int16 pairs, so each product is taken as |w| * (x with w's sign): at most 2 * 127 * 127
-// per pair, which never saturates; vpmaddwd then sums pairs into int32 lanes. Activation codes stay signed.
+// int8 x int8 GEMMs on AVX2, over the weight as stored ([N][K] row-major) and over the tile layout (int8.h).
+// vpmaddubsw multiplies unsigned by signed bytes into saturating int16 pairs, so each product is taken as
+// |w| * (x with w's sign): at most 2 * 127 * 127 per pair, which never saturates; vpmaddwd then sums pairs into
+// int32 lanes. Activation codes stay signed.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -81,7 +82,58 @@ void gemm(const Int8Weight* w, const uint8_t* codes, const float* scale, int64_t
   if (r < r1) rows_block<1>(w, codes, scale, kp, r, c0, c1, y, ldy, out_kind);
 }
 
-const Int8Kernels table = {"avx2", quantize_rows<quantize_row>, gemm};
+// R rows (1 or 2) of one tile: each 16-column tile is two halves of 8 int32 lanes; four inputs of a row are
+// broadcast to every lane. The rescale as the stored form's kernel does it, so both forms give the same values.
+template <int R>
+void tile_rows(const int8_t* wt, const float* ws, int64_t kp, const uint8_t* codes, const float* scale, int64_t r0,
+               void* y, int64_t ldy, int cols, int out_kind) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  const int64_t quads = kp / 4;
+  const int8_t* xr = reinterpret_cast<const int8_t*>(codes) + r0 * kp;
+  for (int64_t q = 0; q < quads; ++q) {
+    __m256i wv[2], wa[2];
+    for (int h = 0; h < 2; ++h) {
+      wv[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + q * 64 + 32 * h));
+      wa[h] = _mm256_sign_epi8(wv[h], wv[h]);
+    }
+    for (int r = 0; r < R; ++r) {
+      int32_t a;
+      memcpy(&a, xr + r * kp + 4 * q, 4);
+      const __m256i xb = _mm256_set1_epi32(a);
+      for (int h = 0; h < 2; ++h)
+        acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(xb, wv[h])), ones));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float v[16];
+    const __m256 xs = _mm256_set1_ps(scale[r0 + r]);
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(v + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_mul_ps(xs, _mm256_loadu_ps(ws + 8 * h))));
+    const int64_t off = (r0 + r) * ldy;
+    for (int c = 0; c < cols; ++c) {
+      if (out_kind == OUT_F32) static_cast<float*>(y)[off + c] = v[c];
+      else static_cast<uint16_t*>(y)[off + c] = f32_to_bf16(v[c]);
+    }
+  }
+}
+
+void tile_gemm(const Int8Tiles* w, const uint8_t* codes, const float* scale, int64_t r0, int64_t r1, int64_t t0,
+               int ntiles, void* y, int64_t ldy, int cols, int out_kind) {
+  const int64_t kp = w->kp;
+  for (int j = 0; j < ntiles; ++j) {
+    const int8_t* wt = w->codes + (t0 + j) * kp * 16;
+    const float* ws = w->scales + (t0 + j) * 16;
+    void* yt = static_cast<char*>(y) + 16 * j * (out_kind == OUT_F32 ? 4 : 2);
+    const int c = j == ntiles - 1 ? cols : 16;
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) tile_rows<2>(wt, ws, kp, codes, scale, r, yt, ldy, c, out_kind);
+    if (r < r1) tile_rows<1>(wt, ws, kp, codes, scale, r, yt, ldy, c, out_kind);
+  }
+}
+
+const Int8Kernels table = {"avx2", quantize_rows<quantize_row>, gemm, tile_gemm};
 
 }  // namespace
 

@@ -1,7 +1,8 @@
-// int8 x int8 GEMM on AVX-512 VNNI over the weight as stored ([N][K] row-major): vpdpbusd multiplies unsigned by
-// signed bytes, so activation codes are offset by 128 (1..255) and the offset's share, 128 * sum_k w[n][k], is
-// taken off at the end (exact in int32). A micro-tile of up to 4 rows x 4 columns keeps 16 dot products in
-// flight, 64 inputs per step; each is reduced across its lanes once, at the end.
+// int8 x int8 GEMMs on AVX-512 VNNI: vpdpbusd multiplies unsigned by signed bytes, so activation codes are offset
+// by 128 (1..255) and the offset's share, 128 * sum_k w[n][k], is taken off at the end (exact in int32).
+// Over the weight as stored ([N][K] row-major), a micro-tile of up to 4 rows x 4 columns keeps 16 dot products in
+// flight, 64 inputs per step, each reduced across its lanes once, at the end. Over the tile layout, each lane is
+// an output column: four inputs of a row are broadcast to every lane, and nothing is reduced across lanes.
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -112,7 +113,64 @@ void gemm(const Int8Weight* w, const uint8_t* codes, const float* scale, int64_t
   }
 }
 
-const Int8Kernels table = {"avx512", quantize_rows<quantize_row>, gemm};
+// R rows (1..4) x T tiles (1..4) of the tile layout: R T int32 accumulators of 16 columns, four inputs per
+// vpdpbusd; the rescale as the stored form's kernel does it, so both forms give the same values.
+template <int R, int T>
+void tile_rows(const Int8Tiles* w, const uint8_t* codes, const float* scale, int64_t r0, int64_t t0, void* y,
+               int64_t ldy, int cols, int out_kind) {
+  const int64_t kp = w->kp, quads = kp / 4;
+  __m512i acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < T; ++j) acc[r][j] = _mm512_setzero_si512();
+  const int8_t* wt = w->codes + t0 * kp * 16;
+  const uint8_t* xr = codes + r0 * kp;
+  for (int64_t q = 0; q < quads; ++q) {
+    __m512i wv[T];
+    for (int j = 0; j < T; ++j) wv[j] = _mm512_loadu_si512(wt + (j * quads + q) * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t a;
+      memcpy(&a, xr + r * kp + 4 * q, 4);
+      const __m512i xb = _mm512_set1_epi32(a);
+      for (int j = 0; j < T; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xb, wv[j]);
+    }
+  }
+  for (int j = 0; j < T; ++j) {
+    const int64_t c = (t0 + j) * 16;
+    const __m512 ws = _mm512_loadu_ps(w->scales + c);
+    const __m512i off = _mm512_slli_epi32(_mm512_loadu_si512(w->code_sums + c), 7);
+    const __mmask16 m = first16(j == T - 1 ? cols : 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], off));
+      const __m512 v = _mm512_mul_ps(dot, _mm512_mul_ps(ws, _mm512_set1_ps(scale[r0 + r])));
+      store16(y, out_kind == OUT_BF16, (r0 + r) * ldy + 16 * j, v, m);
+    }
+  }
+}
+
+template <int T>
+void tiles_rows(const Int8Tiles* w, const uint8_t* codes, const float* scale, int64_t r0, int64_t r1, int64_t t0,
+                void* y, int64_t ldy, int cols, int out_kind) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) tile_rows<4, T>(w, codes, scale, r, t0, y, ldy, cols, out_kind);
+  switch (r1 - r) {
+    case 3: tile_rows<3, T>(w, codes, scale, r, t0, y, ldy, cols, out_kind); break;
+    case 2: tile_rows<2, T>(w, codes, scale, r, t0, y, ldy, cols, out_kind); break;
+    case 1: tile_rows<1, T>(w, codes, scale, r, t0, y, ldy, cols, out_kind); break;
+    default: break;
+  }
+}
+
+void tile_gemm(const Int8Tiles* w, const uint8_t* codes, const float* scale, int64_t r0, int64_t r1, int64_t t0,
+               int ntiles, void* y, int64_t ldy, int cols, int out_kind) {
+  switch (ntiles) {
+    case 4: tiles_rows<4>(w, codes, scale, r0, r1, t0, y, ldy, cols, out_kind); break;
+    case 3: tiles_rows<3>(w, codes, scale, r0, r1, t0, y, ldy, cols, out_kind); break;
+    case 2: tiles_rows<2>(w, codes, scale, r0, r1, t0, y, ldy, cols, out_kind); break;
+    default: tiles_rows<1>(w, codes, scale, r0, r1, t0, y, ldy, cols, out_kind); break;
+  }
+}
+
+const Int8Kernels table = {"avx512", quantize_rows<quantize_row>, gemm, tile_gemm};
 
 }  // namespace
 

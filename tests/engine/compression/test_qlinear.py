@@ -10,7 +10,7 @@ import torch
 from engine.compression.codecs import WeightCodec
 from engine.compression.qlinear import QLinear, QWeight
 from engine.engine import Engine
-from engine.kernels import int4_tiles
+from engine.kernels import int4_tiles, int8_rows
 from engine.kernels import rates as kernel_rates
 from engine.kernels.native import NativeKernels
 from engine.policy import Policy
@@ -55,8 +55,8 @@ def test_rows_above_max_rows_take_the_dense_path(fmt, monkeypatch):
     assert q.weight.max_rows == 4 and q._dense is None
     y = kernels.linear(torch.randn(5, 192).to(torch.bfloat16), q)  # 5 rows: dequantize + GEMM
     assert q._dense is not None and y.shape == (5, 96)
-    # the same dense weight as the stored form's, though a 4-bit layer keeps the kernel's tiles alone
-    assert (q.weight.stored is None) == (fmt == "int4" and int4_tiles.available())
+    # the same dense weight as the stored form's, though the layer keeps the kernel's tiles alone
+    assert (q.weight.stored is None) == (int4_tiles.available() if fmt == "int4" else int8_rows.available())
     assert torch.equal(q._dense, codec.dense(NAME, codec.split(stored, meta)[1][NAME], {}))
     again = kernels.ready(packed, meta, codec, "cpu")[0][NAME]  # the next step dequantizes anew
     assert again._dense is None
@@ -221,12 +221,13 @@ def test_compressed_weights_keep_the_head_in_int8_and_the_planner_counts_it(chec
     policy = Policy(compress_weight=True, weight_format=fmt)
     eng, dense = Engine.load(model_dir, dtype="float32", policy=policy), Engine.load(model_dir, dtype="float32")
     head = eng.gw["lm_head.weight"]
-    assert isinstance(head, QWeight) and head.stored.codes.dtype == torch.int8
+    kept = head.fast if head.stored is None else head.stored  # the int8 kernel's tiles alone where it is built
+    assert isinstance(head, QWeight) and kept.codes.dtype == torch.int8
     assert eng.gw["embed_tokens.weight"].dtype == torch.float32
     h = torch.randn(5, spec.hidden_size)
     got, want = eng.model.head(eng.gw, h), dense.model.head(dense.gw, h)
     assert not torch.equal(got, want)  # computed on the int8 codes, not the dense weight
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
     dropped = 0 if spec.tie_word_embeddings else spec.vocab_size * spec.hidden_size * 4  # the dense head
-    assert global_bytes(spec, 4, policy) - global_bytes(spec, 4) == head.stored.nbytes - dropped
+    assert global_bytes(spec, 4, policy) - global_bytes(spec, 4) == kept.nbytes - dropped
     assert all(isinstance(w, torch.Tensor) for w in dense.gw.values())

@@ -1,11 +1,12 @@
 """The int8 x int8 kernel (engine/kernels/int8_rows.py) against the same arithmetic written in PyTorch, on every
-instruction set this CPU runs, and the fallback where the kernels are off."""
+instruction set this CPU runs, its tile layout's (engine/kernels/int8_tiles.py) equal to it bit for bit, and the
+fallback where the kernels are off."""
 
 import pytest
 import torch
 
 from engine.compression.int8 import Int8Weight, quantize_int8
-from engine.kernels import compiled, int8_rows
+from engine.kernels import compiled, int8_rows, int8_tiles
 from tests.engine.kernels.own_isas import isas, needs_both, on_both
 
 
@@ -19,8 +20,8 @@ def reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("isa", isas())
-@pytest.mark.parametrize("n,k", [(96, 1024), (17, 100), (5, 64), (70, 200)])
-@pytest.mark.parametrize("rows", [1, 3, 4, 9, 70])
+@pytest.mark.parametrize("n,k", [(96, 1024), (17, 100), (5, 64), (70, 200), (33, 768)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 70, 130])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, rows, dtype):
     pinned(isa)
@@ -34,6 +35,9 @@ def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, rows, dtype):
     # rounding tie may land one code apart, one step of one input
     tol = 2e-3 if dtype == torch.float32 else 8e-3
     assert (y.double() - ref).abs().max() <= tol * ref.abs().max()
+    # over the tile layout: the same activation codes, exact int32 dot products, the rescale in the same order
+    # (rows in blocks of 4 and 64, tiles in fours, padding cut off)
+    assert torch.equal(int8_tiles.linear(x, int8_tiles.pack(w)), y)
 
 
 @needs_both
