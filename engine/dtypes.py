@@ -7,12 +7,14 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.errors import InvalidParamsError
+from engine.options import Flag, Option
 
 if TYPE_CHECKING:
     import torch
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # importable without torch: the CLI's --help needs none
+DTYPE = Option("dtype", kind="choice", choices=DTYPE_CHOICES, default="auto", flag=Flag("--dtype"),
+               help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32.")
 
 
 @cache
@@ -34,10 +36,9 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
+    """The torch dtype of the option `dtype` (an `OptionError` for a name it does not declare)."""
     import torch
 
-    if name == "auto":
+    if DTYPE.check(name) == "auto":
         return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-    if name not in DTYPE_CHOICES:
-        raise InvalidParamsError(f"dtype={name!r} is invalid: use one of {', '.join(DTYPE_CHOICES)}")
     return getattr(torch, name)

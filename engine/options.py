@@ -110,13 +110,23 @@ def option(default, **declared) -> dataclasses.Field:
     return dataclasses.field(default=default, metadata={"option": declared})
 
 
+def option_field(declared: Option) -> dataclasses.Field:
+    """A dataclass field that holds the module-level option `declared` (declared where the code that reads the value
+    lives, e.g. the dtype in engine/dtypes.py); the field's name must be the option's."""
+    return dataclasses.field(default=declared.default, metadata={"option": declared})
+
+
 @functools.cache
 def options_of(cls) -> dict[str, Option]:
     """The options declared on `cls`'s fields, by field name, in field order."""
     out = {}
     for f in dataclasses.fields(cls):
-        if "option" in f.metadata:
-            out[f.name] = Option(name=f.name, default=f.default, **f.metadata["option"])
+        declared = f.metadata.get("option")
+        if isinstance(declared, Option):
+            assert declared.name == f.name, (declared.name, f.name)
+            out[f.name] = declared
+        elif declared is not None:
+            out[f.name] = Option(name=f.name, default=f.default, **declared)
     return out
 
 

@@ -8,6 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from engine.errors import InvalidParamsError
+from engine.options import Flag, Option
 
 if TYPE_CHECKING:
     from engine.kernels.native import NativeKernels
@@ -15,12 +16,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 BACKEND_CHOICES = ("native", "aten", "ipex", "auto")  # importable without torch: the CLI's --help needs none
 DEFAULT_BACKEND = "native"
+BACKEND = Option("backend", kind="choice", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND,
+                 flag=Flag("--backend"),
+                 help="CPU kernels: native (PyTorch, dense weights reordered for oneDNN where measured faster); aten "
+                      "(native with every dense Linear through aten's F.linear as loaded); ipex (Intel Extension for "
+                      "PyTorch, in its own torch 2.8 environment: scripts/setup_ipex_venv.sh); auto (ipex where it "
+                      "imports, else native).")
 
 
 def load_kernels(backend: str = DEFAULT_BACKEND) -> NativeKernels:
-    """The kernels of `backend` ("native", "aten", "ipex" or "auto")."""
-    if backend not in BACKEND_CHOICES:
-        raise InvalidParamsError(f"backend={backend!r} is invalid: use one of {', '.join(BACKEND_CHOICES)}")
+    """The kernels of `backend` ("native", "aten", "ipex" or "auto"; an `OptionError` for another)."""
+    BACKEND.check(backend)
     from engine.kernels.native import AtenKernels, NativeKernels
 
     if backend in ("native", "aten"):

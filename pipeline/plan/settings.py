@@ -1,5 +1,6 @@
 """How the engines of a job run: the settings every job command shares (`flexbatch run`, `helm`, `wrangle`; `plan`
-reads the planning ones), each declared once on its field (engine/options.py). The command-line options
+reads the planning ones), each declared once on its field (engine/options.py); the dtype and the kernels where the
+engine reads them (engine/dtypes.py, engine/kernels/backend.py). The command-line options
 (jobs/engine_options.py), flexbatch.run's keywords, the Ray Data stage's and lm-eval's model_args are these fields,
 the tiers' budgets and the policy's fields (engine/policy.py), which the user pins."""
 
@@ -8,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from engine.dtypes import DTYPE_CHOICES
+from engine.dtypes import DTYPE
 from engine.errors import InvalidParamsError
-from engine.kernels.backend import BACKEND_CHOICES, DEFAULT_BACKEND
-from engine.options import Flag, Option, OptionError, check_fields, option
+from engine.kernels.backend import BACKEND
+from engine.options import Flag, Option, OptionError, check_fields, option, option_field
 from engine.policy import TIERS, Pins, Policy
 from pipeline.errors import ConfigError
 
@@ -41,14 +42,8 @@ class EngineSettings:
     """The engine's dtype, kernels, the user's part of the policy (`pins`: planned around, or run with defaults for
     the rest) and budgets, and where the engines run."""
 
-    dtype: str = option("auto", kind="choice", choices=DTYPE_CHOICES, flag=Flag("--dtype"),
-                        help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else "
-                             "float32.")
-    backend: str = option(DEFAULT_BACKEND, kind="choice", choices=BACKEND_CHOICES, flag=Flag("--backend"),
-                          help="CPU kernels: native (PyTorch, dense weights reordered for oneDNN where measured "
-                               "faster); aten (native with every dense Linear through aten's F.linear as loaded); "
-                               "ipex (Intel Extension for PyTorch, in its own torch 2.8 environment: "
-                               "scripts/setup_ipex_venv.sh); auto (ipex where it imports, else native).")
+    dtype: str = option_field(DTYPE)
+    backend: str = option_field(BACKEND)
     pins: Pins = field(default_factory=Pins)  # Policy fields the user fixed (a dict is taken too)
     budgets: dict = field(default_factory=dict)  # tier -> bytes, a size ('8GiB') or None (no limit): BUDGETS
     offload_dir: Path | None = option(None, kind="path", optional=True,

@@ -94,6 +94,21 @@ def test_the_ray_stage_refuses_a_bad_value_by_its_keyword(demo_model_dir):
         Processor(demo_model_dir, top_p=0)
 
 
+def test_the_engine_refuses_a_bad_dtype_or_backend_as_the_declared_option():
+    """The engine reads dtype and backend itself (Engine.load, the profiler): a bad one is the same OptionError that
+    EngineSettings raises, named as each surface spells it."""
+    from engine.dtypes import DTYPE, resolve_dtype
+    from engine.kernels.backend import BACKEND, load_kernels
+
+    assert (options_of(EngineSettings)["dtype"], options_of(EngineSettings)["backend"]) == (DTYPE, BACKEND)
+    with pytest.raises(OptionError) as caught:
+        resolve_dtype("float16")
+    assert str(caught.value) == "dtype='float16' is invalid: expected one of auto, float32, bfloat16"
+    assert str(caught.value.given("cli")).startswith("--dtype='float16' is invalid")
+    with pytest.raises(OptionError, match="^backend='cuda' is invalid: expected one of native, aten, ipex, auto$"):
+        load_kernels("cuda")
+
+
 @pytest.mark.parametrize(("args", "named"), [
     ({"cpu_mem": "lots"}, "model_args cpu_mem='lots' is invalid: expected a size"),
     ({"gbs": 0}, "model_args gbs=0 is invalid: expected a whole number >= 1"),
