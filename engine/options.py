@@ -43,11 +43,11 @@ class Flag:
 
 @dataclass(frozen=True)
 class Option:
-    """One option: its keyword `name`, `default`, `kind` (int, number, bool, choice, texts, text, path, size),
-    bounds (`low`, `high`; `low_open` leaves `low` out) or `choices`, whether None is a value (`optional`), the help,
-    and its `flag`. `keyword` is its Python spelling where that is not `name` (budgets['cpu']); `via` the flag that
-    sets it together with others where it has none of its own (--percent). `absent` says, per surface, why the option
-    is deliberately not taken there."""
+    """One option: its keyword `name`, `default`, `kind` (int, number, bool, choice, texts, text, path, location: a
+    path or a URI, size), bounds (`low`, `high`; `low_open` leaves `low` out) or `choices`, whether None is a value
+    (`optional`), the help, and its `flag`. `keyword` is its Python spelling where that is not `name` (budgets['cpu'],
+    guided['choice']); `via` the flag that sets it together with others where it has none of its own (--percent).
+    `absent` says, per surface, why the option is deliberately not taken there."""
 
     name: str
     kind: str
@@ -106,7 +106,7 @@ class OptionError(ConfigError, InvalidParamsError):
 
 def option(default, **declared) -> dataclasses.Field:
     """A dataclass field declared as an option (`Option`'s arguments but its name and default, which are the
-    field's)."""
+    field's); `default=dataclasses.MISSING` makes it a required field (and a required flag)."""
     return dataclasses.field(default=default, metadata={"option": declared})
 
 
@@ -179,6 +179,7 @@ _CHECKS = {
     "texts": _texts,
     "text": lambda o, v: (isinstance(v, str) and bool(v), v),
     "path": lambda o, v: (isinstance(v, (str, os.PathLike)) and bool(os.fspath(v)), v),
+    "location": lambda o, v: (isinstance(v, (str, os.PathLike)) and bool(os.fspath(v)), v),
     "size": _size,
 }
 
@@ -197,6 +198,7 @@ _EXPECTED = {
     "texts": lambda o: "a list of non-empty strings, e.g. ['\\n']",
     "text": lambda o: "a non-empty string",
     "path": lambda o: "a path (a str or pathlib.Path)",
+    "location": lambda o: "a path or a URI such as s3://bucket/prefix (a str or pathlib.Path)",
     "size": lambda o: "a size in bytes, e.g. 8GiB, 512MB or 2e9",
 }
 

@@ -19,13 +19,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.errors import InvalidParamsError
+from engine.options import options_of
 from engine.policy import Pins, Policy
 from engine.request import TRUNCATE, Completion, Request, SamplingParams
 from pipeline.errors import ConfigError
 from pipeline.input.ids import ID_COLUMN
-from pipeline.input.parquet import CHAT_CHOICES, MESSAGES_COLUMN
+from pipeline.input.parquet import MESSAGES_COLUMN
 from pipeline.input.requests import prompt_problem, row_params
 from pipeline.input.scoring import CONTINUATION_COLUMN, SCORE_COLUMNS, score_columns, scored, scoring_items
+from pipeline.job import RunConfig
 from pipeline.plan.settings import EngineSettings
 
 VLLM_NAMES = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -34,6 +36,7 @@ VLLM_NAMES = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top
               # StructuredOutputsParams (structured_outputs) spell it: {"json": schema}, {"choice": [...]},
               # {"regex": ...}, {"grammar": ...}, {"json_object": True} (engine/guided.py)
               "guided_decoding": "guided", "structured_outputs": "guided"}
+JOB_OPTIONS = options_of(RunConfig)  # the stage takes chat, score and truncate as a job does
 OUTPUT_COLUMNS = ("generated_text", "generated_tokens", "num_generated_tokens", "num_input_tokens", "finish_reason",
                   "error")
 
@@ -44,18 +47,14 @@ class Processor:
     def __init__(self, model, max_new_tokens: int = SamplingParams.max_new_tokens,
                  temperature: float = SamplingParams.temperature, top_p: float = SamplingParams.top_p,
                  top_k: int = SamplingParams.top_k, stop: tuple[str, ...] = SamplingParams.stop,
-                 seed: int = SamplingParams.seed, dtype: str = EngineSettings.dtype, chat: str = "auto",
+                 seed: int = SamplingParams.seed, dtype: str = EngineSettings.dtype, chat: str = RunConfig.chat,
                  truncate: str = TRUNCATE.default, policy=None, hardware=None, budgets=None,
                  backend: str = EngineSettings.backend, offload_dir=None, engines_per_node: int = 1,
-                 score: bool = False):
-        if chat not in CHAT_CHOICES:
-            raise ConfigError(f"chat={chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
+                 score: bool = RunConfig.score):
+        chat, score = (JOB_OPTIONS[name].check(value) for name, value in (("chat", chat), ("score", score)))
         if not isinstance(engines_per_node, int) or engines_per_node < 1:
             raise ConfigError(f"engines_per_node={engines_per_node!r} is invalid: give how many of these actors "
                               "share one node's memory (1 or more)")
-        if not isinstance(score, bool):
-            raise ConfigError(f"score={score!r} is invalid: expected True (score each row's prompt and continuation) "
-                              "or False (complete it)")
         from pipeline.plan.host import EngineHost
 
         if policy is not None and not isinstance(policy, Policy):

@@ -1,10 +1,11 @@
 """The command-line options, made from the declared options (engine/options.py): the engine options of every command
 that runs or plans engines (`run`, `helm`, `wrangle`, `plan`) and the `EngineSettings` they make, and the decoding
-options of `run`. Policy options that are given are pinned; with the planner on (the default) it chooses the rest,
+and job options of `run`. Policy options that are given are pinned; with the planner on (the default) it chooses the rest,
 and with --no-plan the rest keeps the `Policy` default: everything on the CPU, blocks of gbs x num_gb rows."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -28,6 +29,9 @@ def click_option(o: Option):
     default = o.default if f.default is OPTION_DEFAULT else f.default
     kw = {"default": default, "show_default": f.default_text is None, "metavar": f.metavar,
           "help": o.help + (f"  [default: {f.default_text}]" if f.default_text else "")}
+    if default is dataclasses.MISSING:  # a required field: a required flag (no default, not even None)
+        del kw["default"]
+        kw.update(show_default=False, required=True)
     if f.words:
         kw.update(type=click.Choice(tuple(w for w, _ in f.words)))
         if f.flag_value is not None:
@@ -51,10 +55,14 @@ def _type(o: Option):
     return click.Path(path_type=Path) if o.kind == "path" else None
 
 
-def _decorate(fn, options: list[Option]):
-    for o in reversed(options):
-        fn = click_option(o)(fn)
-    return fn
+def declared_options(*options: Option):
+    """A decorator adding the click options of `options` to a command, in this order."""
+    def decorate(fn):
+        for o in reversed(options):
+            fn = click_option(o)(fn)
+        return fn
+
+    return decorate
 
 
 def engine_options(fn=None, *, job: bool = True):
@@ -65,7 +73,7 @@ def engine_options(fn=None, *, job: bool = True):
     policy = [*blocks, *(o for o in _PINS.values() if o not in blocks)]
 
     def decorate(fn):
-        return _decorate(fn, [*engine, *policy, *BUDGETS.values(), _ENGINE["offload_dir"]])
+        return declared_options(*engine, *policy, *BUDGETS.values(), _ENGINE["offload_dir"])(fn)
 
     return decorate(fn) if fn is not None else decorate
 
@@ -73,7 +81,7 @@ def engine_options(fn=None, *, job: bool = True):
 def sampling_options(fn):
     """Add the decoding options (--max-new-tokens, --temperature, ...) and --truncate to a click command; its
     function takes them by their keywords (`sampling_values` gathers them)."""
-    return _decorate(fn, [*SAMPLING.values(), TRUNCATE])
+    return declared_options(*SAMPLING.values(), TRUNCATE)(fn)
 
 
 def sampling_values(options: dict) -> dict:

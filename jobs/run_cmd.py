@@ -10,64 +10,43 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import fields
-from pathlib import Path
 
 import click
 
 import flexbatch
 from engine.errors import FlexbatchError
+from engine.options import options_of
 from jobs.common import default_model, fail, job_exit_code, setup_logging
-from jobs.engine_options import engine_options, engine_settings, sampling_options, sampling_values
+from jobs.engine_options import (
+    declared_options,
+    engine_options,
+    engine_settings,
+    sampling_options,
+    sampling_values,
+)
 from jobs.guided_options import guided_from_options, guided_options
 from pipeline.input.ids import id_text
-from pipeline.input.parquet import CHAT_CHOICES, FORMAT_CHOICES, MESSAGES_COLUMN
+from pipeline.input.parquet import MESSAGES_COLUMN
 from pipeline.input.utf8 import NotUtf8, column_values
 from pipeline.job import JobSummary, RunConfig
+from pipeline.plan.settings import EngineSettings
 from pipeline.storage import Folder
 
-_RC = {f.name: f.default for f in fields(RunConfig)}
+_JOB = options_of(RunConfig)  # the job's options, declared on its fields (the engine's among them)
+_ENGINE = options_of(EngineSettings)  # taken by engine_settings
 
 
 @click.command("run", short_help="Complete Parquet prompts or an OpenAI Batch file; write Parquet or JSONL parts.")
-@click.option("--model", type=click.Path(path_type=Path), default=None,
-              help="Checkpoint folder (config.json, tokenizer, *.safetensors).  [default: the demo model in "
-                   "examples/demo-model]")
-@click.option("--input", "input_", required=True, metavar="PATH",
-              help="A Parquet file, a folder (all *.parquet in it, sorted) or a glob (quote it); or a URI of a "
-                   "filesystem pyarrow reads (s3://bucket/prompts/); or an OpenAI Batch file (*.jsonl).")
-@click.option("--format", "format_", type=click.Choice(FORMAT_CHOICES), default=_RC["format"], show_default=True,
-              help="Input format: parquet (prompt or messages column), openai (OpenAI Batch JSONL: one request "
-                   "per line, written back as Batch API output lines); auto picks openai for a *.jsonl input.")
-@click.option("--chat", type=click.Choice(CHAT_CHOICES), default=_RC["chat"], show_default=True,
-              help="Rows are conversations (a messages column of {role, content} lists), rendered by the "
-                   "checkpoint's chat template; auto: when every input file has a messages column.")
-@click.option("--output", required=True, metavar="DIR",
-              help="Folder for the output parts (<stem>.parquet per input file, or <stem>.rows-<a>-<b>.parquet per "
-                   "shard of a larger one), _job.json, _manifest.jsonl and _SUCCESS.")
-@click.option("--prompt-column", default=_RC["prompt_column"], show_default=True,
-              help="Input column that holds the prompts.")
+@declared_options(*(_JOB[name] for name in ("model", "input", "format", "chat", "output", "prompt_column")))
 @sampling_options
 @guided_options
-@click.option("--score", is_flag=True, default=_RC["score"],
-              help="Score each row instead of completing it: the log-probability of every prompt token given the "
-                   "ones before (column prompt_logprobs), and of an optional continuation column's text after the "
-                   "prompt (continuation_logprob, the sum; continuation_is_greedy). No text is generated "
-                   "(completion is \"\").  [default: off]")
+@declared_options(_JOB["score"])
 @click.option("--show", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="After the run, print the first N rows' prompts and completions.")
-@click.option("--overwrite", is_flag=True,
-              help="Replace the output of another job in --output (removes its Parquet parts).  "
-                   "[default: off, such a folder is refused]")
-@click.option("--shard-rows", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Rows per shard, the unit of work, retry and resume.  [default: up to "
-                   "8 planned blocks, and at most each worker's share of the rows]")
-@click.option("--max-shard-retries", type=click.IntRange(min=0), default=_RC["max_shard_retries"],
-              show_default=True, help="Tries after the first for a shard whose worker died or that failed.")
+@declared_options(*(_JOB[name] for name in ("overwrite", "shard_rows", "max_shard_retries")))
 @engine_options
 @click.pass_context
-def run(ctx, model, input_, format_, chat, output, prompt_column, choice, regex, json_schema, score, truncate, show,
-        overwrite, shard_rows, max_shard_retries, **options) -> None:
+def run(ctx, show, choice, regex, json_schema, **options) -> None:
     """Complete every prompt (or request) of the input and write parts with the completions.
 
     Each part has the input columns plus completion, prompt_tokens, completion_tokens, finish_reason, error
@@ -106,18 +85,17 @@ def run(ctx, model, input_, format_, chat, output, prompt_column, choice, regex,
       python -m flexbatch.lm_eval --model flexbatch --model_args pretrained=DIR --tasks TASKS
     """
     setup_logging()
+    job = {name: options.pop(name) for name in _JOB if name in options and name not in _ENGINE}
     try:
         decoding = sampling_values(options)
         settings = engine_settings(ctx, options)
         guided = guided_from_options(choice, regex, json_schema)
-        summary = flexbatch.run(
-            model or default_model(), input_, output, format=format_, chat=chat, prompt_column=prompt_column,
-            guided=guided, score=score, truncate=truncate, overwrite=overwrite, shard_rows=shard_rows,
-            max_shard_retries=max_shard_retries, **decoding, **settings.settings())
+        summary = flexbatch.run(job.pop("model") or default_model(), job.pop("input"), job.pop("output"),
+                                guided=guided, **job, **decoding, **settings.settings())
     except FlexbatchError as e:
         fail(e)
     _print_summary(summary)
-    _print_rows(summary, show, prompt_column)
+    _print_rows(summary, show, job["prompt_column"])
     code = job_exit_code(summary)
     if code:
         sys.exit(code)

@@ -9,7 +9,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.guided import Guided
 from engine.kernels.backend import DEFAULT_BACKEND
+from engine.options import Flag, Option, option, option_field
 from engine.request import TRUNCATE, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
@@ -27,70 +29,123 @@ from pipeline.input.parquet import (
 )
 from pipeline.input.sample import InputSample, take_sample
 from pipeline.input.scoring import scoring_params
-from pipeline.option_checks import check_bool, check_path, number_at_least, whole_number
 from pipeline.output.folder import job_record
 from pipeline.plan.settings import EngineSettings
 from pipeline.storage import Folder, file_identity, is_uri
 
 log = logging.getLogger(__name__)
 
+# the options of a job over files: the Ray Data stage takes and returns batches, lm-eval runs requests in its process
+_NO_FILES = (("ray", "the stage reads and returns Ray Data batches: no files, shards or output folder"),
+             ("model_args", "lm-eval hands the model its requests, not files to read"))
+_ANSWER_HOW = ("Enforced while decoding (xgrammar): only tokens that keep the answer valid are chosen, and the row ends "
+               "when the answer is complete (or at --max-new-tokens, cut short). A row's guided column overrides it.")
+# the job-wide answer constraint (`guided`, engine/guided.py) of the kinds the command line gives; a row's own
+# guided column, a Batch line's response_format and the Ray stage's sampling_params give theirs per row
+_PER_ROW = (("ray", "a batch row gives its own in sampling_params (guided_decoding)"),
+            ("model_args", "lm-eval's requests carry no answer constraint"))
+GUIDED = {o.name: o for o in (
+    Option("choice", kind="texts", default=(), keyword="guided['choice']", absent=_PER_ROW,
+           flag=Flag("--choice", metavar="TEXT"),
+           help="The answer is exactly one of these strings; repeatable, e.g. --choice ' Yes' --choice ' No' (mind "
+                "the leading space most prompts want). " + _ANSWER_HOW),
+    Option("regex", kind="text", optional=True, keyword="guided['regex']", absent=_PER_ROW,
+           flag=Flag("--regex", metavar="REGEX"),
+           help="The answer matches this regular expression in full, e.g. ' [0-9]{1,4}'."),
+    # in Python the schema itself (a dict or its JSON text, read by Guided); on the command line a file holding it
+    Option("json_schema", kind="path", optional=True, keyword="guided['json_schema']", absent=_PER_ROW,
+           flag=Flag("--json-schema", metavar="FILE", default_text=(
+               "no constraint; per-row column guided: {\"choice\": [...]}, {\"regex\": ...}, {\"json_schema\": ...}, "
+               "{\"json_object\": true} or {\"grammar\": ...}, as a struct or JSON text")),
+           help="The answer is JSON that validates against the JSON schema in FILE (compact: one line, ', ' and ': ' "
+                "separators; a string's maxLength becomes a pattern)."),
+)}
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig(EngineSettings):
-    """Everything a job needs: the engine settings, and the job's input, output, model and decoding options.
-    `params` are the job-wide decoding options; per-row columns override them."""
+    """Everything a job needs: the engine settings, and the job's input, output, model and decoding options, each
+    declared on its field (engine/options.py). `params` are the job-wide decoding options (declared on
+    SamplingParams); per-row columns override them."""
 
-    input: str
-    output: Path | str  # a local folder, or a URI of a pyarrow filesystem (s3://bucket/prefix)
-    model: Path
-    prompt_column: str = "prompt"
-    chat: str = "auto"  # rows are conversations (`messages`): on, off, or auto (when there is a messages column)
-    format: str = "auto"  # parquet, openai (Batch JSONL), or auto (by the input's extension)
+    input: str = option(dataclasses.MISSING, kind="location", flag=Flag("--input", metavar="PATH"), absent=_NO_FILES,
+                        help="A Parquet file, a folder (all *.parquet in it, sorted) or a glob (quote it); or a URI of "
+                             "a filesystem pyarrow reads (s3://bucket/prompts/); or an OpenAI Batch file (*.jsonl).")
+    # a local folder, or a URI of a pyarrow filesystem (s3://bucket/prefix)
+    output: Path | str = option(dataclasses.MISSING, kind="location", flag=Flag("--output", metavar="DIR"),
+                                absent=_NO_FILES,
+                                help="Folder for the output parts (<stem>.parquet per input file, or "
+                                     "<stem>.rows-<a>-<b>.parquet per shard of a larger one), _job.json, "
+                                     "_manifest.jsonl and _SUCCESS.")
+    model: Path = option(dataclasses.MISSING, kind="path",
+                         flag=Flag("--model", default=None, default_text="the demo model in examples/demo-model"),
+                         absent=(("model_args", "lm-eval names the checkpoint pretrained=DIR"),),
+                         help="Checkpoint folder (config.json, tokenizer, *.safetensors).")
+    prompt_column: str = option("prompt", kind="text", hint="a column name", flag=Flag("--prompt-column"),
+                                absent=(("ray", "the stage reads Ray Data LLM's prompt (or messages) column"),
+                                        _NO_FILES[1]),
+                                help="Input column that holds the prompts.")
+    chat: str = option("auto", kind="choice", choices=CHAT_CHOICES, flag=Flag("--chat"),
+                       absent=(("model_args", "lm-eval renders conversations itself (--apply_chat_template)"),),
+                       help="Rows are conversations (a messages column of {role, content} lists), rendered by the "
+                            "checkpoint's chat template; auto: when every input file has a messages column.")
+    format: str = option("auto", kind="choice", choices=FORMAT_CHOICES, flag=Flag("--format"), absent=_NO_FILES,
+                         help="Input format: parquet (prompt or messages column), openai (OpenAI Batch JSONL: one "
+                              "request per line, written back as Batch API output lines); auto picks openai for a "
+                              "*.jsonl input.")
     params: SamplingParams = field(default_factory=SamplingParams)
-    truncate: str = TRUNCATE.default
-    score: bool = False  # score each row's prompt (and continuation column) instead of completing it
-    overwrite: bool = False
-    shard_rows: int | None = None  # None: derived from the planned block size
-    max_shard_retries: int = 2
-    progress_seconds: float = 10.0  # log-line interval when stdout is not a terminal
+    truncate: str = option_field(TRUNCATE)
+    score: bool = option(False, kind="bool", flag=Flag("--score", default_text="off"),
+                         absent=(("model_args", "lm-eval asks for scores per request (loglikelihood)"),),
+                         help="Score each row instead of completing it: the log-probability of every prompt token "
+                              "given the ones before (column prompt_logprobs), and of an optional continuation "
+                              "column's text after the prompt (continuation_logprob, the sum; "
+                              "continuation_is_greedy). No text is generated (completion is \"\").")
+    overwrite: bool = option(False, kind="bool", flag=Flag("--overwrite", default_text="off, such a folder is refused"),
+                             absent=_NO_FILES,
+                             help="Replace the output of another job in --output (removes its Parquet parts).")
+    shard_rows: int | None = option(None, kind="int", low=1, optional=True, absent=_NO_FILES,
+                                    flag=Flag("--shard-rows", metavar="N", checked=True, default_text=(
+                                        "up to 8 planned blocks, and at most each worker's share of the rows")),
+                                    help="Rows per shard, the unit of work, retry and resume.")
+    max_shard_retries: int = option(2, kind="int", low=0, flag=Flag("--max-shard-retries", checked=True),
+                                    absent=_NO_FILES,
+                                    help="Tries after the first for a shard whose worker died or that failed.")
+    progress_seconds: float = option(10.0, kind="number", low=0,
+                                     absent=(("cli", "the command keeps the default interval"), *_NO_FILES),
+                                     help="Seconds between progress log lines when stdout is not a terminal.")
 
     def __post_init__(self) -> None:
-        check_path("input", self.input, "a Parquet file, a folder, a glob or a batch .jsonl file")
-        check_path("output", self.output, "the output folder")
-        check_path("model", self.model, "a checkpoint folder")
+        super().__post_init__()  # every declared option: the engine's and the job's
         object.__setattr__(self, "input", str(self.input))
         if not is_uri(self.output):
             object.__setattr__(self, "output", Path(self.output).expanduser().resolve())
         object.__setattr__(self, "model", Path(self.model).expanduser().resolve())
-        if not isinstance(self.prompt_column, str) or not self.prompt_column:
-            raise ConfigError(f"--prompt-column {self.prompt_column!r} is invalid: expected a column name")
-        if self.format not in FORMAT_CHOICES:
-            raise ConfigError(f"--format {self.format!r} is invalid: expected one of {', '.join(FORMAT_CHOICES)}")
-        if self.chat not in CHAT_CHOICES:
-            raise ConfigError(f"--chat {self.chat!r} is invalid: expected one of {', '.join(CHAT_CHOICES)}")
-        super().__post_init__()
-        TRUNCATE.check(self.truncate)
         if not isinstance(self.params, SamplingParams):
             raise ConfigError(f"params={self.params!r} is invalid: expected an engine.request.SamplingParams, or "
                               f"the decoding options as keywords (max_new_tokens=..., temperature=...)")
-        check_bool("overwrite", self.overwrite)
-        check_bool("score", self.score)
+        _check_guided(self.params.guided)
         if self.score and self.params.guided is not None:
+            flags = [o.flag.name for o in GUIDED.values()]
             raise ConfigError(f"--score scores the rows' own tokens and generates none, so the answer constraint "
-                              f"({self.params.guided.describe(40)}) would never apply: drop --choice, --regex or "
-                              "--json-schema (a guided column is not read by a scoring job)")
+                              f"({self.params.guided.describe(40)}) would never apply: drop {', '.join(flags[:-1])} "
+                              f"or {flags[-1]} (a guided column is not read by a scoring job)")
         if self.score:  # one token asked for and dropped: the prefill scores the row (pipeline/input/scoring.py)
             object.__setattr__(self, "params", scoring_params(self.params))
-        object.__setattr__(self, "shard_rows", whole_number("shard_rows", self.shard_rows, 1, "rows per shard "
-                                                            "(--shard-rows)", optional=True))
-        object.__setattr__(self, "max_shard_retries", whole_number("max_shard_retries", self.max_shard_retries, 0,
-                                                                   "tries after a shard's first (--max-shard-retries)"))
-        object.__setattr__(self, "progress_seconds", number_at_least("progress_seconds", self.progress_seconds, 0,
-                                                                     "seconds between progress lines"))
 
     @classmethod
     def for_job(cls, engine: EngineSettings, **job) -> RunConfig:
         """A job's configuration: `engine`'s settings and the job's own fields (input, output, model, ...)."""
         return cls(**engine.settings(), **job)
+
+
+def _check_guided(guided: Guided | None) -> None:
+    """The job-wide constraint's choices and regex, as declared (`GUIDED`): a job refuses a bad one before it runs,
+    where a row's own constraint fails only that row. A JSON schema is the schema itself here, read by Guided."""
+    for name in ("choice", "regex"):
+        value = getattr(guided, name, None)
+        if value is not None:
+            GUIDED[name].check(value)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ BAD_OPTIONS = [
     ({"pins": ["gbs"]}, "pins=['gbs']"),
     ({"pins": {"nope": 1}}, "pins={'nope': 1}"),
     ({"params": {"max_new_tokens": 3}}, "params={'max_new_tokens': 3}"),
-    ({"prompt_column": 3}, "--prompt-column 3"),
+    ({"prompt_column": 3}, "prompt_column=3"),
 ]
 
 

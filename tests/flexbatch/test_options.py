@@ -1,24 +1,28 @@
-"""Every engine and decoding option is declared once (engine/options.py) and taken by every surface made from the
-declaration, or listed there as absent with the reason; a bad value is one `OptionError` from the command line,
-Python, the Ray Data stage and lm-eval's model_args, naming the option as each spells it."""
+"""Every engine, decoding and job option (the answer constraint's too) is declared once (engine/options.py) and taken
+by every surface made from the declaration, or listed there as absent with the reason; a bad value is one
+`OptionError` from the command line, Python, the Ray Data stage and lm-eval's model_args, naming the option as each
+spells it."""
 
+import dataclasses
 import inspect
 
 import pytest
 from click.testing import CliRunner
 
 import flexbatch
-from engine.options import SURFACES, Option, OptionError, options_of
+from engine.options import OPTION_DEFAULT, SURFACES, Option, OptionError, options_of
 from engine.policy import BATCH_SIZE, PERCENT, Pins, Policy
-from engine.request import TRUNCATE, SamplingParams
+from engine.request import SamplingParams
 from flexbatch.api import JOB_OPTIONS, SAMPLING_OPTIONS
 from flexbatch.ray import Processor
 from jobs import cli
-from pipeline.plan.settings import BUDGETS, EngineSettings
+from pipeline.job import GUIDED, RunConfig
+from pipeline.plan.settings import BUDGETS
 
 POLICY = options_of(Policy)
-DECLARED = [*options_of(SamplingParams).values(), TRUNCATE, *POLICY.values(), BATCH_SIZE, PERCENT,
-            *options_of(EngineSettings).values(), *BUDGETS.values()]
+JOB = options_of(RunConfig)  # the engine settings' options, truncate's and the job's own
+DECLARED = [*options_of(SamplingParams).values(), *POLICY.values(), BATCH_SIZE, PERCENT, *JOB.values(),
+            *BUDGETS.values(), *GUIDED.values()]
 
 
 def _cli_flags() -> set[str]:
@@ -29,12 +33,13 @@ def _takes(o: Option, surface: str) -> bool:
     """Whether `surface` really takes option `o` (Policy fields as pins, tier budgets in `budgets`)."""
     if surface == "cli":
         return (o.flag.name.split("/")[0] if o.flag else o.via) in _cli_flags()
+    keyword = o.keyword.partition("[")[0] or o.name  # budgets['cpu'] is an entry of budgets=
     if surface == "python":
         if o.name in POLICY:
             return "pins" in JOB_OPTIONS and Pins({o.name: o.default})[o.name] == o.default
-        return ("budgets" if o in BUDGETS.values() else o.name) in (*JOB_OPTIONS, *SAMPLING_OPTIONS)
+        return keyword in (*inspect.signature(flexbatch.run_config).parameters, *JOB_OPTIONS, *SAMPLING_OPTIONS)
     if surface == "ray":
-        return ("budgets" if o in BUDGETS.values() else o.name) in inspect.signature(Processor).parameters
+        return keyword in inspect.signature(Processor).parameters
     from flexbatch.lm_eval import read_model_args
 
     try:
@@ -58,8 +63,12 @@ def test_every_declared_option_is_on_every_surface_or_says_why_not(option):
 
 def test_the_run_commands_options_have_the_declared_defaults():
     params = {p.name: p for p in cli.main.commands["run"].params}
-    for name, o in {**options_of(SamplingParams), "truncate": TRUNCATE, **options_of(EngineSettings)}.items():
-        if o.flag.default_text is None:
+    flagged = {name: o for name, o in {**options_of(SamplingParams), **JOB, **GUIDED}.items() if o.flag}
+    assert set(flagged) <= set(params)
+    for name, o in flagged.items():
+        if o.default is dataclasses.MISSING:  # a field the job must be given: by the flag, unless it has a default
+            assert params[name].required == (o.flag.default is OPTION_DEFAULT), name
+        elif o.flag.default_text is None and o.kind != "texts":  # a repeatable flag's default is click's ()
             assert params[name].default == o.default, name
         assert o.help in params[name].help, name
 
@@ -68,6 +77,9 @@ def test_the_run_commands_options_have_the_declared_defaults():
     (["--truncate", "right"], "Invalid value for '--truncate'"),  # a choice: click refuses it, naming the flag
     (["--temperature", "-1"], "flexbatch: error: --temperature=-1.0 is invalid: expected a number >= 0"),
     (["--cpu-mem", "lots"], "flexbatch: error: --cpu-mem='lots' is invalid: expected a size"),
+    (["--shard-rows", "0"], "Invalid value for '--shard-rows'"),
+    (["--prompt-column", ""], "flexbatch: error: --prompt-column='' is invalid: expected a non-empty string"),
+    (["--choice", " Yes", "--choice", ""], "flexbatch: error: --choice='' is invalid: expected a list of non-empty"),
 ])
 def test_a_bad_value_on_the_command_line_names_the_flag(tmp_path, no_model_load, args, named):
     result = CliRunner().invoke(cli.main, ["run", "--no-ray", "--input", str(tmp_path / "in.parquet"),
@@ -80,6 +92,13 @@ def test_a_bad_value_on_the_command_line_names_the_flag(tmp_path, no_model_load,
     ({"temperature": -1}, "temperature=-1 is invalid: expected a number >= 0 (0 is greedy)"),
     ({"budgets": {"cpu": "lots"}}, "budgets['cpu']='lots' is invalid: expected a size"),
     ({"pins": {"gbs": 0}}, "gbs=0 is invalid: expected a whole number >= 1"),
+    ({"chat": "yes"}, "chat='yes' is invalid: expected one of auto, on, off"),
+    ({"format": "csv"}, "format='csv' is invalid: expected one of auto, parquet, openai"),
+    ({"shard_rows": 0}, "shard_rows=0 is invalid: expected a whole number >= 1, or None"),
+    ({"progress_seconds": -1}, "progress_seconds=-1 is invalid: expected a number >= 0"),
+    ({"prompt_column": ""}, "prompt_column='' is invalid: expected a non-empty string (a column name)"),
+    ({"guided": {"choice": [" Yes", ""]}}, "guided['choice']='' is invalid: expected a list of non-empty strings"),
+    ({"guided": {"regex": ""}}, "guided['regex']='' is invalid: expected a non-empty string"),
 ])
 def test_a_bad_value_in_python_names_the_keyword(tmp_path, demo_model_dir, options, named):
     with pytest.raises(OptionError) as caught:
@@ -92,6 +111,16 @@ def test_the_ray_stage_refuses_a_bad_value_by_its_keyword(demo_model_dir):
         Processor(demo_model_dir, truncate="right")
     with pytest.raises(OptionError, match=r"^top_p=0 is invalid: expected a number in \(0, 1\]"):
         Processor(demo_model_dir, top_p=0)
+    with pytest.raises(OptionError, match="^chat='yes' is invalid: expected one of auto, on, off$"):
+        Processor(demo_model_dir, chat="yes")
+
+
+def test_a_rows_own_constraint_is_not_a_job_option():
+    """A job refuses a bad job-wide constraint before it runs; the same constraint in a row is that row's, and fails
+    it alone when the engine prepares it (engine/guided.py)."""
+    from engine.guided import Guided
+
+    assert Guided.from_mapping({"choice": [" Yes", ""]}).choice == (" Yes", "")
 
 
 def test_the_engine_refuses_a_bad_dtype_or_backend_as_the_declared_option():
@@ -100,7 +129,7 @@ def test_the_engine_refuses_a_bad_dtype_or_backend_as_the_declared_option():
     from engine.dtypes import DTYPE, resolve_dtype
     from engine.kernels.backend import BACKEND, load_kernels
 
-    assert (options_of(EngineSettings)["dtype"], options_of(EngineSettings)["backend"]) == (DTYPE, BACKEND)
+    assert (JOB["dtype"], JOB["backend"]) == (DTYPE, BACKEND)
     with pytest.raises(OptionError) as caught:
         resolve_dtype("float16")
     assert str(caught.value) == "dtype='float16' is invalid: expected one of auto, float32, bfloat16"

@@ -24,7 +24,7 @@ def _config(tmp_path, model, **kw):
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [("dtype", "float16", "dtype='float16'"), ("truncate", "right", "truncate='right'"), ("pins", "fast", "pins"), ("pins", {"gbs": 0}, "gbs=0"),
-     ("prompt_column", "", "--prompt-column"), ("input", "", "input")],
+     ("prompt_column", "", "prompt_column=''"), ("input", "", "input")],
 )
 def test_run_config_rejects_bad_options(tmp_path, field, value, message):
     with pytest.raises(ConfigError, match=message):

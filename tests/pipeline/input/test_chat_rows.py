@@ -54,7 +54,7 @@ def test_chat_off_reads_the_prompt_column_and_on_needs_messages(tmp_path, chat_c
     assert not prepare_job(_config(tmp_path, model, input=str(tmp_path / "in2"))).chat
     with pytest.raises(InputError, match="no prompt column 'messages'.*--chat off"):
         prepare_job(_config(tmp_path, model, input=str(tmp_path / "in2"), chat="on"))
-    with pytest.raises(ConfigError, match="--chat 'yes'"):
+    with pytest.raises(ConfigError, match="chat='yes' is invalid: expected one of auto, on, off"):
         _config(tmp_path, model, chat="yes")
 
 
