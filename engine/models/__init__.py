@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from engine import trace
 from engine.compression.qlinear import QWeight
@@ -78,6 +79,20 @@ def head_weight(gw, spec: ModelSpec):
     if isinstance(w, QWeight) or (w is not None and not spec.tie_word_embeddings):
         return w
     return gw["embed_tokens.weight"]
+
+
+ACTIVATIONS = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu}  # ModelSpec.activation -> the MLP's function
+
+
+class Family:
+    """What every family's steps read: the model's spec, the compute dtype, the backend's kernels and the MLP's
+    activation function."""
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels):
+        self.spec = spec
+        self.dtype = dtype
+        self.kernels = kernels
+        self.act = ACTIVATIONS[spec.activation]
 
 
 def family_for(spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels | None = None):

@@ -10,19 +10,14 @@ import torch.nn.functional as F
 from engine.checkpoint import LayerWeights, require
 from engine.kernels.native import NativeKernels
 from engine.kernels.rope import inv_frequencies
-from engine.models import StepContext, by_rows, head_weight
+from engine.models import Family, StepContext, by_rows, head_weight
 from engine.spec import ModelSpec
 
-_ACT = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu}
 
-
-class LlamaModel:
+class LlamaModel(Family):
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels):
-        self.spec = spec
-        self.dtype = dtype
-        self.kernels = kernels
+        super().__init__(spec, dtype, kernels)
         self.inv_freq = inv_frequencies(spec.rope, spec.head_dim)
-        self.act = _ACT[spec.activation]
 
     def begin_step(self, ctx: StepContext) -> StepContext:
         return replace(ctx, rope=self.kernels.rope_tables(self.inv_freq, ctx.positions, self.dtype))

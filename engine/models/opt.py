@@ -8,19 +8,15 @@ import torch.nn.functional as F
 
 from engine.checkpoint import LayerWeights, require
 from engine.kernels.native import NativeKernels
-from engine.models import StepContext, by_rows, head_weight
+from engine.models import Family, StepContext, by_rows, head_weight
 from engine.spec import ModelSpec
 
 POSITION_OFFSET = 2
-_ACT = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
 
-class OPTModel:
+class OPTModel(Family):
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels):
-        self.spec = spec
-        self.dtype = dtype
-        self.kernels = kernels
-        self.act = _ACT[spec.activation]
+        super().__init__(spec, dtype, kernels)
         self.scaling = spec.head_dim**-0.5
 
     def begin_step(self, ctx: StepContext) -> StepContext:
