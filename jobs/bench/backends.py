@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 
@@ -27,7 +26,8 @@ from engine.engine import Engine
 from engine.policy import Policy
 from jobs.bench import models as bm
 from jobs.bench.report import Line
-from jobs.bench.runs import DTYPE, engine_runner, side_by_side
+from jobs.bench.runs import DTYPE, engine_runner, generations
+from jobs.bench.side_by_side import summarize
 
 log = logging.getLogger(__name__)
 BASELINE = "native"
@@ -47,18 +47,11 @@ def parse_backends(text: str | None) -> tuple[str, ...]:
     return names
 
 
-def phase_runner(eng: Engine, prompts, block: tuple[int, int], prompt_len: int):
-    """An engine_runner that also records each call's prefill and decode tokens/s."""
-    run_block, rows, phases = engine_runner(eng, prompts, *block), block[0] * block[1], []
-
-    def run(gen_len: int) -> int:
-        tokens = run_block(gen_len)
-        s = eng.phase_seconds
-        phases.append({"prefill_tokens_per_s": rows * prompt_len / s["prefill"],
-                       "decode_tokens_per_s": rows * (gen_len - 1) / s["decode"] if s["decode"] else None})
-        return tokens
-
-    return run, phases
+def phase_rates(runs: list[dict], rows: int, prompt_len: int, gen_len: int) -> list[dict]:
+    """Each timed run's prefill and decode tokens/s, from the engine's own phase seconds."""
+    return [{"prefill_tokens_per_s": rows * prompt_len / s["prefill"],
+             "decode_tokens_per_s": rows * (gen_len - 1) / s["decode"] if s["decode"] else None}
+            for s in (r["phase_seconds"] for r in runs)]
 
 
 def probe_rss(job: dict) -> dict[str, int]:
@@ -95,13 +88,13 @@ def backend_lines(cfg, model_dir, prompts, block: tuple[int, int]) -> list:
         job = {"model_dir": str(model_dir), "compress_weight": compress, "block": block, "rows": len(prompts),
                "prompt_len": cfg.prompt_len, "gen_len": cfg.gen_len, "threads": torch.get_num_threads()}
         rss = {name: probe_rss({**job, "backend": name}) for name in cfg.backends}
-        runners, phases = {}, {}
-        for name in cfg.backends:
-            eng = Engine.load(model_dir, dtype=DTYPE, policy=Policy(compress_weight=compress), backend=name)
-            runners[name], phases[name] = phase_runner(eng, prompts, block, cfg.prompt_len)
-        res = side_by_side(runners, cfg.gen_len, cfg.repeats)
-        med = {name: {k: statistics.median(p[k] for p in phases[name][1:] if p[k]) for k in phases[name][0]}
-               for name in cfg.backends}  # phases[name][0] is the warm-up
+        engines = {name: Engine.load(model_dir, dtype=DTYPE, policy=Policy(compress_weight=compress), backend=name)
+                   for name in cfg.backends}
+        res = generations({name: engine_runner(eng, prompts, *block) for name, eng in engines.items()}, cfg.gen_len,
+                          cfg.repeats)
+        phases = {name: phase_rates(r["runs"], block[0] * block[1], cfg.prompt_len, cfg.gen_len)
+                  for name, r in res.items()}
+        med = {name: summarize(phases[name]) for name in cfg.backends}
         detail = {"block": block, "runs": res, "phases": phases, "rss_added_bytes": rss}
         for name in (n for n in cfg.backends if n != BASELINE):
             where = f"{fmt}, block {block[0]}x{block[1]}, {name} vs {BASELINE}"

@@ -35,7 +35,7 @@ from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from jobs.bench import models as bm
 from jobs.bench.report import Line
-from jobs.bench.runs import best, side_by_side
+from jobs.bench.runs import best, generations
 
 log = logging.getLogger(__name__)
 STOP = " "
@@ -150,9 +150,9 @@ def one_length_lines(cfg: EarlyStopConfig, eng: Engine) -> list[Line]:
     reqs, record, gbs = w4_requests(one, eng.spec.vocab_size), {}, cfg.one_length_gbs
     refill, plain = Policy(gbs=gbs, num_gb=1, refill=True), Policy(gbs=gbs, num_gb=1)
     engine_w4_runner(eng, reqs, refill, record, "refill")(0)  # warm-up
-    res = side_by_side({"flexbatch refill": engine_w4_runner(eng, reqs, refill, record, "refill"),
-                        "flexbatch sorted": engine_w4_runner(eng, reqs, plain, record, "sorted")}, 0, cfg.repeats,
-                       warmup=False)
+    res = generations({"flexbatch refill": engine_w4_runner(eng, reqs, refill, record, "refill"),
+                       "flexbatch sorted": engine_w4_runner(eng, reqs, plain, record, "sorted")}, 0, cfg.repeats,
+                      warm_up=False)
     exact = [c.token_ids for c in record["refill"]] == [c.token_ids for c in record["sorted"]]
     pick = refill_pick(eng, reqs, record["refill"], gbs, cfg.hardware)
     pick |= {"tokens_equal": exact, "runs_tokens_per_s": {k: [r["tokens_per_s"] for r in v["runs"]]
@@ -180,7 +180,7 @@ def early_stop_lines(cfg: EarlyStopConfig, cache_dir: str) -> list[Line]:
     tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left", trust_remote_code=False)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=False).eval()
     runners |= {f"transformers bs {b}": hf_w4_runner(hf, tok, reqs, useful, b) for b in cfg.hf_batches}
-    res = side_by_side(runners, 0, cfg.repeats, warmup=False)
+    res = generations(runners, 0, cfg.repeats, warm_up=False)
     tokens = {k: [c.token_ids for c in record[k]] for k in ("refill", "sorted", "blocks")}
     exact = tokens["refill"] == tokens["blocks"] == tokens["sorted"]
     theirs = {k: v for k, v in res.items() if k.startswith("transformers")}

@@ -46,7 +46,7 @@ from jobs.bench.memory_limit import (
     parse_workload,
 )
 from jobs.bench.report import Line, run_and_save
-from jobs.bench.runs import DTYPE, best, block_name, engine_runner, hf_runner, memory_probe, side_by_side
+from jobs.bench.runs import DTYPE, best, block_name, engine_runner, generations, hf_runner, memory_probe
 from jobs.bench.table import Column, format_table
 from jobs.common import setup_logging
 from planner.microbench import median_seconds
@@ -86,7 +86,7 @@ def throughput_lines(cfg: BenchConfig, model_dir: Path, prompts) -> tuple[list[L
     if "transformers" not in cfg.skip:
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, trust_remote_code=False).eval()
         runners |= {f"transformers bs {b}": hf_runner(hf, prompts, b) for b in cfg.hf_batches}
-    res = side_by_side(runners, cfg.gen_len, cfg.repeats)
+    res = generations(runners, cfg.gen_len, cfg.repeats)
     del eng, hf
     ours = {k: v for k, v in res.items() if k.startswith("ours")}
     top = best(ours)
@@ -148,7 +148,7 @@ def offload_line(cfg: BenchConfig, model_dir: Path, prompts) -> Line:
         if "accelerate" not in cfg.skip:
             acc, device_map = accelerate_model(model_dir, int(weight_budget), folder)
             runners |= {f"accelerate bs {b}": hf_runner(acc, prompts, b) for b in cfg.accelerate_batches}
-        res = side_by_side(runners, cfg.gen_len, cfg.repeats)
+        res = generations(runners, cfg.gen_len, cfg.repeats)
         del acc
     ours = {k: v for k, v in res.items() if k.startswith("ours")}
     theirs = {k: v for k, v in res.items() if k.startswith("accelerate")}
@@ -185,7 +185,7 @@ def compress_lines(cfg: BenchConfig, model_dir: Path, prompts, block: tuple[int,
         policy = Policy(compress_weight=compress, compress_cache=compress)
         engines[name], rss[name] = memory_probe(model_dir, policy, prompts, block, cfg.gen_len)
         runners[name] = engine_runner(engines[name], prompts, *block)
-    res = side_by_side(runners, cfg.gen_len, cfg.repeats, warmup=False)
+    res = generations(runners, cfg.gen_len, cfg.repeats, warm_up=False)
     acct = {name: eng.devices.tiers["cpu"].peak for name, eng in engines.items()}
     detail = {"block": block, "engine_cpu_peak_bytes": acct, "rss_added_bytes": rss, "runs": res}
     where = f"block {block[0]}x{block[1]}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -102,8 +101,8 @@ def free_gpu_bytes(eng, p: Policy, gpu_bytes: float, spec, cfg: GpuBenchConfig) 
 
 
 def policy_runner(eng, policy, spec, cfg: GpuBenchConfig, batch: int, eos, record: dict):
-    """fn(gen_len) -> tokens generated for `batch` prompts under `policy`; a failure is recorded, not raised, so
-    one policy that does not fit or fails cannot sink the others."""
+    """fn(gen_len) -> tokens generated for `batch` prompts under `policy`, its phase seconds kept after each call; a
+    failure is recorded, not raised, so one policy that does not fit or fails cannot sink the others."""
     from jobs.bench.planner import requests_for
     from planner.workload import Workload
 
@@ -121,8 +120,7 @@ def policy_runner(eng, policy, spec, cfg: GpuBenchConfig, batch: int, eos, recor
         if bad:
             record["error"] = f"{len(bad)} rows failed or stopped early: {bad[0].error or bad[0].finish_reason}"
             return 0
-        if gen_len == cfg.gen_len:
-            record.setdefault("phases", []).append(dict(eng.phase_seconds))
+        run.phase_seconds = dict(eng.phase_seconds)
         return sum(c.completion_tokens for c in out)
 
     return run
@@ -192,7 +190,8 @@ class GpuBench:
 
     def batch_rows(self, batch: int, warmup: bool) -> list[dict]:
         """Every policy at one batch size, side by side."""
-        from jobs.bench.runs import side_by_side
+        from jobs.bench.runs import generations
+        from jobs.bench.side_by_side import summarize
 
         cfg, runs, rows = self.cfg, {}, []
         choice = self.planner_choice(batch) if "planner" in cfg.policies else None
@@ -214,15 +213,15 @@ class GpuBench:
                 runs[bp.name](2)  # an engine loaded for the planner's choice warms up as the others did
         if isinstance(choice, str):
             rows.append({"name": "planner", "kind": "planner", "error": choice})
-        measured = side_by_side(runs, cfg.gen_len, cfg.repeats, warmup=warmup)
+        measured = generations(runs, cfg.gen_len, cfg.repeats, warm_up=warmup)
         self.drop_unfixed()
         for row in rows:
             if row["name"] in measured and not row["error"]:
-                m, phases = measured[row["name"]], row.pop("phases")
+                m = measured[row["name"]]
+                phases = summarize([r["phase_seconds"] for r in m["runs"]])
                 row.update(seconds=m["seconds"], tokens_per_s=m["tokens_per_s"], tokens=m["tokens"],
-                           runs_s=[r["seconds"] for r in m["runs"]],
-                           prefill_s=statistics.median(p["prefill"] for p in phases),
-                           decode_s=statistics.median(p["decode"] for p in phases))
+                           runs_s=[r["seconds"] for r in m["runs"]], prefill_s=phases["prefill"],
+                           decode_s=phases["decode"])
         return rows
 
     def drop_unfixed(self) -> None:

@@ -20,11 +20,10 @@ import torch
 from engine.engine import Engine
 from engine.guided import Guided
 from engine.policy import Policy
-from engine.request import Request, SamplingParams
 from jobs.bench import models as bm
 from jobs.bench.options import bench_options
 from jobs.bench.report import run_and_save
-from jobs.bench.runs import side_by_side
+from jobs.bench.runs import generations, rows_runner
 from jobs.bench.table import Column, format_table
 from jobs.bench.workloads import cpu_flags
 from jobs.common import setup_logging
@@ -53,36 +52,22 @@ def choice_constraint(n: int, length: int) -> Guided:
     return Guided(choice=tuple("".join(f"w{i}" for i in ids) for ids in bm.prompt_ids(n, length, 10, seed=3)))
 
 
-def runner(eng: Engine, prompts: list[list[int]], policy: Policy, guided: Guided | None, stats: dict, name: str):
-    def run(gen_len: int) -> int:
-        reqs = [Request(f"r{i}", bm.prompt_text(ids), SamplingParams(max_new_tokens=gen_len, guided=guided))
-                for i, ids in enumerate(prompts)]
-        comps = eng.generate(reqs, policy)
-        bad = [c for c in comps if c.error or c.completion_tokens != gen_len]
-        assert not bad, f"{len(bad)} rows failed or ended early: {bad[0]}"
-        stats[name] = {"step_s": eng.phase_seconds["decode"] / max(1, eng.schedule_counts["row_steps"]),
-                       "texts": [c.text for c in comps]}
-        return sum(c.completion_tokens for c in comps)
-
-    return run
-
-
 def run_guided(cfg: GuidedConfig) -> dict:
     model_dir = bm.build_checkpoint(cfg.preset, cfg.cache_dir)
     policy = Policy(gbs=cfg.gbs, num_gb=cfg.num_gb)
     eng = Engine.load(model_dir, dtype=cfg.dtype, policy=policy)
     prompts = bm.prompt_ids(cfg.rows, cfg.prompt_len, eng.spec.vocab_size)
     guided = choice_constraint(cfg.choices, cfg.gen - 1 if eng.eos_ids else cfg.gen)  # without EOS: ends there
-    lines = {"unconstrained": None, f"choice of {cfg.choices}": guided}
-    step: dict = {}
-    timed = side_by_side({k: runner(eng, prompts, policy, g, step, k) for k, g in lines.items()}, cfg.gen,
-                         cfg.repeats)
+    runners = {"unconstrained": rows_runner(eng, prompts, policy),
+               f"choice of {cfg.choices}": rows_runner(eng, prompts, policy, guided)}
+    timed = generations(runners, cfg.gen, cfg.repeats)
     free = timed["unconstrained"]["tokens_per_s"]
-    answers = step[f"choice of {cfg.choices}"]["texts"]  # the decode joins words with spaces
+    answers = [c.text for c in runners[f"choice of {cfg.choices}"].completions]  # the decode joins words with spaces
+    step_s = {k: r.phase_seconds["decode"] / max(1, r.schedule_counts["row_steps"]) for k, r in runners.items()}
     return {"config": asdict(cfg), "dtype": str(eng.dtype), "machine": bm.machine_info() | {"cpu_flags": cpu_flags()},
             "answers_are_choices": all(t.replace(" ", "") in guided.choice for t in answers),
             "lines": [{"line": k, "tokens_per_s": r["tokens_per_s"], "vs_unconstrained": r["tokens_per_s"] / free,
-                       "decode_ms_per_row_step": 1e3 * step[k]["step_s"],
+                       "decode_ms_per_row_step": 1e3 * step_s[k],
                        "runs_tokens_per_s": [x["tokens_per_s"] for x in r["runs"]]} for k, r in timed.items()]}
 
 

@@ -13,7 +13,7 @@ from engine.engine import Engine
 from engine.memory.heap import LARGE_BLOCK_BYTES, mmap_large_blocks, release_freed_memory, reuse_freed_blocks
 from engine.policy import Policy
 from jobs.bench.report import Line
-from jobs.bench.runs import DTYPE, engine_runner, side_by_side
+from jobs.bench.runs import DTYPE, engine_runner, generations
 
 
 def heap_line(model_dir: Path, prompts, block: tuple[int, int], gen_len: int, repeats: int) -> Line:
@@ -28,7 +28,7 @@ def heap_line(model_dir: Path, prompts, block: tuple[int, int], gen_len: int, re
 
         return call
 
-    res = side_by_side({"mmapped": under(mmap_large_blocks), "heap": under(reuse_freed_blocks)}, gen_len, repeats)
+    res = generations({"mmapped": under(mmap_large_blocks), "heap": under(reuse_freed_blocks)}, gen_len, repeats)
     what = (f"block {block[0]}x{block[1]}: allocations of {LARGE_BLOCK_BYTES >> 20} MiB or more mmapped (under a "
             "binding memory limit) vs every block from the heap, freed memory kept there (without one)")
     return Line("heap", what, "tokens/s", res["mmapped"]["tokens_per_s"], res["heap"]["tokens_per_s"], None,

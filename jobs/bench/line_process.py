@@ -45,15 +45,14 @@ def serve(conn, make, args: tuple, threads: int) -> None:
         fn, added = loaded(lambda: make(*args))
         conn.send(("ready", added))
         while (gen_len := conn.recv()) is not None:
-            conn.send(("ran", timed(fn, gen_len) | {"phase_seconds": getattr(fn, "phase_seconds", None)}))
+            conn.send(("ran", timed(fn, gen_len)))
     except BaseException as e:  # noqa: BLE001 - the parent shows it, with the line's name
         conn.send(("failed", "".join(traceback.format_exception(e))))
 
 
 class LineProcess:
     """One line, loaded by make(*args) (a module-level function returning a runner: gen_len -> tokens) in a
-    spawned process with `threads` torch threads. `run(gen_len)` is `runs.timed`'s result, measured in there, with
-    the runner's `phase_seconds` where it keeps them."""
+    spawned process with `threads` torch threads. `run(gen_len)` is `runs.timed`'s result, measured in there."""
 
     def __init__(self, name: str, make, *args, threads: int):
         ctx = multiprocessing.get_context("spawn")

@@ -180,7 +180,7 @@ def run_batched_bench(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, g
                                    f"`{' '.join(argv)}`: {done['stdout'].strip()[-300:]!r}")
     prefill, decode = sum(r["t_pp"] for r in results), sum(r["t_tg"] for r in results)
     tokens, seconds = rows * gen_len, prefill + decode
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rss_growth_bytes": None,
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "peak_rss_growth_bytes": None,
             "cpu_seconds": None, "tokens_per_cpu_s": None, "phase_seconds": {"prefill": prefill, "decode": decode},
             "peak_rss_bytes": done["peak_rss_bytes"], "process_seconds": done["seconds"], "attempts": attempt,
             "results": results, "command": argv}

@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import statistics
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import click
@@ -29,6 +29,7 @@ from engine.policy import Pins, Policy
 from engine.request import SamplingParams
 from jobs.bench import models as bm
 from jobs.bench.report import run_and_save
+from jobs.bench.side_by_side import side_by_side
 from jobs.bench.table import Column, format_table
 from jobs.common import PROJECT_ROOT, setup_logging
 from planner.microbench import timed_call
@@ -82,8 +83,8 @@ def plan_once(model_dir: Path, data: Path, cfg: PipelineBenchConfig) -> Policy:
     return plan.policy
 
 
-def bare_engine(model_dir: Path, data: Path, policy: Policy, cfg: PipelineBenchConfig) -> tuple[dict, dict[str, str]]:
-    """Model load and `generate` over every row, timed apart; completions by id."""
+def bare_engine(model_dir: Path, data: Path, policy: Policy, cfg: PipelineBenchConfig, completions: dict) -> dict:
+    """Model load and `generate` over every row, timed apart; the completions by id written to `completions`."""
     from engine.engine import Engine
     from pipeline.input.requests import build_requests, row_ids
     from pipeline.plan.host import warm_up
@@ -100,18 +101,20 @@ def bare_engine(model_dir: Path, data: Path, policy: Policy, cfg: PipelineBenchC
         out, steady_s = timed_call(lambda: eng.generate(items))
     finally:
         eng.weights.close()
-    tokens = sum(c.completion_tokens for c in out)
-    return {"steady_s": steady_s, "end_to_end_s": load_s + steady_s, "tokens": tokens}, {c.id: c.text for c in out}
+    completions.update((c.id, c.text) for c in out)
+    return {"steady_s": steady_s, "end_to_end_s": load_s + steady_s, "tokens": sum(c.completion_tokens for c in out)}
 
 
-def pipeline_run(model_dir: Path, data: Path, out: Path, policy: Policy, cfg: PipelineBenchConfig,
-                 workers: int) -> tuple[dict, dict[str, str]]:
+def pipeline_run(model_dir: Path, data: Path, tmp: Path, policy: Policy, cfg: PipelineBenchConfig, workers: int,
+                 name: str, expected: dict[str, str]) -> dict:
+    """The job over the rows in `data`, its output in a fresh folder under `tmp`: its times, and the share of its rows
+    equal to the bare engine's completions of the round (`expected`; every row in float32)."""
     import ray
 
     from pipeline.execution.driver import run_job
     from pipeline.job import RunConfig
 
-    config = RunConfig(input=str(data), output=out, model=model_dir, dtype=cfg.dtype, pins=Pins.of(policy), plan=False,
+    config = RunConfig(input=str(data), output=Path(tempfile.mkdtemp(dir=tmp)) / "out", model=model_dir, dtype=cfg.dtype, pins=Pins.of(policy), plan=False,
                        params=SamplingParams(max_new_tokens=cfg.gen_len), workers=workers,
                        shard_rows=cfg.shard_rows)
     try:
@@ -120,9 +123,14 @@ def pipeline_run(model_dir: Path, data: Path, out: Path, policy: Policy, cfg: Pi
         ray.shutdown()
     if not summary.ok or summary.skipped_shards:
         raise RuntimeError(f"the pipeline run was not a clean full run: {summary.failed_shards}")
-    return ({"steady_s": summary.wall_seconds, "end_to_end_s": wall, "tokens": summary.run_completion_tokens,
-             "shards": summary.shards, "threads": [w["threads"] for w in summary.workers]},
-            dict(pair for p in summary.parts for pair in _completions(Path(p))))
+    got = dict(pair for p in summary.parts for pair in _completions(Path(p)))
+    if sorted(got) != sorted(expected):
+        raise AssertionError(f"{name}: the output ids differ from the input's")
+    same = sum(got[k] == expected[k] for k in expected) / len(expected)
+    if cfg.dtype == "float32" and same < 1:
+        raise AssertionError(f"{name}: {same:.1%} of the rows equal the bare engine's")
+    return {"steady_s": summary.wall_seconds, "end_to_end_s": wall, "tokens": summary.run_completion_tokens,
+            "shards": summary.shards, "threads": [w["threads"] for w in summary.workers], "same_rows": same}
 
 
 def _completions(part: Path) -> list[tuple[str, str]]:
@@ -139,31 +147,20 @@ def run_pipeline_bench(cfg: PipelineBenchConfig) -> dict:
     from jobs.bench.planner import model_dir_for
 
     model_dir = model_dir_for(cfg.model, cfg.cache_dir)
-    runs: dict[str, list[dict]] = {"engine": [], "pipeline 1x2": [], "pipeline 2x1": [], "openai 1x2": []}
     with tempfile.TemporaryDirectory(prefix="flexbatch-bench-") as tmp:
         data = write_rows(Path(tmp), cfg.rows)
         batch = write_batch_file(Path(tmp), data)
         policy = plan_once(model_dir, data, cfg)
-        for round_ in range(cfg.repeats):
-            timing, expected = bare_engine(model_dir, data, policy, cfg)
-            runs["engine"].append(timing)
-            for name, source, workers in (("pipeline 1x2", data, 1), ("pipeline 2x1", data, 2),
-                                          ("openai 1x2", batch, 1)):
-                timing, got = pipeline_run(model_dir, source, Path(tmp) / f"out-{name[:6]}{workers}-{round_}",
-                                           policy, cfg, workers)
-                if sorted(got) != sorted(expected):
-                    raise AssertionError(f"{name}: the output ids differ from the input's")
-                timing["same_rows"] = sum(got[k] == expected[k] for k in expected) / len(expected)
-                if cfg.dtype == "float32" and timing["same_rows"] < 1:
-                    raise AssertionError(f"{name}: {timing['same_rows']:.1%} of the rows equal the bare engine's")
-                runs[name].append(timing)
-    return report(cfg, policy, runs)
+        expected: dict[str, str] = {}  # the bare engine's completions, each round
+        lines = {"engine": partial(bare_engine, model_dir, data, policy, cfg, expected)}
+        for name, source, workers in (("pipeline 1x2", data, 1), ("pipeline 2x1", data, 2), ("openai 1x2", batch, 1)):
+            lines[name] = partial(pipeline_run, model_dir, source, Path(tmp), policy, cfg, workers, name, expected)
+        return report(cfg, policy, side_by_side(lines, cfg.repeats))
 
 
-def report(cfg: PipelineBenchConfig, policy: Policy, runs: dict[str, list[dict]]) -> dict:
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("steady_s", "end_to_end_s", "tokens")}
-           for name, rs in runs.items()}
-    eng, one, two, jsonl = med["engine"], med["pipeline 1x2"], med["pipeline 2x1"], med["openai 1x2"]
+def report(cfg: PipelineBenchConfig, policy: Policy, res: dict[str, dict]) -> dict:
+    """The lines of `side_by_side`'s figures: the pipeline's times against the bare engine's, each a median."""
+    eng, one, two, jsonl = res["engine"], res["pipeline 1x2"], res["pipeline 2x1"], res["openai 1x2"]
     lines = [
         _line("overhead-steady", "pipeline 1x2 vs bare engine, steady state (s)", one["steady_s"], eng["steady_s"],
               TARGET_OVERHEAD),
@@ -174,10 +171,11 @@ def report(cfg: PipelineBenchConfig, policy: Policy, runs: dict[str, list[dict]]
         _line("batch-format", "OpenAI Batch JSONL vs Parquet, pipeline 1x2, steady state (s)", jsonl["steady_s"],
               one["steady_s"], None),
     ]
+    runs = {name: r["runs"] for name, r in res.items()}
     same = {name: min(r["same_rows"] for r in rs) for name, rs in runs.items() if name != "engine"}
+    med = {name: {k: r[k] for k in ("steady_s", "end_to_end_s", "tokens")} for name, r in res.items()}
     return {"config": dataclasses.asdict(cfg), "policy": policy.to_dict(), "lines": lines, "runs": runs,
-            "same_rows_as_engine": same,
-            "medians": med, "machine": bm.machine_info()}
+            "same_rows_as_engine": same, "medians": med, "machine": bm.machine_info()}
 
 
 def _line(id_: str, what: str, ours: float, baseline: float, target: float | None) -> dict:

@@ -22,6 +22,7 @@ from engine.request import Request, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from jobs.bench import models as bm
 from jobs.bench.report import run_and_save
+from jobs.bench.side_by_side import side_by_side
 from jobs.bench.table import Column, format_table, pct
 from jobs.common import demo_model_dir, setup_logging
 from planner.explain import describe
@@ -76,35 +77,36 @@ def requests_for(spec: ModelSpec, work: Workload, eos: tuple[int, ...]) -> list[
     return [Request(f"r{i}", "", params, forced_ids=forced, prompt_ids=tuple(p)) for i, p in enumerate(prompts)]
 
 
-def measure(model_dir: Path, policies: dict[str, Policy], reqs: list[Request], repeats: int,
-            offload: Path) -> dict[str, list[float]]:
-    """Seconds of engine.generate over the requests for each policy, side by side: `repeats` rounds, each
-    loading every policy's engine in turn, timing one run and closing it (an engine's prefetch thread keeps
-    slowing other engines' compute while it lives). The first round warms each shape up first (2 tokens)."""
-    runs: dict[str, list[float]] = {name: [] for name in policies}
-    for round_ in range(repeats):
-        for name, policy in policies.items():
-            eng = Engine.load(model_dir, dtype=DTYPE, policy=policy, offload_dir=offload)
-            try:
-                if round_ == 0:
-                    eng.generate([Request(r.id, "", SamplingParams(max_new_tokens=2), r.forced_ids, r.prompt_ids)
-                                  for r in reqs[: policy.block_size]])
-                out, seconds = timed_call(lambda eng=eng: eng.generate(reqs))
-                runs[name].append(seconds)
-            finally:
-                eng.weights.close()
-            bad = [c for c in out if c.error or c.completion_tokens != reqs[0].params.max_new_tokens]
-            assert not bad, f"{len(bad)} rows failed or stopped early: {bad[0]}"
-    return runs
+def policy_line(model_dir: Path, policy: Policy, reqs: list[Request], offload: Path):
+    """A policy as a line of `side_by_side`: the seconds of engine.generate over the requests. Each run loads the
+    policy's engine, times one generate and closes it (an engine's prefetch thread keeps slowing other engines'
+    compute while it lives); the first run warms each shape up first (2 tokens)."""
+    warm = [Request(r.id, "", SamplingParams(max_new_tokens=2), r.forced_ids, r.prompt_ids)
+            for r in reqs[: policy.block_size]]  # emptied once run
+
+    def run() -> dict:
+        eng = Engine.load(model_dir, dtype=DTYPE, policy=policy, offload_dir=offload)
+        try:
+            if warm:
+                eng.generate(warm)
+                warm.clear()
+            out, seconds = timed_call(lambda: eng.generate(reqs))
+        finally:
+            eng.weights.close()
+        bad = [c for c in out if c.error or c.completion_tokens != reqs[0].params.max_new_tokens]
+        assert not bad, f"{len(bad)} rows failed or stopped early: {bad[0]}"
+        return {"seconds": seconds}
+
+    return run
 
 
-def row(spec, hw, work, name, policy, runs: list[float]) -> dict:
-    pred, measured = predict(spec, hw, work, policy), statistics.median(runs)
+def row(spec, hw, work, name, policy, figures: dict) -> dict:
+    pred, measured = predict(spec, hw, work, policy), figures["seconds"]
     err = (pred.total_s - measured) / measured
     log.info("%s %s: predicted %.3f s, measured %.3f s (%+.1f%%)", work, name, pred.total_s, measured, 100 * err)
     return {"workload": asdict(work), "policy_name": name, "policy": policy.to_dict(), "predicted_s": pred.total_s,
-            "measured_s": measured, "runs_s": runs, "error": err, "predicted_prefill_s": pred.prefill_s,
-            "predicted_decode_token_s": pred.decode_token_s}
+            "measured_s": measured, "runs_s": [r["seconds"] for r in figures["runs"]], "error": err,
+            "predicted_prefill_s": pred.prefill_s, "predicted_decode_token_s": pred.decode_token_s}
 
 
 def _eos(model_dir: Path, spec: ModelSpec) -> tuple[int, ...]:
@@ -133,7 +135,9 @@ def model_rows(cfg: PlannerBenchConfig, name: str, hw: HardwareSpec) -> tuple[li
         plan = search(spec, hw, work, allow_compression=True)
         mine = "planner: " + describe(plan.prediction)
         policies = {pname: Policy(**GRID[pname]) for pname in cfg.policies} | {mine: plan.policy}
-        runs = measure(model_dir, policies, requests_for(spec, work, _eos(model_dir, spec)), cfg.repeats, offload)
+        reqs = requests_for(spec, work, _eos(model_dir, spec))
+        runs = side_by_side({pname: policy_line(model_dir, p, reqs, offload) for pname, p in policies.items()},
+                            cfg.repeats)
         rows = [dict(row(spec, hw, work, pname, p, runs[pname]), model=name) for pname, p in policies.items()]
         best = min(rows[:-1], key=lambda r: r["measured_s"])
         same = [r["policy_name"] for r in rows[:-1] if runs_alike(Policy(**r["policy"]), plan.policy, work)]

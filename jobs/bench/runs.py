@@ -1,13 +1,13 @@
-"""Timed runs for the engine benchmarks: one engine block or one `transformers` batch as a callable of gen_len,
-timed one call at a time and interleaved round by round (`side_by_side`), and the memory one engine adds."""
+"""Timed generations for the benchmarks: one engine block or one `transformers` batch as a callable of gen_len,
+timed one call at a time (`timed`), such callables as the lines of the one runner (`generations`), and the memory
+one engine adds."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
-import logging
-import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -16,9 +16,9 @@ from engine.engine import Engine
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from jobs.bench import models as bm
+from jobs.bench.side_by_side import side_by_side
 from planner.microbench import timed_call
 
-log = logging.getLogger(__name__)
 DTYPE = "bfloat16"
 
 
@@ -26,7 +26,7 @@ def timed(fn, gen_len: int) -> dict:
     """One call of fn(gen_len) -> generated tokens, on the one timer: wall time, tokens/s and the peak RSS growth
     during the call; also the CPU seconds of this process over the call and tokens per CPU second, which another
     process sharing the cores barely changes where the line runs one thread (it counts OpenMP's spin-waiting
-    where it runs more)."""
+    where it runs more), and the call's prefill and decode seconds where fn keeps them (`fn.phase_seconds`)."""
     gc.collect()
     reset_ok = bm.reset_peak_rss()
     rss0 = bm.rss_bytes()
@@ -34,31 +34,16 @@ def timed(fn, gen_len: int) -> dict:
     tokens, seconds = timed_call(lambda: fn(gen_len))
     cpu_s = time.process_time() - cpu0
     growth = bm.peak_rss_bytes() - rss0 if reset_ok else None
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rss_growth_bytes": growth,
-            "cpu_seconds": cpu_s, "tokens_per_cpu_s": tokens / cpu_s if cpu_s > 0 else None}
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "peak_rss_growth_bytes": growth,
+            "cpu_seconds": cpu_s, "tokens_per_cpu_s": tokens / cpu_s if cpu_s > 0 else None,
+            "phase_seconds": getattr(fn, "phase_seconds", None)}
 
 
-def side_by_side(runners: dict, gen_len: int, repeats: int, warmup: bool = True) -> dict[str, dict]:
-    """Warm every runner up (2 tokens, same shapes), then time them interleaved, `repeats` rounds."""
-    for name, fn in runners.items() if warmup else ():
-        log.info("warm-up %s", name)
-        fn(2)
-    runs: dict[str, list[dict]] = {name: [] for name in runners}
-    for r in range(repeats):
-        for name, fn in runners.items():
-            runs[name].append(timed(fn, gen_len))
-            log.info("repeat %d %s: %.2f s, %.1f tokens/s", r + 1, name, runs[name][-1]["seconds"],
-                     runs[name][-1]["tokens_per_s"])
-    return {name: summarize(v) for name, v in runs.items()}
-
-
-def summarize(runs: list[dict]) -> dict:
-    growth = [r["rss_growth_bytes"] for r in runs if r["rss_growth_bytes"] is not None]
-    per_cpu = [r["tokens_per_cpu_s"] for r in runs if r.get("tokens_per_cpu_s")]
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
-            "tokens_per_cpu_s": statistics.median(per_cpu) if per_cpu else None,
-            "seconds": statistics.median(r["seconds"] for r in runs), "tokens": runs[0]["tokens"],
-            "peak_rss_growth_bytes": max(growth) if growth else None, "runs": runs}
+def generations(runners: dict, gen_len: int, repeats: int, warm_up: bool = True) -> dict[str, dict]:
+    """Each runner (gen_len -> generated tokens) a line of `side_by_side`: a `timed` call of gen_len tokens a round,
+    after a warm-up call of 2 tokens (the same shapes) unless warm_up is False."""
+    lines = {name: partial(timed, fn, gen_len) for name, fn in runners.items()}
+    return side_by_side(lines, repeats, {name: partial(fn, 2) for name, fn in runners.items()} if warm_up else None)
 
 
 def best(results: dict[str, dict]) -> str:
@@ -66,16 +51,23 @@ def best(results: dict[str, dict]) -> str:
 
 
 def engine_runner(eng: Engine, prompts: list[list[int]], gbs: int, num_gb: int):
-    """Generate for one block of gbs * num_gb prompts (the block shape only changes the schedule, not where
-    the weights live, so one loaded engine serves every block shape)."""
-    rows = prompts[: gbs * num_gb]
+    """`rows_runner` of one block of gbs * num_gb prompts (the block shape only changes the schedule, not where the
+    weights live, so one loaded engine serves every block shape)."""
+    return rows_runner(eng, prompts[: gbs * num_gb], dataclasses.replace(eng.policy, gbs=gbs, num_gb=num_gb))
 
+
+def rows_runner(eng: Engine, prompts: list[list[int]], policy: Policy, guided=None):
+    """fn(gen_len) -> generated tokens: `generate` for every prompt under `policy` (and `guided`'s constraint), each
+    row keeping its whole prompt and generating exactly gen_len tokens. After a call, `run.completions`,
+    `run.phase_seconds` (prefill and decode) and `run.schedule_counts` hold its own."""
     def run(gen_len: int) -> int:
-        reqs = [Request(f"r{i}", bm.prompt_text(ids), SamplingParams(max_new_tokens=gen_len))
-                for i, ids in enumerate(rows)]
-        comps = eng.generate(reqs, dataclasses.replace(eng.policy, gbs=gbs, num_gb=num_gb))
-        bad = [c for c in comps if c.error or c.prompt_tokens != len(rows[0])]
-        assert not bad, f"{len(bad)} rows failed or were tokenized to another length: {bad[0]}"
+        reqs = [Request(f"r{i}", bm.prompt_text(ids), SamplingParams(max_new_tokens=gen_len, guided=guided))
+                for i, ids in enumerate(prompts)]
+        comps = eng.generate(reqs, policy)
+        bad = [c for c in comps if c.error or c.prompt_tokens != len(prompts[0]) or c.completion_tokens != gen_len]
+        assert not bad, f"{len(bad)} rows failed, ended early or were tokenized to another length: {bad[0]}"
+        run.completions, run.phase_seconds = comps, dict(eng.phase_seconds)
+        run.schedule_counts = dict(eng.schedule_counts)
         return sum(c.completion_tokens for c in comps)
 
     return run

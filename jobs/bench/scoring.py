@@ -27,11 +27,10 @@ and the largest difference of its scores from flexbatch's and from transformers'
 from __future__ import annotations
 
 import json
-import logging
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import click
@@ -45,13 +44,11 @@ from jobs.bench import models as bm
 from jobs.bench import whole_process as wp
 from jobs.bench.options import bench_options, vllm_option, vllm_python
 from jobs.bench.report import run_and_save
+from jobs.bench.side_by_side import side_by_side
 from jobs.bench.table import Column, format_table
 from jobs.bench.workloads import cpu_flags, gemm_peak_gflops
 from jobs.common import setup_logging
 from planner.microbench import timed_call
-
-log = logging.getLogger(__name__)
-
 
 UNCOMPRESSED = "uncompressed"
 
@@ -116,18 +113,32 @@ def check_vllm_scores(stdout: str, logprobs: Path, rows: int, length: int) -> tu
 
 
 def vllm_scorer(python: Path, model_dir: Path, prompts: list[list[int]], dtype: str, threads: int, warm_up: int,
-                tmp: Path):
-    """One round of the vLLM line: its script as a process of its own; its seconds in llm.generate, its scores."""
+                tmp: Path, scores: dict, score_last: int = 0):
+    """The vLLM line: a run is its script in a process of its own, in a fresh folder under `tmp`; its seconds and CPU
+    seconds in llm.generate, and its scores kept under "vllm" (prompt_logprobs scores every token: with
+    `score_last`, the tail that the other lines score)."""
     input_ = wp.write_prompt_ids(tmp / "prompt_ids.parquet", prompts)
 
-    def run(r: int) -> tuple[dict, list[list[float]]]:
-        workdir = tmp / f"vllm-round{r}"
-        workdir.mkdir()
+    def run() -> dict:
+        workdir = Path(tempfile.mkdtemp(dir=tmp))
         argv = wp.vllm_command(python, model_dir, input_, 1, dtype, score=True, logprobs_out=workdir / "lp.json",
                                warm_up_rows=warm_up)
         done = wp.run_process(argv, threads, workdir, wp.vllm_env(python, threads))
-        res, scores = check_vllm_scores(done["stdout"], workdir / "lp.json", len(prompts), len(prompts[0]))
-        return res | {"process_seconds": done["seconds"], "command": argv}, scores
+        res, every = check_vllm_scores(done["stdout"], workdir / "lp.json", len(prompts), len(prompts[0]))
+        scores["vllm"] = [row[-score_last:] for row in every] if score_last else every
+        return res | {"seconds": res["generate_seconds"], "cpu_seconds": res["generate_cpu_seconds"],
+                      "process_seconds": done["seconds"], "command": argv}
+
+    return run
+
+
+def scoring_line(fn, prompts: list[list[int]], scores: dict, name: str):
+    """A line of in-process scoring: the seconds and this process's CPU seconds of scoring every row; its scores
+    kept under `name`."""
+    def run() -> dict:
+        cpu0 = time.process_time()
+        scores[name], seconds = timed_call(lambda: fn(prompts))
+        return {"seconds": seconds, "cpu_seconds": time.process_time() - cpu0}
 
     return run
 
@@ -148,30 +159,14 @@ def run_score(cfg: ScoreConfig) -> dict:
     dtype = cfg.dtype if cfg.dtype != "auto" else str(Engine.load(model_dir, dtype="auto").dtype).split(".")[-1]
     scorers = {line_name(f): engine_scorer(model_dir, dtype, cfg.batch, f, cfg.score_last) for f in cfg.formats}
     scorers["transformers"] = hf_scorer(model_dir, dtype, cfg.batch, cfg.score_last)
-    for fn in scorers.values():  # warm-up: one batch
-        fn(prompts[: cfg.batch])
-    seconds: dict[str, list[float]] = {k: [] for k in scorers}
-    cpu_seconds: dict[str, list[float]] = {k: [] for k in scorers}
     scores: dict[str, list] = {}
-    vllm, vllm_runs = vllm_python(cfg.vllm_venv), []
+    lines = {name: scoring_line(fn, prompts, scores, name) for name, fn in scorers.items()}
+    vllm = vllm_python(cfg.vllm_venv)
     with tempfile.TemporaryDirectory(prefix="flexbatch-score-vllm-") as tmp:
-        run_vllm = vllm and vllm_scorer(vllm, model_dir, prompts, dtype, cfg.threads or torch.get_num_threads(),
-                                        cfg.batch, Path(tmp))
-        for r in range(cfg.repeats):
-            for name, fn in scorers.items():
-                cpu0 = time.process_time()
-                scores[name], s = timed_call(lambda fn=fn: fn(prompts))
-                seconds[name].append(s)
-                cpu_seconds[name].append(time.process_time() - cpu0)
-                log.info("repeat %d %s: %.2f s", r + 1, name, s)
-            if run_vllm:
-                res, every = run_vllm(r)  # prompt_logprobs scores every token: its tail is what the others score
-                scores["vllm"] = [row[-cfg.score_last :] for row in every] if cfg.score_last else every
-                vllm_runs.append(res)
-                seconds.setdefault("vllm", []).append(res["generate_seconds"])
-                cpu_seconds.setdefault("vllm", []).append(res["generate_cpu_seconds"])
-                log.info("repeat %d vllm: %.2f s in llm.generate, %.2f s start to exit", r + 1,
-                         res["generate_seconds"], res["process_seconds"])
+        if vllm:  # after the in-process lines each round, with a warm-up of its own in its process
+            lines["vllm"] = vllm_scorer(vllm, model_dir, prompts, dtype, cfg.threads or torch.get_num_threads(),
+                                        cfg.batch, Path(tmp), scores, cfg.score_last)
+        res = side_by_side(lines, cfg.repeats, {k: partial(fn, prompts[: cfg.batch]) for k, fn in scorers.items()})
     first = torch.tensor(scores[line_name(cfg.formats[0])])
     worst = {k: float((torch.tensor(v) - first).abs().max()) for k, v in scores.items()}
     peak = gemm_peak_gflops(spec, getattr(torch, dtype))
@@ -179,23 +174,22 @@ def run_score(cfg: ScoreConfig) -> dict:
     scored = min(cfg.score_last, cfg.length - 1) if cfg.score_last else cfg.length - 1
     flops = f["linear"] + f["attention"] + f["head"] * (scored if cfg.score_last else cfg.length)
     tokens = cfg.rows * scored
-    lines = [{"line": k, "seconds": statistics.median(v), "tokens_per_s": tokens / statistics.median(v),
-              "cpu_seconds": statistics.median(cpu_seconds[k]), "tokens_per_cpu_s": tokens / statistics.median(
-                  cpu_seconds[k]), "gemm_fraction": flops / statistics.median(v) / 1e9 / peak,
-              "max_abs_diff": worst[k], "runs_seconds": v, "runs_cpu_seconds": cpu_seconds[k]}
-             for k, v in seconds.items()]
+    lines = [{"line": k, "seconds": r["seconds"], "tokens_per_s": tokens / r["seconds"], "cpu_seconds": r["cpu_seconds"],
+              "tokens_per_cpu_s": tokens / r["cpu_seconds"], "gemm_fraction": flops / r["seconds"] / 1e9 / peak,
+              "max_abs_diff": worst[k], "runs_seconds": [x["seconds"] for x in r["runs"]],
+              "runs_cpu_seconds": [x["cpu_seconds"] for x in r["runs"]]} for k, r in res.items()]
     by_name = {ln["line"]: ln for ln in lines}
     for ln in lines:
         ln["vs_transformers"] = ln["tokens_per_s"] / by_name["transformers"]["tokens_per_s"]
         if "vllm" in by_name:
             ln["vs_vllm"] = ln["tokens_per_s"] / by_name["vllm"]["tokens_per_s"]
             ln["vs_vllm_per_cpu_s"] = ln["tokens_per_cpu_s"] / by_name["vllm"]["tokens_per_cpu_s"]
-    if vllm_runs:
+    if vllm:
         ln = lines[-1]
         ln["max_abs_diff_vs_transformers"] = float((torch.tensor(scores["vllm"]) - torch.tensor(scores["transformers"]))
                                                    .abs().max())
-        ln |= {k: statistics.median(r[k] for r in vllm_runs) for k in ("process_seconds", "startup_seconds")}
-        ln["command"] = " ".join(vllm_runs[-1]["command"])
+        ln |= {k: res["vllm"][k] for k in ("process_seconds", "startup_seconds")}
+        ln["command"] = " ".join(res["vllm"]["runs"][-1]["command"])
     return {"config": asdict(cfg), "dtype": dtype, "gemm_peak_gflops": peak,
             "machine": bm.machine_info() | {"cpu_flags": cpu_flags()}, "lines": lines}
 

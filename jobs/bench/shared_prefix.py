@@ -22,11 +22,10 @@ import torch
 
 from engine.engine import Engine
 from engine.policy import Policy
-from engine.request import Request, SamplingParams
 from jobs.bench import models as bm
 from jobs.bench.options import bench_options
 from jobs.bench.report import run_and_save
-from jobs.bench.runs import side_by_side
+from jobs.bench.runs import generations, rows_runner
 from jobs.bench.table import Column, format_table
 from jobs.bench.workloads import cpu_flags
 from jobs.common import setup_logging
@@ -55,19 +54,6 @@ def few_shot_prompts(rows: int, shared: int, own: int, vocab_size: int) -> list[
     return [prefix + tail for tail in bm.prompt_ids(rows, own, vocab_size, seed=2)]
 
 
-def runner(eng: Engine, prompts: list[list[int]], policy: Policy, outputs: dict, name: str):
-    def run(gen_len: int) -> int:
-        reqs = [Request(f"r{i}", bm.prompt_text(ids), SamplingParams(max_new_tokens=gen_len))
-                for i, ids in enumerate(prompts)]
-        comps = eng.generate(reqs, policy)
-        bad = [c for c in comps if c.error or c.completion_tokens != gen_len]
-        assert not bad, f"{len(bad)} rows failed or ended early: {bad[0]}"
-        outputs[name] = ([c.token_ids for c in comps], dict(eng.schedule_counts))
-        return sum(c.completion_tokens for c in comps)
-
-    return run
-
-
 def rows_per_gib(eng: Engine, policy: Policy, shared: int, own: int, gen: int, share: bool) -> float:
     """Rows of a block that 1 GiB of KV cache and activations holds, by the engine's budget arithmetic."""
     ex = eng.executor(policy)
@@ -86,9 +72,10 @@ def run_prefix(cfg: PrefixConfig) -> dict:
     for name in cfg.workloads:
         shared, own, gen = WORKLOADS[name]
         prompts = few_shot_prompts(cfg.rows, shared, own, eng.spec.vocab_size)
-        outputs: dict = {}
-        timed = side_by_side({k: runner(eng, prompts, p, outputs, k) for k, p in policies.items()}, gen, cfg.repeats)
-        (on, counts), (off, _) = outputs["flexbatch shared prefix"], outputs["flexbatch no sharing"]
+        runners = {k: rows_runner(eng, prompts, p) for k, p in policies.items()}
+        timed = generations(runners, gen, cfg.repeats)
+        on, off = ([c.token_ids for c in r.completions] for r in runners.values())
+        counts = runners["flexbatch shared prefix"].schedule_counts
         alone = timed["flexbatch no sharing"]["tokens_per_s"]
         results.append({
             "workload": name, "rows": cfg.rows, "shared": shared, "own": own, "generated": gen,

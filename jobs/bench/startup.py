@@ -12,18 +12,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import click
 
 from jobs.bench import models as bm
 from jobs.bench.report import run_and_save
+from jobs.bench.side_by_side import side_by_side
 from jobs.bench.table import Column, format_table, num
 from jobs.common import PROJECT_ROOT, setup_logging
 
@@ -94,12 +95,17 @@ def run_startup(cfg: StartupConfig) -> dict:
     from jobs.bench.workloads import cpu_flags
 
     model_dir = model_dir_for(cfg.model, cfg.cache_dir)
-    one_round(cfg, model_dir)  # the operating system's caches warm, and the hardware profile measured if missing
-    load_before = os.getloadavg()
-    rounds = [one_round(cfg, model_dir) for _ in range(cfg.repeats)]
-    median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    run = partial(one_round, cfg, model_dir)
+
+    def warm_up() -> tuple[float, ...]:  # the operating system's caches warm, the hardware profile measured if missing
+        run()
+        return os.getloadavg()
+
+    res = side_by_side({"flexbatch run": run}, cfg.repeats, {"flexbatch run": warm_up})["flexbatch run"]
+    rounds = res.pop("runs")
+    median = {k: res[k] for k in rounds[0]}
     return {"config": asdict(cfg), "model_dir": str(model_dir), "cpu_flags": cpu_flags(),
-            "load_average": {"before": load_before, "after": os.getloadavg()}, "rounds": rounds, "median": median,
+            "load_average": {"before": res["warm_up"], "after": os.getloadavg()}, "rounds": rounds, "median": median,
             "budget_s": BUDGET_S, "met": median["startup_less_load_s"] <= BUDGET_S}
 
 

@@ -8,8 +8,8 @@ median of the rounds is quoted, in microseconds per token and as a ratio."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import click
@@ -17,6 +17,7 @@ import click
 from engine.loop.stops import StopScanner
 from engine.tokenizer import load_tokenizer
 from jobs.bench.report import run_and_save
+from jobs.bench.side_by_side import side_by_side
 from jobs.bench.table import Column, format_table, num
 from jobs.common import demo_model_dir, setup_logging
 from planner.microbench import timed_call
@@ -34,7 +35,7 @@ class StopsBenchConfig:
     repeats: int = 3
 
 
-def check_seconds(tokenizer, tokens: list[int], rows: int, incremental: bool) -> float:
+def check_seconds(tokenizer, tokens: list[int], rows: int, incremental: bool) -> dict:
     """Seconds to check `rows` rows of `tokens`, token by token."""
     def check():
         for _ in range(rows):
@@ -43,7 +44,7 @@ def check_seconds(tokenizer, tokens: list[int], rows: int, incremental: bool) ->
                 so_far.append(t)
                 assert scanner.check(so_far) is None
 
-    return timed_call(check)[1]
+    return {"seconds": timed_call(check)[1]}
 
 
 def run_stops(cfg: StopsBenchConfig) -> dict:
@@ -55,15 +56,11 @@ def run_stops(cfg: StopsBenchConfig) -> dict:
     ids = ids * (1 + max(cfg.lengths) // len(ids))
     lines = []
     for n in cfg.lengths:
-        tokens = ids[:n]
-        full, incremental = [], []
-        for _ in range(cfg.repeats):
-            full.append(check_seconds(tok, tokens, cfg.rows, incremental=False))
-            incremental.append(check_seconds(tok, tokens, cfg.rows, incremental=True))
-        per_token = 1e6 / (cfg.rows * n)
-        lines.append({"tokens": n, "full_us_per_token": statistics.median(full) * per_token,
-                      "incremental_us_per_token": statistics.median(incremental) * per_token,
-                      "speedup": statistics.median(full) / statistics.median(incremental)})
+        res = side_by_side({way: partial(check_seconds, tok, ids[:n], cfg.rows, way == "incremental")
+                            for way in ("full", "incremental")}, cfg.repeats)
+        full, incremental, per_token = res["full"]["seconds"], res["incremental"]["seconds"], 1e6 / (cfg.rows * n)
+        lines.append({"tokens": n, "full_us_per_token": full * per_token,
+                      "incremental_us_per_token": incremental * per_token, "speedup": full / incremental})
     return {"config": asdict(cfg), "model": str(model), "cpu_flags": cpu_flags(), "lines": lines}
 
 

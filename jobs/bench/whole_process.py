@@ -16,11 +16,9 @@ same work on each side."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,9 +30,9 @@ import pyarrow.parquet as pq
 
 from engine.memory.heap import KEEP_FREED
 from jobs.bench import models as bm
+from jobs.bench.side_by_side import side_by_side
 from jobs.bench.table import Column, num
 
-log = logging.getLogger(__name__)
 FORMATS = {"int8": ("--compress-weight", "int8"), "int4": ("--compress-weight", "int4"), "uncompressed": ()}
 SCRIPT = Path(__file__).with_name("ct2_script.py")
 VLLM_SCRIPT = Path(__file__).with_name("vllm_script.py")
@@ -223,6 +221,17 @@ def vllm_line(python: Path, model_dir: Path, input_: Path, rows: int, prompt_len
     return run
 
 
+def in_folder(run, tmp: Path):
+    """A whole-process line: each run(workdir) in a fresh folder under `tmp`, removed after it, with its tokens/s."""
+    def call() -> dict:
+        workdir = Path(tempfile.mkdtemp(dir=tmp))
+        done = run(workdir)
+        shutil.rmtree(workdir)
+        return done | {"tokens_per_s": done["tokens"] / done["seconds"]}
+
+    return call
+
+
 def run_whole_processes(model_dir: Path, ct2_dir: Path | None, prompts: list[list[int]], gen_len: int, dtype: str,
                         formats: tuple[str, ...], threads: int, repeats: int, vllm: Path | None = None) -> dict:
     """Time `flexbatch run` with each weight format, (with ct2_dir) the CTranslate2 int8 script and (with `vllm`,
@@ -240,39 +249,21 @@ def run_whole_processes(model_dir: Path, ct2_dir: Path | None, prompts: list[lis
             ids_input = write_prompt_ids(Path(tmp) / "prompt_ids.parquet", prompts)
             runners[vllm_line_name(dtype)] = vllm_line(vllm, model_dir, ids_input, rows, prompt_len, gen_len, dtype,
                                                        threads)
-        runs: dict[str, list[dict]] = {name: [] for name in runners}
-        for r in range(repeats + 1):
-            for i, (name, run) in enumerate(runners.items()):
-                workdir = Path(tmp) / f"round{r}-line{i}"
-                workdir.mkdir()
-                runs[name].append(run(workdir))
-                shutil.rmtree(workdir)
-                log.info("%s %s: %.2f s", "warm-up" if r == 0 else f"round {r}", name, runs[name][-1]["seconds"])
-    return {"threads": threads, "rounds": repeats, "lines": summarize(runs)}
+        lines = {name: in_folder(run, Path(tmp)) for name, run in runners.items()}
+        res = side_by_side(lines, repeats, warm_up=lines)
+    return {"threads": threads, "rounds": repeats, "lines": whole_process_lines(res)}
 
 
-def summarize(runs: dict[str, list[dict]]) -> list[dict]:
-    """Per line, the medians of the timed rounds (the first round, the warm-up, is kept apart) and the ratio of
+def whole_process_lines(res: dict[str, dict]) -> list[dict]:
+    """Per line, its figures over the timed rounds (`side_by_side`'s; the warm-up round kept apart) and the ratio of
     its tokens/s to the faster CTranslate2 script's (the same tokens: the inverse ratio of their wall times)."""
-    def tokens_per_s(rs: list[dict]) -> float:
-        return statistics.median(r["tokens"] / r["seconds"] for r in rs[1:])
-
-    base = max((tokens_per_s(runs[name]) for name in CT2_LINES if name in runs), default=None)
-    lines = []
-    for name, rs in runs.items():
-        timed = rs[1:]
-        lines.append({"line": name, "tokens": timed[-1]["tokens"], "tokens_per_s": tokens_per_s(rs),
-                      "vs_ct2_int8": base and tokens_per_s(rs) / base,
-                      **{k: statistics.median(r[k] for r in timed) for k in ("seconds", "generate_seconds",
-                                                                              "cpu_seconds")},
-                      "peak_rss_bytes": max(r["peak_rss_bytes"] for r in timed), "block": timed[-1].get("block"),
-                      "startup_seconds": statistics.median(r["startup_seconds"] for r in timed)
-                      if "startup_seconds" in timed[-1] else None,
-                      "generate_cpu_seconds": statistics.median(r["generate_cpu_seconds"] for r in timed)
-                      if "generate_cpu_seconds" in timed[-1] else None,
-                      "runs_seconds": [r["seconds"] for r in timed], "warm_up_seconds": rs[0]["seconds"],
-                      "command": shlex.join(timed[-1]["command"])})
-    return lines
+    base = max((res[name]["tokens_per_s"] for name in CT2_LINES if name in res), default=None)
+    figures = ("tokens", "tokens_per_s", "seconds", "generate_seconds", "cpu_seconds", "peak_rss_bytes")
+    return [{"line": name, **{k: r[k] for k in figures}, "vs_ct2_int8": base and r["tokens_per_s"] / base,
+             "block": r["runs"][-1].get("block"), "startup_seconds": r.get("startup_seconds"),
+             "generate_cpu_seconds": r.get("generate_cpu_seconds"), "runs_seconds": [x["seconds"] for x in r["runs"]],
+             "warm_up_seconds": r["warm_up"]["seconds"], "command": shlex.join(r["runs"][-1]["command"])}
+            for name, r in res.items()]
 
 
 COLUMNS = tuple(Column(t) for t in ("workload", "line", "process start to exit, s (median)", "tokens/s",

@@ -38,6 +38,7 @@ import json
 import logging
 import statistics
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import click
@@ -54,7 +55,8 @@ from jobs.bench import whole_process as wp
 from jobs.bench.line_process import LineProcess
 from jobs.bench.options import vllm_option, vllm_python
 from jobs.bench.report import run_and_save
-from jobs.bench.runs import engine_runner, summarize
+from jobs.bench.runs import engine_runner
+from jobs.bench.side_by_side import side_by_side
 from jobs.bench.table import Column, format_table
 from jobs.common import setup_logging
 from planner.microbench import median_seconds
@@ -87,17 +89,9 @@ def cpu_flags() -> str:
 
 def engine_line(model_dir: Path, prompts, dtype: str, fmt: str | None, backend: str = "native"):
     """A flexbatch line: the engine with `fmt` weights (None: uncompressed) and `backend`'s kernels on one block of
-    every prompt; after a call, `run.phase_seconds` holds its prefill and decode seconds."""
+    every prompt (`runs.engine_runner`, which keeps each call's prefill and decode seconds)."""
     policy = Policy(gbs=len(prompts), num_gb=1, compress_weight=fmt is not None, weight_format=fmt or "int4")
-    eng = Engine.load(model_dir, dtype=dtype, policy=policy, backend=backend)
-    run_block = engine_runner(eng, prompts, len(prompts), 1)
-
-    def run(gen_len: int) -> int:
-        tokens = run_block(gen_len)
-        run.phase_seconds = dict(eng.phase_seconds)
-        return tokens
-
-    return run
+    return engine_runner(Engine.load(model_dir, dtype=dtype, policy=policy, backend=backend), prompts, len(prompts), 1)
 
 
 def ct2_model(model_dir: Path, quantization: str) -> Path:
@@ -220,16 +214,10 @@ def in_process_lines(cfg: WorkloadConfig, model_dir: Path, prompts, G: int, peak
             procs[name] = LineProcess(name, make, *args, threads=threads)
         if cfg.llama_cpp:
             procs |= lc.llama_cpp_lines(lc.llama_cpp_tools(cfg.llama_cpp), model_dir, rows, P, threads)
-        runs: dict[str, list[dict]] = {name: [] for name in procs}
-        for r in range(cfg.repeats):
-            for name, proc in procs.items():
-                runs[name].append(proc.run(G))
-                log.info("repeat %d %s: %.2f s, %.1f tokens/s", r + 1, name, runs[name][-1]["seconds"],
-                         runs[name][-1]["tokens_per_s"])
+        res = side_by_side({name: partial(proc.run, G) for name, proc in procs.items()}, cfg.repeats)
     finally:
         for proc in procs.values():
             proc.close()
-    res = {name: summarize(v) for name, v in runs.items()}
     flops = bm.model_flops(spec, P, G, rows)["total"]
     base = res.get("ctranslate2 int8", {}).get("tokens_per_s")
     return [{"line": k, "tokens_per_s": r["tokens_per_s"], "vs_ct2_int8": base and r["tokens_per_s"] / base,

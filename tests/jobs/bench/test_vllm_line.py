@@ -18,6 +18,7 @@ from jobs.bench import scoring as sc
 from jobs.bench import vllm_script as vs
 from jobs.bench import whole_process as wp
 from jobs.bench import workloads as wl
+from tests.jobs.bench.test_whole_process import canned_lines
 
 VENV = Path(__file__).resolve().parents[3] / ".venv-vllm"
 
@@ -126,15 +127,15 @@ def test_the_option_alone_means_the_default_venv_and_help_names_the_setup_script
         assert "--vllm-venv DIR" in text and "setup_vllm_cpu_venv.sh" in text
 
 
-def test_the_whole_process_table_shows_the_vllm_lines_start_up():
+def test_the_whole_process_table_shows_the_vllm_lines_start_up(tmp_path):
     def runs(*seconds, startup=None):
         return [{"seconds": s, "tokens": 100, "cpu_seconds": 1.0, "peak_rss_bytes": 64 << 20,
                  "generate_seconds": s / 2, "command": ["x"]} | (
                      {"startup_seconds": startup, "generate_cpu_seconds": 0.8 * s} if startup else {})
                 for s in seconds]
 
-    lines = wp.summarize({wp.CT2_LINE: runs(9.0, 1.0, 1.0), wp.vllm_line_name("float32"): runs(90.0, 50.0, 52.0,
-                                                                                                  startup=40.0)})
+    lines = canned_lines(tmp_path, {wp.CT2_LINE: runs(9.0, 1.0, 1.0),
+                                    wp.vllm_line_name("float32"): runs(90.0, 50.0, 52.0, startup=40.0)})
     assert lines[1]["line"] == "vllm float32 script" and lines[1]["startup_seconds"] == 40.0
     assert lines[0]["startup_seconds"] is None
     rows = wp.table_rows("W3", {"lines": lines})
@@ -153,8 +154,8 @@ def test_the_real_vllm_line_generates_exactly_g_tokens_and_scores_like_transform
     done = run(tmp_path / "gen")
     assert done["tokens"] == 15 and 0 < done["generate_seconds"] < done["startup_seconds"] < done["seconds"]
     assert done["generate_cpu_seconds"] > 0
-    scorer = sc.vllm_scorer(python, model_dir, prompts, "float32", 2, 2, tmp_path)
-    res, scores = scorer(0)
+    scores = {}
+    res = sc.vllm_scorer(python, model_dir, prompts, "float32", 2, 2, tmp_path, scores)()
     hf = sc.hf_scorer(model_dir, "float32", 3)(prompts)
-    assert res["scored_tokens"] == 21 and res["process_seconds"] > res["generate_seconds"] > 0
-    assert max(abs(a - b) for r, h in zip(scores, hf) for a, b in zip(r, h)) < 1e-3
+    assert res["scored_tokens"] == 21 and res["process_seconds"] > res["seconds"] == res["generate_seconds"] > 0
+    assert max(abs(a - b) for r, h in zip(scores["vllm"], hf) for a, b in zip(r, h)) < 1e-3

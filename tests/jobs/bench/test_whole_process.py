@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from jobs.bench import models as bm
 from jobs.bench import whole_process as wp
 from jobs.bench import workloads as wl
+from jobs.bench.side_by_side import side_by_side
 
 
 def test_whole_process_lines_run_real_flexbatch_run_commands(tmp_path):
@@ -79,13 +80,20 @@ def test_a_flexbatch_output_with_a_short_lost_repeated_or_failed_row_is_refused(
         wp.flexbatch_summary(tmp_path / "good", 1)
 
 
-def test_ratios_are_to_the_faster_ctranslate2_script_over_the_timed_rounds_and_the_table_shows_them():
+def canned_lines(tmp_path, runs_of: dict[str, list[dict]]) -> list[dict]:
+    """The whole-process lines of lines that return the given runs (the warm-up's first), through the runner."""
+    its = {name: iter(runs) for name, runs in runs_of.items()}
+    lines = {name: wp.in_folder(lambda workdir, it=it: next(it), tmp_path) for name, it in its.items()}
+    return wp.whole_process_lines(side_by_side(lines, len(next(iter(runs_of.values()))) - 1, warm_up=lines))
+
+
+def test_ratios_are_to_the_faster_ctranslate2_script_over_the_timed_rounds_and_the_table_shows_them(tmp_path):
     def runs(*seconds):
         return [{"seconds": s, "tokens": 100, "cpu_seconds": 1.0, "peak_rss_bytes": 64 << 20, "generate_seconds": s / 2,
                  "command": ["flexbatch", "run"]} for s in seconds]
 
-    lines = wp.summarize({"flexbatch run float32 int8": runs(100.0, 2.0, 4.0), wp.CT2_LINE: runs(100.0, 1.0, 1.0),
-                          wp.CT2_HEAP_LINE: runs(100.0, 2.0, 2.0)})
+    lines = canned_lines(tmp_path, {"flexbatch run float32 int8": runs(100.0, 2.0, 4.0),
+                                    wp.CT2_LINE: runs(100.0, 1.0, 1.0), wp.CT2_HEAP_LINE: runs(100.0, 2.0, 2.0)})
     ours, ct2, ct2_heap = lines
     assert ct2_heap["vs_ct2_int8"] == 0.5  # the faster script is the baseline, whichever it is
     assert ours["tokens_per_s"] == 37.5 and ct2["tokens_per_s"] == 100.0 and ours["vs_ct2_int8"] == 0.375
