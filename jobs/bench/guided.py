@@ -21,7 +21,7 @@ from engine.engine import Engine
 from engine.guided import Guided
 from engine.policy import Policy
 from jobs.bench import models as bm
-from jobs.bench.options import bench_options
+from jobs.bench.options import BlockBenchConfig, bench_options
 from jobs.bench.report import run_and_save
 from jobs.bench.runs import generations, rows_runner
 from jobs.bench.table import Column, format_table
@@ -32,17 +32,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class GuidedConfig:
+class GuidedConfig(BlockBenchConfig):
     rows: int = 128
     prompt_len: int = 64
     gen: int = 16
     choices: int = 4
-    preset: str = "110m"
-    dtype: str = "auto"
-    gbs: int = 64
-    num_gb: int = 2
-    repeats: int = 3
-    cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
 
 
 def choice_constraint(n: int, length: int) -> Guided:

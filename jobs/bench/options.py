@@ -5,11 +5,25 @@ and transformers)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from jobs.bench import models as bm
+
+
+@dataclass(frozen=True)
+class BlockBenchConfig:
+    """The settings `bench_options(..., block=True)` declares, with their defaults: a benchmark on one loaded engine
+    running blocks of gbs x num_gb rows."""
+
+    preset: str = "110m"
+    dtype: str = "auto"
+    gbs: int = 64
+    num_gb: int = 2
+    repeats: int = 3
+    cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
 
 
 def bench_options(config, report: str, block: bool = False):

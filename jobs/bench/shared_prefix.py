@@ -23,7 +23,7 @@ import torch
 from engine.engine import Engine
 from engine.policy import Policy
 from jobs.bench import models as bm
-from jobs.bench.options import bench_options
+from jobs.bench.options import BlockBenchConfig, bench_options
 from jobs.bench.report import run_and_save
 from jobs.bench.runs import generations, rows_runner
 from jobs.bench.table import Column, format_table
@@ -36,15 +36,10 @@ GIB = 2**30
 
 
 @dataclass(frozen=True)
-class PrefixConfig:
+class PrefixConfig(BlockBenchConfig):
     workloads: tuple[str, ...] = ("W5", "EM")
     rows: int = 1024
-    preset: str = "110m"
-    dtype: str = "auto"
-    gbs: int = 64
-    num_gb: int = 2
     repeats: int = 2
-    cache_dir: str = str(bm.DEFAULT_CACHE_DIR)
 
 
 def few_shot_prompts(rows: int, shared: int, own: int, vocab_size: int) -> list[list[int]]:
