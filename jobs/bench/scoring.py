@@ -105,7 +105,7 @@ def hf_scorer(model_dir: Path, dtype: str, batch: int, score_last: int = 0):
 
 def check_vllm_scores(stdout: str, logprobs: Path, rows: int, length: int) -> tuple[dict, list[list[float]]]:
     """The vLLM script's JSON line and its scores, once every row scored its length - 1 tokens."""
-    res = wp.check_vllm_output(stdout, rows, length, 1)
+    res = wp.check_script_output(stdout, rows, length, 1)
     scores = json.loads(Path(logprobs).read_text())
     if res["scored_tokens"] != rows * (length - 1) or {len(s) for s in scores} != {length - 1}:
         raise click.ClickException(f"the vLLM script scored {res['scored_tokens']} tokens, not {rows * (length - 1)}")

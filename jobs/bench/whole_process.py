@@ -102,17 +102,17 @@ def vllm_env(python: Path, threads: int) -> dict[str, str]:
     return env
 
 
-def check_vllm_output(stdout: str, rows: int, prompt_len: int, gen_len: int) -> dict:
-    """The vLLM script's JSON line, once each of `rows` rows kept its whole prompt and generated exactly gen_len."""
+def check_script_output(stdout: str, rows: int, prompt_len: int, gen_len: int, script: str = "the vLLM script") -> dict:
+    """A script's JSON line (the last line of its output that is one), once each of `rows` rows kept its whole
+    prompt and generated exactly gen_len."""
     lines = [ln for ln in stdout.strip().splitlines() if ln.startswith("{")]
     if not lines:
-        raise click.ClickException(f"the vLLM script printed no JSON line: {stdout.strip()[-300:]!r}")
+        raise click.ClickException(f"{script} printed no JSON line: {stdout.strip()[-300:]!r}")
     res = json.loads(lines[-1])
     counts, prompts = res["completion_tokens"], res["prompt_tokens"]
     if res["rows"] != rows or set(counts) != {gen_len} or set(prompts) != {prompt_len}:
-        raise click.ClickException(f"the vLLM script generated {sorted(set(counts))} tokens from "
-                                   f"{sorted(set(prompts))}-token prompts for {res['rows']} rows, not {gen_len} "
-                                   f"from {prompt_len} for {rows}")
+        raise click.ClickException(f"{script} generated {sorted(set(counts))} tokens from {sorted(set(prompts))}-token "
+                                   f"prompts for {res['rows']} rows, not {gen_len} from {prompt_len} for {rows}")
     return res
 
 
@@ -177,17 +177,6 @@ def flexbatch_summary(output: Path, threads: int) -> dict:
             "block": f"{worker['policy']['gbs']}x{worker['policy']['num_gb']}"}
 
 
-def check_ct2_output(stdout: str, rows: int, prompt_len: int, gen_len: int) -> int:
-    """The generated tokens the CTranslate2 script reports, once each of `rows` rows generated exactly gen_len."""
-    res = json.loads(stdout.strip().splitlines()[-1])
-    counts, prompts = res["completion_tokens"], res["prompt_tokens"]
-    if res["rows"] != rows or set(counts) != {gen_len} or set(prompts) != {prompt_len}:
-        raise click.ClickException(f"the CTranslate2 script generated {sorted(set(counts))} tokens from "
-                                   f"{sorted(set(prompts))}-token prompts for {res['rows']} rows, not {gen_len} "
-                                   f"from {prompt_len} for {rows}")
-    return rows * gen_len
-
-
 def flexbatch_line(model_dir: Path, input_: Path, ids: list[str], prompt_len: int, gen_len: int, dtype: str,
                    fmt: str, threads: int):
     def run(workdir: Path) -> dict:
@@ -203,8 +192,8 @@ def ct2_line(ct2_dir: Path, tokenizer: Path, input_: Path, rows: int, prompt_len
     def run(workdir: Path) -> dict:
         argv = ct2_command(ct2_dir, tokenizer, input_, gen_len, threads)
         done = run_process(argv, threads, workdir, env)
-        return done | {"tokens": check_ct2_output(done["stdout"], rows, prompt_len, gen_len), "command": argv,
-                       "generate_seconds": json.loads(done["stdout"].strip().splitlines()[-1])["generate_seconds"]}
+        res = check_script_output(done["stdout"], rows, prompt_len, gen_len, "the CTranslate2 script")
+        return done | {"tokens": rows * gen_len, "command": argv, "generate_seconds": res["generate_seconds"]}
 
     return run
 
@@ -214,7 +203,7 @@ def vllm_line(python: Path, model_dir: Path, input_: Path, rows: int, prompt_len
     def run(workdir: Path) -> dict:
         argv = vllm_command(python, model_dir, input_, gen_len, dtype)
         done = run_process(argv, threads, workdir, vllm_env(python, threads))
-        res = check_vllm_output(done["stdout"], rows, prompt_len, gen_len)
+        res = check_script_output(done["stdout"], rows, prompt_len, gen_len)
         return done | {"tokens": rows * gen_len, "command": argv, "generate_seconds": res["generate_seconds"],
                        "generate_cpu_seconds": res["generate_cpu_seconds"], "startup_seconds": res["startup_seconds"]}
 

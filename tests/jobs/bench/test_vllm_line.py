@@ -64,16 +64,16 @@ def test_the_environment_binds_every_core_reserves_none_and_preloads_tcmalloc_an
 
 def test_the_json_line_is_read_after_vllms_log_and_every_row_must_generate_exactly_g(tmp_path):
     out = "INFO 12-02 [core.py] init engine took 40 s\n" + vllm_json() + "\nINFO shutdown\n"
-    assert wp.check_vllm_output(out, 3, 8, 5)["generate_seconds"] == 0.25
+    assert wp.check_script_output(out, 3, 8, 5)["generate_seconds"] == 0.25
     with pytest.raises(click.ClickException, match="not 6 from 8 for 3"):
-        wp.check_vllm_output(out, 3, 8, 6)
+        wp.check_script_output(out, 3, 8, 6)
     with pytest.raises(click.ClickException, match="for 2 rows"):
-        wp.check_vllm_output(vllm_json(rows=2), 3, 8, 5)
+        wp.check_script_output(vllm_json(rows=2), 3, 8, 5)
     short = json.dumps(json.loads(vllm_json()) | {"completion_tokens": [5, 4, 5]})
     with pytest.raises(click.ClickException, match=r"generated \[4, 5\] tokens"):
-        wp.check_vllm_output(short, 3, 8, 5)
+        wp.check_script_output(short, 3, 8, 5)
     with pytest.raises(click.ClickException, match="printed no JSON line"):
-        wp.check_vllm_output("Traceback: boom\n", 3, 8, 5)
+        wp.check_script_output("Traceback: boom\n", 3, 8, 5)
 
 
 def test_scores_are_checked_for_every_prompt_token_after_the_first(tmp_path):
