@@ -14,14 +14,17 @@ from __future__ import annotations
 from engine.kernels import int4_tiles
 from engine.memory.footprint import (
     act_row_bytes,
+    dense_buffer_bytes,
     disk_kv_buffer_bytes,
     global_bytes,
     int4_kernel_layout_bytes,
+    keeps_tiles,
     kv_row_bytes,
     prefix_bytes,
     prefix_tier,
     staged_bytes,
     stored_layer_bytes,
+    streamed_dense_bytes,
 )
 from engine.memory.weight_store import globals_tier, weight_placement
 from engine.policy import Policy
@@ -45,9 +48,11 @@ def act_block_bytes(model: ModelSpec, work: Workload, rows: int) -> float:
 
 
 def disk_staging_bytes(model: ModelSpec, work: Workload, policy: Policy) -> float:
-    """Two layers read from disk held on the CPU (the one computing, the one prefetched): staged_bytes(W).
-    Counted when any layer lives on disk."""
-    return staged_bytes(stored_layer_bytes(model, work.dtype_bytes, policy))
+    """Two layers read from disk held on the CPU (the one computing, the one prefetched): staged_bytes(W), and
+    the dense buffers they are dequantized into where resident layers need none (`streamed_dense_bytes`). Counted
+    when any layer lives on disk."""
+    return (staged_bytes(stored_layer_bytes(model, work.dtype_bytes, policy))
+            + streamed_dense_bytes(model, work.dtype_bytes, policy))
 
 
 def intermediate_bytes(model: ModelSpec, gbs: int, tokens: int, dtype_bytes: int) -> float:
@@ -78,17 +83,18 @@ def streams_to_gpu(policy: Policy, num_layers: int) -> bool:
 
 
 def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) -> dict[str, float]:
-    """Unaccounted scratch per compute device used in `phase`: intermediate_bytes, plus 2 dense layer buffers
-    (2 * params_per_layer * dtype_bytes) with compressed weights, plus the stored layers staged on the GPU when it
-    computes layers whose weights live elsewhere (`streams_to_gpu`)."""
+    """Unaccounted scratch per compute device used in `phase`: intermediate_bytes, plus the dense layer buffers
+    (`dense_buffer_bytes`) with compressed weights unless resident layers compute in their kernel's tiles
+    (`keeps_tiles`: then only layers read from disk need them, counted with the disk staging), plus the stored
+    layers staged on the GPU when it computes layers whose weights live elsewhere (`streams_to_gpu`)."""
     tokens = work.max_prompt_len if phase == "prefill" else 1
     out = dict.fromkeys(TIERS, 0.0)
     for device, count in layers_on(policy, phase, model.num_layers).items():
         if count == 0:
             continue
         out[device] += intermediate_bytes(model, policy.gbs, tokens, work.dtype_bytes)
-        if policy.compress_weight:
-            out[device] += 2 * model.params_per_layer * work.dtype_bytes
+        if policy.compress_weight and not keeps_tiles(policy):
+            out[device] += dense_buffer_bytes(model, work.dtype_bytes)
         if device == "gpu" and streams_to_gpu(policy, model.num_layers):
             out[device] += staged_bytes(stored_layer_bytes(model, work.dtype_bytes, policy))
     return out

@@ -64,6 +64,18 @@ class PhaseCost:
     channels_s: dict
     step_s: float
     store_s: dict = field(default_factory=dict)
+    head_s: float = 0.0  # the embeddings and head (cost_model.head_s), at the step's scale
+    run_scale: dict = field(default_factory=dict)  # per compute device, the profile's measured-run scale
+
+    @property
+    def bound_s(self) -> float:
+        """The step's roofline: its busiest channel (disk reads, transfers, or compute with the head), each summed over
+        the layers as if every channel overlapped every other perfectly: bytes over the profiled rates, FLOPs over
+        the profiled kernel rates (at the scale the step is priced at), with no waits between them."""
+        totals = {c: sum(self.layers[d] * self.channels_s[d][c] * self.run_scale.get(d, 1.0) for d in self.layers)
+                  for c in CHANNELS}
+        totals["compute"] += self.head_s
+        return max(totals.values())
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,7 @@ class Prediction:
     tokens_per_s: float  # expected generated tokens per second of total_s
     peak_bytes: dict  # peak bytes per phase and tier (memory_need)
     kv_handoff_s: float  # prefill's seconds storing the new KV cache away from its compute device (FlexInfer)
+    bound_s: float = 0.0  # the whole job at its steps' rooflines (PhaseCost.bound_s): what no run beats
 
     @property
     def prefill_s(self) -> float:
@@ -105,18 +118,31 @@ def phase_cost(blk: Block, phase: str) -> PhaseCost:
     scale = {"cpu": blk.hw.cpu_run_scale, "gpu": 1.0}
     head_scale = scale["cpu"] if blk.hw.gpu is None else 1.0
     positions = max(1, blk.work.scored_len) if phase == "prefill" else 1
-    step = sum(layers[d] * layer_s[d] * scale[d] for d in layers) + head_s(blk, positions) * head_scale
-    return PhaseCost(layers, layer_s, pre_s, main_s, chans, step, store_s)
+    head = head_s(blk, positions) * head_scale
+    step = sum(layers[d] * layer_s[d] * scale[d] for d in layers) + head
+    return PhaseCost(layers, layer_s, pre_s, main_s, chans, step, store_s, head, {d: scale[d] for d in layers})
+
+
+def block_steps(blk: Block) -> tuple[PhaseCost, PhaseCost, PhaseCost, int]:
+    """A block's prefill step, its full decode step, the decode step of the rows still live on average
+    (`live_block`), and n: a block is the prefill step, then n - 1 live decode steps; n is gen_len, or without
+    refill Workload.block_gen_len (rows grouped by their own max_new_tokens)."""
+    pre, dec = phase_cost(blk, "prefill"), phase_cost(blk, "decode")
+    live = blk if blk.policy.refill else live_block(blk)
+    n = blk.work.gen_len if blk.policy.refill else blk.work.block_gen_len
+    return pre, dec, dec if live is blk else phase_cost(live, "decode"), n
 
 
 def block_seconds(blk: Block) -> tuple[float, PhaseCost, PhaseCost]:
-    """T_block = prefill step + (n - 1) decode steps, each of the rows still live on average (`live_block`); n is
-    gen_len, or without refill Workload.block_gen_len (rows grouped by their own max_new_tokens)."""
-    pre, dec = phase_cost(blk, "prefill"), phase_cost(blk, "decode")
-    live = blk if blk.policy.refill else live_block(blk)
-    step = dec.step_s if live is blk else phase_cost(live, "decode").step_s
-    n = blk.work.gen_len if blk.policy.refill else blk.work.block_gen_len
-    return pre.step_s + (n - 1) * step, pre, dec
+    """T_block = prefill step + (n - 1) decode steps (`block_steps`), and the prefill and full decode steps."""
+    pre, dec, live, n = block_steps(blk)
+    return pre.step_s + (n - 1) * live.step_s, pre, dec
+
+
+def block_bound_s(blk: Block) -> float:
+    """The block at its steps' rooflines (PhaseCost.bound_s)."""
+    pre, _, live, n = block_steps(blk)
+    return pre.bound_s + (n - 1) * live.bound_s
 
 
 def live_block(blk: Block) -> Block:
@@ -174,12 +200,15 @@ def predict(model: ModelSpec, hw: HardwareSpec, work: Workload, policy: Policy) 
     full, rest = divmod(work.num_prompts, rows)
     if policy.refill:
         total = refill_seconds(work, rows, pre.step_s, dec.step_s)
+        bound = refill_seconds(work, rows, pre.bound_s, dec.bound_s)
     else:
-        total = full * block_s + (block_seconds(Block(model, hw, work, policy, rest))[0] if rest else 0.0)
+        last = Block(model, hw, work, policy, rest)
+        total = full * block_s + (block_seconds(last)[0] if rest else 0.0)
+        bound = full * block_bound_s(blk) + (block_bound_s(last) if rest else 0.0)
     handoff = kv_handoff_s(blk, pre.layers)
     return Prediction(policy, work, rows, full + (1 if rest else 0), pre, dec, block_s, total,
                       work.num_prompts * work.expected_gen_len / total, memory_need(model, hw, work, policy, rows),
-                      handoff)
+                      handoff, bound)
 
 
 def refill_seconds(work: Workload, rows: int, prefill_s: float, decode_step_s: float) -> float:

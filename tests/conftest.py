@@ -81,6 +81,10 @@ def fixed_hardware_profile():
     from planner.hardware import save_hardware
     from tests.planner.specs import server_cpu
 
+    own = Path(os.environ["FLEXBATCH_CACHE"])
+    assert own in profiler.DEFAULT_CACHE.parents, (
+        f"the suite's profile would go to {profiler.DEFAULT_CACHE}, outside its own cache {own}: the engine was "
+        "imported before pytest_configure set FLEXBATCH_CACHE")
     threads = torch.get_num_threads()
     try:
         for n in range(1, (os.cpu_count() or 1) + 1):

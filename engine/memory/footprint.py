@@ -12,7 +12,7 @@ import math
 import torch
 
 from engine.compression.int4 import DEFAULT_CONFIG, PARAM_DTYPE
-from engine.kernels import int8_rows, int8_tiles
+from engine.kernels import int4_tiles, int8_rows, int8_tiles
 from engine.memory.weight_store import globals_tier, head_in_int8
 from engine.policy import Policy
 from engine.spec import ModelSpec
@@ -138,6 +138,27 @@ def disk_kv_buffer_bytes(model: ModelSpec, slots: int, dtype_bytes: int) -> floa
 def act_row_bytes(model: ModelSpec, positions: int) -> float:
     """The hidden states of one row between layers: positions * H in ACT_DTYPE (float32)."""
     return positions * model.hidden_size * ACT_DTYPE.itemsize
+
+
+def dense_buffer_bytes(model: ModelSpec, dtype_bytes: int) -> float:
+    """The two reused buffers compressed layers are dequantized into (engine/compression/codecs.py): two dense
+    layers, 2 * params_per_layer * dtype_bytes."""
+    return 2 * model.params_per_layer * dtype_bytes
+
+
+def keeps_tiles(policy: Policy) -> bool:
+    """Whether compressed layers resident in CPU memory compute in the project's kernel for their format at every
+    row count, needing no dense copy (engine.kernels.native.qweight: 4-bit and int8 weights kept in the kernels'
+    tiles alone): every layer computes on the CPU and the kernels are built. Layers read from disk still
+    dequantize (`streamed_dense_bytes`)."""
+    built = {"int4": int4_tiles.available, "int8": int8_rows.available}.get(policy.weight_format)
+    return built is not None and built() and policy.prefill_device == "cpu" and policy.decode_device == "cpu"
+
+
+def streamed_dense_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
+    """CPU memory the layers read from disk need beside their staging where resident layers keep their tiles: the
+    dense buffers they are dequantized into (elsewhere those buffers are counted for every compressed run)."""
+    return dense_buffer_bytes(model, dtype_bytes) if policy.compress_weight and keeps_tiles(policy) else 0.0
 
 
 def staged_bytes(layer: float) -> float:

@@ -256,11 +256,15 @@ def workloads_of(cfg: MemoryLimitConfig) -> dict[str, tuple[int, int, int, float
 def weight_times(result: dict | None) -> str:
     """Where a flexbatch side's generation went: the seconds its compute thread waited for layers and the seconds
     its prefetch thread spent loading them (a side that waits most of its time is bound by the disk, not by
-    compute); empty for Accelerate's sides and failed runs."""
+    compute), and its roofline (planner.predict.PhaseCost.bound_s: the busiest channel of every step, at the
+    profiled disk and kernel rates) against the seconds it took; empty for Accelerate's sides and failed runs."""
     if not result or "weight_wait_s" not in result:
         return ""
+    roofline = result.get("roofline_s")
     return (f"; weights: waited {result['weight_wait_s']:.1f} s, loaded {result['weight_load_s']:.1f} s, "
-            f"of {result['gen_s']:.1f} s generating")
+            f"of {result['gen_s']:.1f} s generating"
+            + (f"; roofline {roofline:.1f} s ({roofline / result['gen_s']:.2f} of it), planner predicted "
+               f"{result['predicted_s']:.1f} s" if roofline else ""))
 
 
 def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:

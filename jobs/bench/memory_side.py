@@ -46,6 +46,7 @@ def run_flexbatch(side: Side, prompts) -> tuple[int, float, dict]:
     comps, gen_s = timed_call(lambda: eng.generate(reqs))
     assert not any(c.error for c in comps), [c.error for c in comps if c.error][:1]
     info = {"policy": policy.to_dict(), "predicted_s": plan.prediction.total_s, "cpu_budget": budgets["cpu"],
+            "roofline_s": plan.prediction.bound_s,  # bytes and FLOPs over the profiled rates, channels overlapped
             "disk_direct": eng.weights.direct is not None, "phase_seconds": eng.phase_seconds,
             # the compute thread's wait for layers and the prefetch thread's loading: a disk-bound run waits
             "weight_wait_s": eng.weights.weight_wait_s, "weight_load_s": eng.weights.load_s}

@@ -251,3 +251,27 @@ def test_the_disk_rate_priced_follows_how_the_engine_will_read_the_disk_tier():
         assert channel_rates(blk)["disk_read"] == rate
     # a slow direct read is avoided where a buffered disk tier or none fits; pinned to half, it is priced
     assert disk_layers[4, 0] == 0 and disk_layers[4, 2] == 10 and 0 < disk_layers[40, 0] <= 20
+
+
+def test_the_roofline_is_the_busiest_channel_and_never_above_the_prediction():
+    """A step's bound is its busiest channel summed over the layers (the head counted as compute): weights read from
+    the disk at every step make a disk-bound step whose bound is the disk channel alone, and weights in memory
+    a compute-bound one; the job's bound adds the steps up as its prediction does and is never above it."""
+    from planner.cost_model import CHANNELS
+    from planner.predict import predict
+
+    model, hw, work = LLAMA_300M, server_cpu(), Workload(64, 16, 4)
+    on_disk = predict(model, hw, work, Policy(gbs=1, num_gb=1, weight_gpu=0.0, weight_cpu=0.0))
+    in_memory = predict(model, hw, work, Policy(gbs=1, num_gb=1))
+    for pred in (on_disk, in_memory):
+        for step in (pred.prefill, pred.decode):
+            totals = {c: sum(step.layers[d] * step.channels_s[d][c] * step.run_scale[d] for d in step.layers)
+                      for c in CHANNELS}
+            assert step.bound_s == pytest.approx(max(totals["disk_read"], totals["compute"] + step.head_s))
+            assert 0 < step.bound_s <= step.step_s
+        assert 0 < pred.bound_s <= pred.total_s
+        assert pred.bound_s == pytest.approx(pred.num_blocks * (pred.prefill.bound_s + 15 * pred.decode.bound_s))
+    dec = on_disk.decode
+    assert dec.bound_s == pytest.approx(sum(dec.layers[d] * dec.channels_s[d]["disk_read"] * dec.run_scale[d]
+                                            for d in dec.layers))
+    assert in_memory.decode.bound_s < dec.bound_s

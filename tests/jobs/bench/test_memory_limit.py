@@ -101,16 +101,20 @@ def test_a_flexbatch_side_reports_its_weight_wait_and_load_seconds(tmp_path, mon
     from jobs.bench import memory_side
 
     model = bm.build_checkpoint("tiny", tmp_path / "cache")
-    plan = SimpleNamespace(policy=Policy(gbs=2, num_gb=1, weight_cpu=0.0), prediction=SimpleNamespace(total_s=1.0))
+    plan = SimpleNamespace(policy=Policy(gbs=2, num_gb=1, weight_cpu=0.0),
+                           prediction=SimpleNamespace(total_s=1.0, bound_s=0.5))
     monkeypatch.setattr(memory_side, "flexbatch_plan", lambda side: (plan, {"cpu": None}))
     side = ml.Side("flexbatch", str(model), rows=2, prompt_len=6, gen_len=3, batch=0, cpu_bytes=1 << 30,
                    offload_dir=str(tmp_path / "off"))
     tokens, gen_s, info = memory_side.run_flexbatch(side, bm.prompt_ids(2, 6, 512))
     assert tokens == 6 and info["weight_wait_s"] > 0 and info["weight_load_s"] > 0
     note = ml.weight_times({"gen_s": gen_s, **info})
-    assert note.startswith("; weights: waited ") and "s generating" in note
+    assert note.startswith("; weights: waited ") and "s generating; roofline 0.5 s" in note
     assert ml.weight_times({"weight_wait_s": 1.04, "weight_load_s": 3.51, "gen_s": 10.0}) == \
         "; weights: waited 1.0 s, loaded 3.5 s, of 10.0 s generating"
+    assert ml.weight_times({"weight_wait_s": 1.0, "weight_load_s": 3.5, "gen_s": 10.0, "roofline_s": 8.0,
+                            "predicted_s": 9.0}) == ("; weights: waited 1.0 s, loaded 3.5 s, of 10.0 s generating; "
+                                                     "roofline 8.0 s (0.80 of it), planner predicted 9.0 s")
     assert ml.weight_times(None) == "" and ml.weight_times({"tokens": 3, "gen_s": 1.0}) == ""
 
 
