@@ -36,12 +36,14 @@ def job_record(config: dict) -> dict:
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """What opening the folder will do: `create` it, `reuse` it (same job), or `replace` another job's output."""
+    """What opening the folder will do: `create` it, `reuse` it (same job), or `replace` another job's output;
+    and the names flexbatch wrote there, as found by the check (`owned_names`)."""
 
     folder: Folder  # where the output goes: a local folder or a URI
     action: str
     old_record: dict | None
     kept: tuple[str, ...] = ()
+    owned: frozenset[str] = frozenset(JOB_FILES)
 
 
 def check_output(folder: Folder, record: dict, overwrite: bool) -> OutputCheck:
@@ -60,11 +62,11 @@ def check_output(folder: Folder, record: dict, overwrite: bool) -> OutputCheck:
     owned = owned_names(folder, old)
     foreign = [n for n in names if not _written_by_job(n, owned, old)]
     if same_job and not foreign:
-        return OutputCheck(folder, "reuse", old, tuple(n for n in _kept(old) if n in names))
+        return OutputCheck(folder, "reuse", old, tuple(n for n in _kept(old) if n in names), frozenset(owned))
     if not overwrite:
         raise OutputFolderError(_refusal(folder, record, old, foreign))
     kept = tuple(n for n in names if not (entries[n] and _owned(n, owned)))
-    return OutputCheck(folder, "replace", old, kept)
+    return OutputCheck(folder, "replace", old, kept, frozenset(owned))
 
 
 def _refusal(folder: Folder, record: dict, old: dict | None, foreign: list[str]) -> str:
@@ -116,11 +118,12 @@ def read_job_file(folder: Folder) -> dict | None:
 
 def open_output(check: OutputCheck, record: dict) -> None:
     """Create or clean the folder as `check` decided, then write this job's `_job.json` atomically. Reusing
-    the folder removes the temporaries and the `_SUCCESS` of an interrupted or earlier run."""
+    the folder removes the temporaries and the `_SUCCESS` of an interrupted or earlier run. What flexbatch wrote
+    there is as the check found it (the run holds the folder's lock from the check on)."""
     folder = check.folder
     folder.make()
     entries = folder.entries()
-    owned = owned_names(folder, check.old_record)
+    owned = set(check.owned)
     clash = sorted(set(check.kept) & _part_names(record))
     if clash:
         raise OutputFolderError(f"output folder {check.folder} holds {', '.join(clash)}, which flexbatch did not "
