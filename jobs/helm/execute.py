@@ -126,7 +126,7 @@ def read_completions(summary: JobSummary) -> dict[str, dict]:
 
 def _batches(output: Path) -> dict[str, dict]:
     """The last manifest line of each part (the job is rerun with `overwrite`, so the last one is current)."""
-    from pipeline.output.manifest import MANIFEST_FILE
+    from pipeline.output.folder import MANIFEST_FILE
 
     records = {}
     path = Path(output) / MANIFEST_FILE

@@ -19,9 +19,16 @@ from engine.errors import FlexbatchError
 from pipeline.execution.progress import Progress
 from pipeline.input.shards import Shard, make_shards
 from pipeline.job import JobSetup, JobSummary, RunConfig, prepare_job
-from pipeline.output.folder import JOB_FILES, OutputCheck, check_output, open_output
+from pipeline.output.folder import (
+    JOB_FILES,
+    OutputCheck,
+    append_manifest,
+    check_output,
+    open_output,
+    read_manifest,
+    write_success,
+)
 from pipeline.output.lock import lock_output
-from pipeline.output.manifest import append_manifest, read_manifest, write_success
 from pipeline.storage import Folder, temp_target
 
 if TYPE_CHECKING:

@@ -22,8 +22,15 @@ from pipeline.input.ids import ID_COLUMN
 from pipeline.input.parquet import read_footer
 from pipeline.input.requests import row_ids
 from pipeline.input.shards import Shard, read_shard
-from pipeline.output.folder import JOB_FILE, JOB_FILES, config_hash, read_job_file
-from pipeline.output.manifest import SUCCESS_FILE, manifest_records, part_problem
+from pipeline.output.folder import (
+    JOB_FILE,
+    JOB_FILES,
+    SUCCESS_FILE,
+    config_hash,
+    manifest_records,
+    part_problem,
+    read_job_file,
+)
 from pipeline.storage import Folder, file_identity, open_parquet
 
 # A damaged `_job.json` no longer says which rows each part holds; only a new run can say it again.

@@ -9,7 +9,7 @@ from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
 from pipeline.errors import InputError, OutputFolderError
 from pipeline.input.parquet import resolve_inputs
-from pipeline.output.manifest import MANIFEST_FILE, SUCCESS_FILE
+from pipeline.output.folder import MANIFEST_FILE, SUCCESS_FILE
 from pipeline.storage import Folder
 from tests.pipeline.parquet_files import read_rows, write_parquet
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.output.manifest import MANIFEST_FILE
+from pipeline.output.folder import MANIFEST_FILE
 from pipeline.output.verify import verify_output
 from tests.cgroups import memory_cgroup, remove_cgroup
 from tests.pipeline.execution.test_driver_ray import _inputs, _output_rows, _start_job

@@ -18,7 +18,7 @@ import pytest
 from engine.request import SamplingParams
 from pipeline import RunConfig, run_job
 from pipeline.errors import OutputFolderError
-from pipeline.output.manifest import MANIFEST_FILE, SUCCESS_FILE
+from pipeline.output.folder import MANIFEST_FILE, SUCCESS_FILE
 from pipeline.plan.planning import CPU_BUDGET_SHARE
 from tests.pipeline.parquet_files import write_parquet
 

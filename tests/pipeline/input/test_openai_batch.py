@@ -12,7 +12,7 @@ from engine.engine import Engine
 from engine.request import Request, SamplingParams
 from pipeline import RunConfig, prepare_job, run_job
 from pipeline.errors import ConfigError
-from pipeline.output.manifest import MANIFEST_FILE
+from pipeline.output.folder import MANIFEST_FILE
 
 SCHEMA = json.loads((Path(__file__).parent / "openai_batch_output.schema.json").read_text())
 CHAT = "/v1/chat/completions"

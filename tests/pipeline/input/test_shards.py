@@ -9,7 +9,7 @@ from pipeline import RunConfig, run_job
 from pipeline.errors import InputError
 from pipeline.input.parquet import inspect_inputs
 from pipeline.input.shards import cut_points, make_shards, read_shard
-from pipeline.output.manifest import MANIFEST_FILE, SUCCESS_FILE, append_manifest, read_manifest
+from pipeline.output.folder import MANIFEST_FILE, SUCCESS_FILE, append_manifest, read_manifest
 from pipeline.storage import Folder
 from tests.pipeline.parquet_files import read_rows, write_parquet
 

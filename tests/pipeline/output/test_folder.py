@@ -3,8 +3,7 @@ import json
 import pytest
 
 from pipeline.errors import OutputFolderError
-from pipeline.output.folder import JOB_FILE, check_output, job_record, open_output
-from pipeline.output.manifest import MANIFEST_FILE
+from pipeline.output.folder import JOB_FILE, MANIFEST_FILE, check_output, job_record, open_output
 from pipeline.storage import Folder
 
 SHARDS = [{"index": 0, "path": "/in/a.parquet", "part_stem": "a", "row_start": 0, "row_stop": 3,
