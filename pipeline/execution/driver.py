@@ -1,5 +1,6 @@
 """The job driver: check the job, start the engines (Ray actors, or one in this process), cut the input into
-shards, hand them out, record each committed part in the manifest, and write `_SUCCESS` with the summary.
+shards, hand them out (showing the progress), record each committed part in the manifest, and write `_SUCCESS`
+with the summary.
 
 Rerunning the same command resumes: shards recorded in the manifest are skipped and their parts left alone.
 A dead worker is replaced and its shard requeued; a shard that fails `max_shard_retries + 1` times is reported
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -16,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from engine.batching import shard_rows
 from engine.errors import FlexbatchError
-from pipeline.execution.progress import Progress
 from pipeline.input.shards import Shard, make_shards
 from pipeline.job import JobSetup, JobSummary, RunConfig, prepare_job
 from pipeline.output.folder import (
@@ -107,8 +108,8 @@ def _run_locked(job: JobSetup, output: OutputCheck, lock, pool: WorkerPool | Non
         log.info("%d shards: %d committed by an earlier run, %d to do", len(shards), len(shards) - len(pending),
                  len(pending))
         started = time.perf_counter()
-        new, failed = _dispatch(dispatcher, job, pending, total - sum(r["rows"] for r in committed.values()),
-                                lock)
+        progress = Progress(total, sum(r["rows"] for r in committed.values()), config.progress_seconds)
+        new, failed = _dispatch(dispatcher, job, pending, progress, lock)
         seconds = time.perf_counter() - started
         kept = pool is not None
     finally:
@@ -171,14 +172,12 @@ def _start_workers(config: RunConfig, job: JobSetup, total: int):
     return dispatcher, infos
 
 
-def _dispatch(dispatcher, job: JobSetup, pending: list[Shard], rows_to_do: int, lock):
+def _dispatch(dispatcher, job: JobSetup, pending: list[Shard], progress: Progress, lock):
     """Keep every idle worker busy until each pending shard is committed or has failed every try."""
     config = job.config
     queue, attempts = deque(pending), Counter()
     new: dict[str, dict] = {}
     failed: list[dict] = []
-    total = sum(f.num_rows for f in job.files)
-    progress = Progress(total, total - rows_to_do, config.progress_seconds)
     try:
         while queue or dispatcher.busy():
             for worker in dispatcher.idle():
@@ -209,6 +208,60 @@ def _dispatch(dispatcher, job: JobSetup, pending: list[Shard], rows_to_do: int, 
         progress.close()
     progress.log_line()
     return new, failed
+
+
+class Progress:
+    """The driver's progress: a tqdm bar (rows done/total, completion tokens/s, ETA) when stderr is a terminal,
+    else one log line every `every` seconds."""
+
+    def __init__(self, total_rows: int, done_rows: int, every: float, bar: bool | None = None):
+        self.total, self.done, self.every = total_rows, done_rows, every
+        self.tokens = 0
+        self.run_rows = 0  # rows done by this run (not counting those committed by an earlier one)
+        self.started = self._last_log = time.monotonic()
+        self._bar = None
+        if sys.stderr.isatty() if bar is None else bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_rows, initial=done_rows, unit="row", dynamic_ncols=True, file=sys.stderr)
+
+    def add(self, rows: int, completion_tokens: int) -> None:
+        self.done += rows
+        self.run_rows += rows
+        self.tokens += completion_tokens
+        if self._bar is not None:
+            self._bar.update(rows)
+            self._bar.set_postfix_str(f"{self.tokens_per_s:.1f} tok/s", refresh=True)
+        self.tick()
+
+    @property
+    def tokens_per_s(self) -> float:
+        elapsed = time.monotonic() - self.started
+        return self.tokens / elapsed if elapsed > 0 else 0.0
+
+    def eta_seconds(self) -> float | None:
+        elapsed = time.monotonic() - self.started
+        if self.run_rows <= 0 or elapsed <= 0:
+            return None
+        return (self.total - self.done) * elapsed / self.run_rows
+
+    def tick(self) -> None:
+        """A log line if `every` seconds have passed since the last one (no bar only)."""
+        now = time.monotonic()
+        if self._bar is not None or now - self._last_log < self.every:
+            return
+        self._last_log = now
+        self.log_line()
+
+    def log_line(self) -> None:
+        eta = self.eta_seconds()
+        eta_text = f", ETA {eta:.0f} s" if eta is not None else ""
+        log.info("progress: %d/%d rows, %.1f completion tokens/s%s", self.done, self.total, self.tokens_per_s,
+                 eta_text)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 def _failure(shard: Shard, error: str, tries: int) -> dict:
