@@ -93,7 +93,8 @@ class Prediction:
     tokens_per_s: float  # expected generated tokens per second of total_s
     peak_bytes: dict  # peak bytes per phase and tier (memory_need)
     kv_handoff_s: float  # prefill's seconds storing the new KV cache away from its compute device (FlexInfer)
-    bound_s: float = 0.0  # the whole job at its steps' rooflines (PhaseCost.bound_s): what no run beats
+    bound_s: float = 0.0  # the whole job at its steps' rooflines (PhaseCost.bound_s): beaten only where the profile's
+    # rates are below what the machine reaches
 
     @property
     def prefill_s(self) -> float:

@@ -6,6 +6,12 @@ import pytest
 
 from tests.checkpoints import make_checkpoint
 
+# The suite keeps its own cache root (engine/cache_root.py reads it when first imported): set here, when this file is
+# loaded, before the conftest files below it (which pytest loads before pytest_configure, and some of which import
+# the engine) and any test module: tests neither read nor write the user's hardware profile, kernel rates or
+# offloaded weights. Subprocesses and Ray workers the tests start inherit it.
+os.environ["FLEXBATCH_CACHE"] = tempfile.mkdtemp(prefix="flexbatch-tests-")
+
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
@@ -59,11 +65,6 @@ def demo_prompts():
     return pq.read_table(DEMO_PROMPTS, columns=["prompt"]).column("prompt").to_pylist()
 
 
-def pytest_configure(config):
-    """The suite keeps its own cache root (engine/cache_root.py), set before any test module imports the engine:
-    tests neither read nor write the user's hardware profile, kernel rates or offloaded weights. Subprocesses and
-    Ray workers the tests start inherit it."""
-    os.environ["FLEXBATCH_CACHE"] = tempfile.mkdtemp(prefix="flexbatch-tests-")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -26,13 +26,12 @@ INPUTS = 64  # inputs padded to a multiple of this, as the kernel quantizes the 
 
 @dataclass(frozen=True)
 class Int8Tiles:
-    """An int8 Linear weight [out, in] in the kernel's tile layout."""
+    """An int8 Linear weight in the kernel's tile layout; `shape` is the weight's own, (out, in), without padding."""
 
     codes: torch.Tensor
     scales: torch.Tensor
     code_sums: torch.Tensor
-    in_features: int
-    out_features: int
+    shape: tuple[int, int]
 
     @property
     def nbytes(self) -> int:
@@ -46,14 +45,14 @@ def pack(w: Int8Weight) -> Int8Tiles:
     np_, kp = codes.shape
     tiles = codes.view(np_ // TILE, TILE, kp // 4, 4).permute(0, 2, 1, 3).contiguous()
     scales = F.pad(w.scales.float(), (0, np_ - n))
-    return Int8Tiles(tiles, scales, codes.sum(dim=1, dtype=torch.int32), k, n)
+    return Int8Tiles(tiles, scales, codes.sum(dim=1, dtype=torch.int32), (n, k))
 
 
 def dequantize(w: Int8Tiles, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """The dense weight [out, in] in `dtype` (into `out`'s storage where given), q s as the stored form's
     dequantization gives it: for the calls the kernel does not take, from a layer kept in this layout alone."""
     tiles, quads = w.codes.shape[:2]
-    n, k = w.out_features, w.in_features
+    n, k = w.shape
     q = w.codes.permute(0, 2, 1, 3).reshape(tiles * TILE, quads * 4)[:n, :k]
     dense = torch.empty(n, k, dtype=dtype) if out is None else out.view(-1)[: n * k].view(n, k)
     return dense.copy_(q).mul_(w.scales[:n].to(dtype)[:, None])
@@ -61,8 +60,8 @@ def dequantize(w: Int8Tiles, dtype: torch.dtype, out: torch.Tensor | None = None
 
 def linear(x: torch.Tensor, w: Int8Tiles) -> torch.Tensor:
     """y = x W^T: x [*, in] float32 or bfloat16 -> y [*, out] in x's dtype."""
-    with compiled.profiled(f"gemm-int8 {x.numel() // w.in_features}x{w.out_features}x{w.in_features}"):
+    n, k = w.shape
+    with compiled.profiled(f"gemm-int8 {x.numel() // k}x{n}x{k}"):
         if x.dtype not in (torch.float32, torch.bfloat16):
-            return compiled.ops().int8_tile_linear(x.float(), w.codes, w.scales, w.code_sums, w.out_features,
-                                                   w.in_features).to(x.dtype)
-        return compiled.ops().int8_tile_linear(x, w.codes, w.scales, w.code_sums, w.out_features, w.in_features)
+            return compiled.ops().int8_tile_linear(x.float(), w.codes, w.scales, w.code_sums, n, k).to(x.dtype)
+        return compiled.ops().int8_tile_linear(x, w.codes, w.scales, w.code_sums, n, k)
