@@ -148,12 +148,12 @@ def open_output(check: OutputCheck, record: dict) -> None:
     folder.write_json(JOB_FILE, {**record, "kept": list(check.kept)})
 
 
-def read_manifest(where: Folder, config_hash: str) -> dict[str, dict]:
-    """Committed shards of the job with `config_hash`, by part name, whose part file still exists with the
+def read_manifest(where: Folder, job_hash: str) -> dict[str, dict]:
+    """Committed shards of the job with config hash `job_hash`, by part name, whose part file still exists with the
     recorded size and SHA-256 (lines written before hashes were recorded are checked by size). Lines of other
     jobs and unreadable lines are skipped; a part that does not match is redone."""
     committed: dict[str, dict] = {}
-    for part, record in manifest_records(where, config_hash).items():
+    for part, record in manifest_records(where, job_hash).items():
         problem = part_problem(where, record)
         if problem:
             log.warning("%s is recorded as committed but %s; it will be redone", where.child(part), problem)
@@ -162,18 +162,24 @@ def read_manifest(where: Folder, config_hash: str) -> dict[str, dict]:
     return committed
 
 
-def manifest_records(where: Folder, config_hash: str) -> dict[str, dict]:
-    """The job's manifest lines by part name (the last line of a part wins), unchecked."""
-    records: dict[str, dict] = {}
-    for n, line in enumerate((where.read_text(MANIFEST_FILE) or "").splitlines(), 1):
+def manifest_records(where: Folder, job_hash: str) -> dict[str, dict]:
+    """The manifest lines of the job with config hash `job_hash`, by part name (the last line of a part wins),
+    unchecked."""
+    return {str(r.get("part")): r for r in _manifest_lines(where, warn=True) if r.get("config_hash") == job_hash}
+
+
+def _manifest_lines(folder: Folder, warn: bool):
+    """The folder's manifest lines that read as JSON objects, in order; a line that does not (an interrupted
+    write) is skipped, with a warning where `warn`."""
+    for n, line in enumerate((folder.read_text(MANIFEST_FILE) or "").splitlines(), 1):
         try:
             record = json.loads(line)
         except ValueError:
-            log.warning("%s line %d is not JSON (an interrupted write); ignored", where.child(MANIFEST_FILE), n)
+            if warn:
+                log.warning("%s line %d is not JSON (an interrupted write); ignored", folder.child(MANIFEST_FILE), n)
             continue
-        if isinstance(record, dict) and record.get("config_hash") == config_hash:
-            records[str(record.get("part"))] = record
-    return records
+        if isinstance(record, dict):
+            yield record
 
 
 def part_problem(where: Folder, record: dict) -> str | None:
@@ -191,15 +197,7 @@ def part_problem(where: Folder, record: dict) -> str | None:
 
 def manifest_parts(folder: Folder) -> set[str]:
     """Every part name the folder's manifest records, of any job (what flexbatch wrote there)."""
-    names = set()
-    for line in (folder.read_text(MANIFEST_FILE) or "").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("part"), str):
-            names.add(record["part"])
-    return names
+    return {r["part"] for r in _manifest_lines(folder, warn=False) if isinstance(r.get("part"), str)}
 
 
 def append_manifest(folder: Folder, record: dict) -> None:
