@@ -69,10 +69,9 @@ def _paths(fmt: str, n: int, k: int, dtype: torch.dtype):
         return (lambda x: onednn_dense.linear(x, packed)), (lambda x: F.linear(x, plain))
     if fmt == "int8":  # the form of a layer kept in memory: the kernel's tiles where it is built
         w8 = quantize_int8(w)
-        if int8_rows.available():
-            tiles = int8_tiles.pack(w8)
-            return (lambda x: int8_tiles.linear(x, tiles)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
-        return (lambda x: int8_rows.fast_linear(x, w8)), (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
+        tiles = int8_tiles.pack(w8) if int8_rows.available() else None
+        fast8 = (lambda x: int8_tiles.linear(x, tiles)) if tiles else (lambda x: int8_rows.fast_linear(x, w8))
+        return fast8, (lambda x: F.linear(x, dequantize_int8(w8, dtype)))
     qt = quantize(w.to(dtype), DEFAULT_CONFIG)
     fast = int4_tiles.pack_fast(qt)
     return (lambda x: int4_tiles.fast_linear(x, fast)), (lambda x: F.linear(x, dequantize(qt, dtype=dtype)))
