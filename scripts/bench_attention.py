@@ -1,7 +1,8 @@
 """Decode and prefill attention figures on this machine, side by side with today's PyTorch paths and the
 machine's own ceilings measured in the same run: decode as cache GB/s against a plain memory read (a large
 tensor's sum), prefill as GFLOP/s against torch.mm in bfloat16. The machine is shared: every figure is the best
-of `--repeats` interleaved rounds.
+of `--repeats` interleaved rounds. The C heap runs under the engine's default policy (engine/memory/heap.py: freed
+blocks reused, not faulted in afresh at every call), as the kernels run inside an engine.
 
     python scripts/bench_attention.py [--threads 2] [--repeats 5] [--heads 32 --kv-heads 8 --head-dim 128]"""
 
@@ -18,6 +19,7 @@ from engine.dtypes import cpu_info
 from engine.kernels import compiled, cpu_attention, decode_choice, own_attention
 from engine.kernels.attention import attend, prefill_mask
 from engine.kernels.rates import fewest_seconds
+from engine.memory import heap
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
 
@@ -82,9 +84,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    heap_policy = "freed blocks reused" if heap.reuse_freed_blocks() else "the C library's own"
     flags = set((cpu_info("flags") or "").split())
     print(f"CPU: {cpu_info('model name')}; flags: {' '.join(f for f in FLAGS if f in flags)}; "
-          f"kernels: {compiled.ops().isa() if compiled.ops() else 'none'}; threads {args.threads}")
+          f"kernels: {compiled.ops().isa() if compiled.ops() else 'none'}; threads {args.threads}; heap: {heap_policy}")
     rows = []
     with torch.inference_mode():
         read = read_gbs(args.repeats)

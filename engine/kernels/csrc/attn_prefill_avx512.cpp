@@ -162,9 +162,19 @@ void pv_4rows(const PrefillItem* it, const PrefillWork& w, int64_t kb, int64_t r
     for (int c = 0; c < CV; ++c) _mm512_storeu_ps(w.ob + (r0 + r) * D + c0 + 16 * c, acc[r][c]);
 }
 
-void pv_block(const PrefillItem* it, const PrefillWork& w, int64_t kb, int64_t nk) {
-  const int64_t pairs = (nk + 1) / 2;
-  for (int64_t r0 = 0; r0 < w.rows; r0 += 4)
+// Keys of block kb (of the `used` first) that rows [.., r_last] of the query block at s0 may see: causal without
+// a mask, none past the position of its last row (the diagonal block's upper triangle is not computed).
+inline int64_t keys_seen(const PrefillItem* it, int64_t s0, int64_t kb, int64_t r_last, int64_t used) {
+  if (it->mask || !it->causal) return used;
+  const int64_t seen = s0 + r_last / it->g + it->t - it->s - kb * 64 + 1;
+  return seen < 0 ? 0 : seen < used ? seen : used;
+}
+
+// Rows past the keys they see have probability zero there: their products are left out, not added as zeros.
+void pv_block(const PrefillItem* it, const PrefillWork& w, int64_t s0, int64_t kb, int64_t used) {
+  for (int64_t r0 = 0; r0 < w.rows; r0 += 4) {
+    const int64_t pairs = (keys_seen(it, s0, kb, r0 + 3, used) + 1) / 2;
+    if (pairs == 0) continue;
     for (int64_t c0 = 0; c0 < it->d; c0 += 64) {
       switch ((it->d - c0) / 16 < 4 ? (it->d - c0) / 16 : 4) {
         case 1: pv_4rows<1>(it, w, kb, r0, c0, pairs); break;
@@ -173,6 +183,7 @@ void pv_block(const PrefillItem* it, const PrefillWork& w, int64_t kb, int64_t n
         default: pv_4rows<4>(it, w, kb, r0, c0, pairs); break;
       }
     }
+  }
 }
 
 // The block's rows: row r is head r % g of position s0 + r / g (zero past s).
@@ -225,10 +236,13 @@ void prefill_bf16(const PrefillItem* it) {
       // causal: keys past the block's last position are seen by none of its rows (the diagonal block's tail)
       const int64_t seen = !it->mask && it->causal ? last + it->t - it->s - kb * 64 + 1 : nk;
       const int64_t used = seen < nk ? seen : nk;
-      for (int64_t r0 = 0; r0 < w.rows; r0 += 8)
-        for (int64_t n0 = 0; n0 < used; n0 += 32) qk_8x32(it, w, kb, r0, n0);
+      // scores a row does not see are left unwritten: softmax_row reads only the visible ones
+      for (int64_t r0 = 0; r0 < w.rows; r0 += 8) {
+        const int64_t seen8 = keys_seen(it, s0, kb, r0 + 7, used);
+        for (int64_t n0 = 0; n0 < seen8; n0 += 32) qk_8x32(it, w, kb, r0, n0);
+      }
       for (int64_t r = 0; r < w.rows; ++r) softmax_row(it, w, r, s0 + r / it->g, kb, nk);
-      pv_block(it, w, kb, used);
+      pv_block(it, w, s0, kb, used);
     }
     store_outputs(it, w, s0, positions);
   }
