@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.kernels.layer_ops import argmax_rows
 from engine.request import SamplingParams
 
 
@@ -27,7 +28,7 @@ def next_tokens(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> torch.Tensor:
     """logits [B, V] float32 -> chosen token ids [B]."""
-    chosen = logits.argmax(-1)
+    chosen = argmax_rows(logits)
     for b, p in enumerate(params):
         if not p.greedy:
             probs = filter_logits(logits[b], p).softmax(-1)

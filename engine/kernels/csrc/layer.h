@@ -1,5 +1,6 @@
 // A Llama layer's row-wise work each instruction set provides, over raw pointers (no torch types): RMSNorm with
-// the residual add before it, SiLU(gate) * up, and rotary positions applied in place. layer_avx512.cpp and
+// the residual add before it, SiLU(gate) * up, rotary positions applied in place, and the greedy choice over
+// the logits' rows. layer_avx512.cpp and
 // layer_avx2.cpp define them, compiled with their own -m flags; layer_bind.cpp chooses a table at run time.
 //
 // Values are float32 or bfloat16 (stored as uint16_t), by a flag per operand. The arithmetic is float32 and
@@ -26,6 +27,9 @@ struct LayerKernels {
   // (x1 c - x2 s, x2 c + x1 s), each product rounded to the dtype before the sum.
   void (*rope)(void* qkv, int64_t ld, int64_t heads, int64_t d, const void* cos, const void* sin, int64_t ldt,
                int bf16, int64_t r0, int64_t r1);
+  // Rows [r0, r1) of n float32 values (row stride ld): out[r] = the first index of the row's largest value, a NaN
+  // counting as larger than any number (its first NaN), as torch.argmax chooses.
+  void (*argmax)(const float* x, int64_t ld, int64_t n, int64_t* out, int64_t r0, int64_t r1);
 };
 
 const LayerKernels* avx512_layer();

@@ -1,5 +1,6 @@
 // A layer's row-wise work on AVX2 (8 float32 lanes; bfloat16 rounded to nearest even with integer arithmetic,
-// as PyTorch rounds): residual add + RMSNorm, SiLU * up, rotary positions in place. Same arithmetic as
+// as PyTorch rounds): residual add + RMSNorm, SiLU * up, rotary positions in place, the greedy argmax. Same
+// arithmetic as
 // layer_avx512.cpp; the last n % 8 values of a row go through the same operations one at a time.
 #include <immintrin.h>
 #include <math.h>
@@ -130,8 +131,40 @@ void rope(void* row, int64_t heads, int64_t d, const void* c, const void* s, int
   }
 }
 
+// As layer_avx512.cpp's: per lane the largest value and the index where it was first seen, then the smallest
+// index among the lanes holding the row's largest; the last n % 8 values one at a time.
+int64_t argmax(const float* x, int64_t n) {
+  if (n < 8) return argmax_scalar(x, n);
+  __m256 best = _mm256_loadu_ps(x);
+  __m256i at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), idx = at;
+  __m256 nan = _mm256_cmp_ps(best, best, _CMP_UNORD_Q);
+  const __m256i step = _mm256_set1_epi32(8);
+  int64_t i = 8;
+  for (; i + 8 <= n; i += 8) {
+    idx = _mm256_add_epi32(idx, step);
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    best = _mm256_blendv_ps(best, v, gt);
+    at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(idx), gt));
+  }
+  if (_mm256_movemask_ps(nan)) return first_nan(x, n);
+  alignas(32) float b[8];
+  alignas(32) int32_t a[8];
+  _mm256_store_ps(b, best);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), at);
+  int64_t arg = a[0];
+  for (int j = 1; j < 8; ++j)
+    if (b[j] > x[arg] || (b[j] == x[arg] && a[j] < arg)) arg = a[j];
+  for (; i < n; ++i) {
+    if (x[i] != x[i]) return i;
+    if (x[i] > x[arg]) arg = i;
+  }
+  return arg;
+}
+
 const LayerKernels table = {"avx2", add_rms_norm_rows<add_rms_norm>, silu_mul_rows<silu_mul>,
-                            rope_rows<rope>};
+                            rope_rows<rope>, argmax_rows<argmax>};
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 // A layer's row-wise work on AVX-512 (16 float32 lanes; bfloat16 rounded to nearest even by vcvtneps2bf16, as
-// PyTorch rounds): residual add + RMSNorm, SiLU * up, rotary positions in place. Tails are masked.
+// PyTorch rounds): residual add + RMSNorm, SiLU * up, rotary positions in place, the greedy argmax. Tails are
+// masked.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -79,8 +80,31 @@ void rope(void* row, int64_t heads, int64_t d, const void* c, const void* s, int
   }
 }
 
+// Each lane keeps the largest value it has seen and the index where it first saw it (replaced only by a strictly
+// larger one); the row's answer is the smallest index among the lanes holding the largest value: its first
+// occurrence. NaNs are noted on the way and answered by the first of them.
+int64_t argmax(const float* x, int64_t n) {
+  if (n < 16) return argmax_scalar(x, n);
+  __m512 best = _mm512_loadu_ps(x);
+  __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), idx = at;
+  __mmask16 nan = _mm512_cmp_ps_mask(best, best, _CMP_UNORD_Q);
+  const __m512i step = _mm512_set1_epi32(16);
+  for (int64_t i = 16; i < n; i += 16) {
+    const __mmask16 m = first16(n - i);
+    idx = _mm512_add_epi32(idx, step);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __mmask16 gt = _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ);
+    nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+    best = _mm512_mask_mov_ps(best, gt, v);
+    at = _mm512_mask_mov_epi32(at, gt, idx);
+  }
+  if (nan) return first_nan(x, n);
+  const __mmask16 top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(_mm512_reduce_max_ps(best)), _CMP_EQ_OQ);
+  return _mm512_mask_reduce_min_epi32(top, at);
+}
+
 const LayerKernels table = {"avx512", add_rms_norm_rows<add_rms_norm>, silu_mul_rows<silu_mul>,
-                            rope_rows<rope>};
+                            rope_rows<rope>, argmax_rows<argmax>};
 
 }  // namespace
 

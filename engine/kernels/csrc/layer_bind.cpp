@@ -86,6 +86,23 @@ std::optional<at::Tensor> silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// logits [*, V] float32 -> the first index of each row's largest value [*] int64, as torch.argmax(-1) gives it;
+// None where the kernel does not take the operand.
+std::optional<at::Tensor> argmax_rows(const at::Tensor& logits) {
+  const LayerKernels* k = kernels();
+  const int64_t ld = row_stride(logits);
+  if (!k || ld < 0 || !logits.device().is_cpu() || logits.scalar_type() != at::kFloat || logits.size(-1) == 0)
+    return std::nullopt;
+  const int64_t R = rows_of(logits), n = logits.size(-1);
+  auto shape = logits.sizes().vec();
+  shape.pop_back();
+  auto out = at::empty(shape, logits.options().dtype(at::kLong));
+  const float* x = logits.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  flexbatch::parallel_for(0, R, grain(n), [&](int64_t r0, int64_t r1) { k->argmax(x, ld, n, o, r0, r1); });
+  return out;
+}
+
 // qkv [B, S, (NH + 2 KVH) D]: q and k rotated in place by cos, sin [B, 1, S, D] (contiguous, qkv's dtype), and
 // returned with v as views q [B, NH, S, D], k, v [B, KVH, S, D]. None (nothing done) where the kernel does not
 // take the operands.
@@ -119,6 +136,7 @@ void bind_layer(pybind11::module_& m) {
         pybind11::arg("h"), pybind11::arg("delta"), pybind11::arg("w"), pybind11::arg("eps"),
         pybind11::arg("in_place"));
   m.def("silu_mul", &silu_mul, "silu(gate) * up from gate_up [*, 2F], one pass; None where not taken");
+  m.def("argmax_rows", &argmax_rows, "the first index of each row's largest value (NaN largest); None where not taken");
   m.def("rope_qkv", &rope_qkv, "q and k of qkv [B, S, W] rotated in place, and q, k, v as head views; None where not taken");
 }
 

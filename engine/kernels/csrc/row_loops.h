@@ -53,5 +53,27 @@ void rope_rows(void* qkv, int64_t ld, int64_t heads, int64_t d, const void* cos,
     Row(row_of(qkv, r, ld, bf16), heads, d, row_of(cos, r, ldt, bf16), row_of(sin, r, ldt, bf16), bf16);
 }
 
+template <int64_t (*Row)(const float* x, int64_t n)>
+void argmax_rows(const float* x, int64_t ld, int64_t n, int64_t* out, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) out[r] = Row(x + r * ld, n);
+}
+
+// The first NaN of x[0, n) at or after i, or -1: the answer of an argmax over a row that holds one.
+inline int64_t first_nan(const float* x, int64_t n, int64_t i = 0) {
+  for (; i < n; ++i)
+    if (x[i] != x[i]) return i;
+  return -1;
+}
+
+// An argmax over x[0, n) one value at a time (rows too short for a vector).
+inline int64_t argmax_scalar(const float* x, int64_t n) {
+  const int64_t nan = first_nan(x, n);
+  if (nan >= 0) return nan;
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
 }  // namespace
 }  // namespace flexbatch

@@ -94,11 +94,47 @@ def test_rope_is_bit_equal_to_pytorch(pinned, isa, dtype, B, S, NH, KVH, D):
     assert torch.equal(q, want_q) and torch.equal(k, want_k) and torch.equal(got_v, v)
 
 
+def logits_with_hard_cases(n: int) -> torch.Tensor:
+    """Rows whose argmax is easy to get wrong: ties within a lane and across lanes, the largest value last, only
+    -inf, NaNs (torch.argmax answers the first NaN), -0.0 beside 0.0, and plain random rows."""
+    torch.manual_seed(n)
+    x = torch.randn(12, n)
+    x[1] = torch.randint(-3, 4, (n,)).float()  # many ties of the largest value
+    x[2, -1] = 100.0
+    x[3] = float("-inf")
+    x[4, n // 2] = float("nan")
+    x[5, -1], x[5, 0] = float("nan"), 50.0
+    x[6] = 0.0
+    x[6, n // 3] = -0.0
+    x[7] = -x[7].abs()
+    x[7, n - 1 - n // 5] = -0.0
+    x[8] = 7.0  # every value the largest: index 0
+    x[9, 0] = float("inf")
+    x[10, n - 1], x[10, max(0, n - 17)] = float("inf"), float("inf")
+    return x
+
+
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("n", [1, 5, 8, 15, 16, 17, 31, 33, 1000, 32000, 32003])
+def test_argmax_rows_gives_torchs_index(pinned, isa, n):
+    pinned(isa)
+    x = logits_with_hard_cases(n)
+    got = layer_ops.argmax_rows(x)
+    assert got.dtype == torch.long and torch.equal(got, x.argmax(-1)), (got, x.argmax(-1))
+    strided = torch.cat([x, x], dim=1)[:, :n]  # rows 2n apart
+    assert torch.equal(layer_ops.argmax_rows(strided), x.argmax(-1))
+    assert torch.equal(layer_ops.argmax_rows(x[4]), x[4].argmax(-1))  # one row: a 0-d index
+    assert torch.equal(layer_ops.argmax_rows(x.view(3, 4, n)), x.view(3, 4, n).argmax(-1))
+
+
 @pytest.mark.skipif(not isas(), reason="kernels not built for this CPU")
 def test_the_seam_falls_back_where_the_kernels_do_not_take_the_operands():
     native = NativeKernels()
     h, w = torch.randn(4, 3, 40), torch.randn(40, dtype=torch.float16)
     assert layer_ops.fused_add_rms_norm(h, None, w, 1e-5, True) is None  # float16: PyTorch
+    assert compiled.ops().argmax_rows(h.bfloat16()) is None  # logits other than float32: torch.argmax
+    assert torch.equal(layer_ops.argmax_rows(h.bfloat16()), h.bfloat16().argmax(-1))
+    assert compiled.ops().argmax_rows(torch.randn(5, 40)[:, ::2]) is None
     torch.testing.assert_close(native.rms_norm(h, w, 1e-5), layer_ops.rms_norm(h, w, 1e-5), rtol=0, atol=0)
     assert layer_ops.fused_add_rms_norm(h.to(torch.bfloat16), None, w.float(), 1e-5, True) is None  # h not float32
     strided = torch.randn(4, 80)[:, ::2]
