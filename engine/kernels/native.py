@@ -115,6 +115,17 @@ class NativeKernels:
             return gw
         return gw | {"lm_head.weight": onednn_dense.pack(w)} if rates.packs_dense(w) else gw
 
+    def ready_in_place(self, stored: LayerWeights, meta, codec, device: str) -> bool:
+        """Whether `ready` on `device` only wraps these stored weights (no copy, no dequantization): dense ones, or
+        compressed ones packed for a kernel that computes on them at every row count. The weight store readies
+        such a layer on the compute thread instead of the prefetcher's, whose Python work would otherwise contend
+        with the compute thread's for the interpreter at every op."""
+        if codec is None:
+            return True
+        plain, packed = codec.split(stored, meta)
+        return device == "cpu" and not packed and all(w.fast is not None for w in plain.values()
+                                                      if isinstance(w, QWeight))
+
     def ready(self, stored: LayerWeights, meta, codec, device: str) -> tuple[LayerWeights, dict | None]:
         """A layer's weights on compute `device`, ready for `linear`, and the codec buffers they occupy
         (handed back when the next layer is taken). On the CPU, compressed weights become QLinears (the

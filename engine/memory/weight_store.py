@@ -145,6 +145,7 @@ class WeightStore:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-prefetch",
                                         initializer=torch.set_num_threads, initargs=(1,))
         self._pending: dict[tuple[int, str], Future] = {}
+        self._as_kept: dict[tuple[int, str], bool] = {}  # (layer, device): ready as kept, no prefetch (prefetch)
         on_disk = [i for i, tier in enumerate(self.placement) if tier == "disk"]
         self.plans = checkpoint_plans(reader, on_disk, dtype, codec)  # read from the checkpoint: no offload copy
         # in the offload folder (engine/memory/converted.py): disk layers not read from the checkpoint, and every
@@ -245,8 +246,17 @@ class WeightStore:
         return buf
 
     def prefetch(self, i: int, device: str) -> None:
-        if 0 <= i < len(self.placement) and (i, device) not in self._pending:
+        """Start readying layer i for `device` in the prefetch thread, unless it is kept on that device in a form
+        ready as it is (`get` then wraps it on the compute thread: no reads, copies or decompression to hide)."""
+        if 0 <= i < len(self.placement) and (i, device) not in self._pending and not self._ready_as_kept(i, device):
             self._pending[(i, device)] = self._pool.submit(self._load_in_thread, i, device, self._released)
+
+    def _ready_as_kept(self, i: int, device: str) -> bool:
+        key = (i, device)
+        if key not in self._as_kept:
+            self._as_kept[key] = self.placement[i] == device and self.kernels.ready_in_place(
+                self.resident[i], self.meta[i], self.codec, device)
+        return self._as_kept[key]
 
     def _load_in_thread(self, i: int, device: str, released):
         stream = self.devices.streams["weights"]

@@ -86,3 +86,26 @@ def test_a_folder_that_cannot_be_written_costs_only_the_reuse(checkpoint, tmp_pa
 def test_uncompressed_resident_layers_are_not_copied(checkpoint, tmp_path):
     Engine.load(checkpoint(VARIANT), dtype="float32", offload_dir=tmp_path).weights.close()
     assert _kept_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("fmt", ["int8", None])
+def test_layers_kept_ready_for_their_kernel_are_readied_on_the_compute_thread(checkpoint, tmp_path, monkeypatch, fmt):
+    """A layer kept in CPU memory in the form its kernel computes on needs no reads, copies or decompression, so
+    it is never handed to the prefetch thread (whose Python work would contend with every op of the compute
+    thread); the tokens are those of the run that prefetches it. (int8 weights kept in memory are always in the
+    tile kernel's form; 4-bit ones only where the 4-bit kernel was measured faster at some row count, which on
+    this tiny model depends on the machine, and otherwise are dequantized in the prefetcher.)"""
+    policy = Policy(compress_weight=fmt is not None, **({"weight_format": fmt} if fmt else {}))
+    engine = Engine.load(checkpoint(VARIANT), dtype="float32", policy=policy, offload_dir=tmp_path)
+    reqs = [Request(str(i), p, SamplingParams(max_new_tokens=6)) for i, p in enumerate(["The quick", "def add("])]
+    try:
+        submitted = []
+        submit = engine.weights._pool.submit
+        monkeypatch.setattr(engine.weights._pool, "submit", lambda *a: submitted.append(a[1]) or submit(*a))
+        inline = [c.token_ids for c in engine.generate(reqs)]
+        assert submitted == [] and set(engine.weights.placement) == {"cpu"}
+        monkeypatch.setattr(engine.weights, "_ready_as_kept", lambda i, device: False)
+        prefetched = [c.token_ids for c in engine.generate(reqs)]
+        assert len(submitted) > 0 and prefetched == inline
+    finally:
+        engine.weights.close()
