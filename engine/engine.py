@@ -22,7 +22,6 @@ from engine.loop.grammar import SETTLE_SECONDS, Grammars, GuidedError
 from engine.loop.loaded import LoadedModel
 from engine.loop.row_state import RowState
 from engine.loop.schedule import BlockExecutor
-from engine.memory.collector import frozen_objects
 from engine.memory.heap import choose_heap
 from engine.memory.room import memory_room
 from engine.memory.tiers import BudgetError, Devices, human
@@ -152,13 +151,12 @@ class Engine:
         policy = executor.policy
         grouped = blocks(ready, policy.block_size, policy.refill, policy.share_prefix and policy.weights_stay())
         self._check_budgets(executor, grouped)
-        with frozen_objects():
-            for block, waiting in grouped:
-                rows, left = [row for _, row in block], [row for _, row in waiting]
-                while rows:
-                    with torch.inference_mode():
-                        executor.run_block(rows, left if policy.refill else None)  # refill pops the rows it takes
-                    rows, left = left[: policy.block_size], left[policy.block_size :]  # none fitted: its own block
+        for block, waiting in grouped:
+            rows, left = [row for _, row in block], [row for _, row in waiting]
+            while rows:
+                with torch.inference_mode():
+                    executor.run_block(rows, left if policy.refill else None)  # refill pops the rows it takes
+                rows, left = left[: policy.block_size], left[policy.block_size :]  # none fitted: a block of its own
         for n, row in ready:
             assert row.done, row.req.id
             results[n] = row.completion(self.tokenizer)
