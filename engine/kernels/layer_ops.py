@@ -1,7 +1,7 @@
 """A Llama layer's row-wise work: RMSNorm (with the residual add before it), rotary positions on q and k, SiLU
-gating; and the sampler's greedy choice over the logits' rows. Each as PyTorch ops (the reference, and the path off the CPU) and as the project's fused kernel
-(engine/kernels/csrc/layer_*.cpp), which makes one pass over each row where PyTorch makes several and one call
-where it makes five to ten.
+gating; and the sampler's greedy choice over the logits' rows. Each as PyTorch ops (the reference, and the path
+off the CPU) and as the project's fused kernel (engine/kernels/csrc/layer_*.cpp), which makes one pass over each
+row where PyTorch makes several and one call where it makes five to ten.
 
 The kernels do the reference's arithmetic: float32 throughout, rounded to the compute dtype exactly where the
 PyTorch ops round (each op on bfloat16 tensors computes in float32 and rounds its result once). What differs:

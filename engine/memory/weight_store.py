@@ -145,7 +145,7 @@ class WeightStore:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-prefetch",
                                         initializer=torch.set_num_threads, initargs=(1,))
         self._pending: dict[tuple[int, str], Future] = {}
-        self._as_kept: dict[tuple[int, str], bool] = {}  # (layer, device): ready as kept, no prefetch (prefetch)
+        self._as_kept: dict[tuple[int, str], bool] = {}  # (layer, device): ready as kept, so not prefetched
         on_disk = [i for i, tier in enumerate(self.placement) if tier == "disk"]
         self.plans = checkpoint_plans(reader, on_disk, dtype, codec)  # read from the checkpoint: no offload copy
         # in the offload folder (engine/memory/converted.py): disk layers not read from the checkpoint, and every

@@ -1,7 +1,7 @@
 // A Llama layer's row-wise work each instruction set provides, over raw pointers (no torch types): RMSNorm with
-// the residual add before it, SiLU(gate) * up, rotary positions applied in place, and the greedy choice over
-// the logits' rows. layer_avx512.cpp and
-// layer_avx2.cpp define them, compiled with their own -m flags; layer_bind.cpp chooses a table at run time.
+// the residual add before it, SiLU(gate) * up, rotary positions applied in place, and the greedy choice over the
+// logits' rows. layer_avx512.cpp and layer_avx2.cpp define them, compiled with their own -m flags; layer_bind.cpp
+// chooses a table at run time.
 //
 // Values are float32 or bfloat16 (stored as uint16_t), by a flag per operand. The arithmetic is float32 and
 // rounds to bfloat16 exactly where the PyTorch reference (engine/kernels/layer_ops.py) rounds: each of its ops

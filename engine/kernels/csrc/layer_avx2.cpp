@@ -1,7 +1,6 @@
 // A layer's row-wise work on AVX2 (8 float32 lanes; bfloat16 rounded to nearest even with integer arithmetic,
 // as PyTorch rounds): residual add + RMSNorm, SiLU * up, rotary positions in place, the greedy argmax. Same
-// arithmetic as
-// layer_avx512.cpp; the last n % 8 values of a row go through the same operations one at a time.
+// arithmetic as layer_avx512.cpp; the last n % 8 values of a row go through the same operations one at a time.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>

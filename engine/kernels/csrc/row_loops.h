@@ -58,9 +58,9 @@ void argmax_rows(const float* x, int64_t ld, int64_t n, int64_t* out, int64_t r0
   for (int64_t r = r0; r < r1; ++r) out[r] = Row(x + r * ld, n);
 }
 
-// The first NaN of x[0, n) at or after i, or -1: the answer of an argmax over a row that holds one.
-inline int64_t first_nan(const float* x, int64_t n, int64_t i = 0) {
-  for (; i < n; ++i)
+// The first NaN of x[0, n), or -1: the answer of an argmax over a row that holds one.
+inline int64_t first_nan(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
     if (x[i] != x[i]) return i;
   return -1;
 }
