@@ -6,7 +6,7 @@ Run in the environment `scripts/setup_zentorch_venv.sh DIR` makes, with this rep
         [--threads 1,2] [--repeats 5] [--group 128] [--sections linear,norm,attn] [--json out.json]
 
 Every figure is the best of `--repeats` interleaved rounds (each round times a loop of calls lasting ~20 ms or
-one call, whichever is longer); each section records /proc/loadavg before and after (the machine may be shared).
+one call, whichever is longer); each section records the load average before and after (the machine may be shared).
 
 Exactness: the int4 weights are built so that every path holds the very same dequantized weight W (codes 0..15,
 per-group scale s with 4 significant bits, min m = -8 s: exact in float16, bfloat16, flexbatch's QTensor, aten's
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
+import os
 import sys
 import time
 
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 import zentorch  # noqa: F401  (registers torch.ops.zentorch)
 
 from engine.compression.int4 import QTensor, QuantConfig, dequantize, int4_linear, pack_int4
+from engine.dtypes import cpu_info
 from engine.kernels import compiled, int4_tiles, layer_ops, own_attention
 from engine.kernels.attention import attend, prefill_mask
 from engine.memory import heap
@@ -40,8 +41,7 @@ EPS = 1e-6
 
 
 def loadavg() -> str:
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def best_per_call(fns, repeats: int, target_s: float = 0.02) -> list[float]:
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     assert args.repeats >= 5
     heap_policy = heap.reuse_freed_blocks()
-    flags = subprocess.run("lscpu | grep Flags", shell=True, capture_output=True, text=True).stdout.strip()
+    flags = f"CPU flags: {cpu_info('flags')}"
     mod = compiled.ops()
     print(f"torch {torch.__version__}, zentorch {zentorch.__version__}, flexbatch kernels: "
           f"{mod.isa() if mod else 'none'}, prefill: {bool(mod and mod.has_prefill())}, heap reuse: {heap_policy}")

@@ -65,8 +65,6 @@ def demo_prompts():
     return pq.read_table(DEMO_PROMPTS, columns=["prompt"]).column("prompt").to_pylist()
 
 
-
-
 @pytest.fixture(scope="session", autouse=True)
 def fixed_hardware_profile():
     """Jobs that plan without --hardware read this machine's cached profile and measure it on first use (minutes
@@ -85,7 +83,7 @@ def fixed_hardware_profile():
     own = Path(os.environ["FLEXBATCH_CACHE"])
     assert own in profiler.DEFAULT_CACHE.parents, (
         f"the suite's profile would go to {profiler.DEFAULT_CACHE}, outside its own cache {own}: the engine was "
-        "imported before pytest_configure set FLEXBATCH_CACHE")
+        "imported before this file set FLEXBATCH_CACHE")
     threads = torch.get_num_threads()
     try:
         for n in range(1, (os.cpu_count() or 1) + 1):
