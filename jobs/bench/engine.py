@@ -12,7 +12,8 @@ interleaved repeat by repeat, with the median of the repeats quoted:
   6. W4, rows that finish early: useful tokens/s with refill vs transformers and vs the block schedule before,
      and rows sorted by max_new_tokens vs that block schedule (`jobs/bench/early_stop.py`);
   7. with --memory-limit: each side a whole process in its own memory cgroup below the model size, flexbatch vs
-     HF Accelerate at its best surviving batch, decode-heavy and prefill-heavy (`jobs/bench/memory_limit.py`);
+     HF Accelerate at its best surviving batch, decode-heavy and prefill-heavy, and with --llama-cpp vs llama.cpp's
+     GGUF of the same width (`jobs/bench/memory_limit.py`);
   8. the block with its large temporaries mmapped, as under a binding memory limit, vs reused from the C heap
      (`jobs/bench/heap.py`)."""
 
@@ -34,11 +35,13 @@ from engine.errors import FlexbatchError
 from engine.options import parse_bytes
 from engine.policy import WEIGHT_FORMATS, Policy
 from engine.spec import load_model_spec
+from jobs.bench import llama_cpp as lc
 from jobs.bench import models as bm
 from jobs.bench.backends import backend_lines, parse_backends
 from jobs.bench.early_stop import EarlyStopConfig, early_stop_lines
 from jobs.bench.heap import heap_line
 from jobs.bench.memory_limit import (
+    GGUF_TYPES,
     CgroupUnavailable,
     MemoryLimitConfig,
     check_cgroups,
@@ -258,15 +261,28 @@ _D = BenchConfig()
 
 def _memory_limit(text: str | None, batches: tuple[int, ...], workloads: tuple[str, ...] = (),
                   dtype: str = MemoryLimitConfig.dtype,
-                  formats: tuple[str, ...] = MemoryLimitConfig.formats) -> MemoryLimitConfig | None:
-    """The --memory-limit config, refused up front where memory groups cannot be made."""
+                  formats: tuple[str, ...] = MemoryLimitConfig.formats,
+                  llama_cpp: Path | None = None) -> MemoryLimitConfig | None:
+    """The --memory-limit config, refused up front where memory groups cannot be made or a llama.cpp build named
+    is missing or has nothing to compare."""
     if text is None:
+        if llama_cpp is not None:
+            raise click.UsageError("--llama-cpp runs llama.cpp under --memory-limit: give a limit too, e.g. "
+                                   "--memory-limit 6GiB (llama.cpp's lines without a limit: flexbatch bench workloads "
+                                   "--llama-cpp DIR)")
         return None
+    if llama_cpp is not None:
+        lc.llama_cpp_tools(llama_cpp)
+        if not any(f in GGUF_TYPES for f in formats):
+            raise click.UsageError(f"--llama-cpp compares llama.cpp with flexbatch's compressed runs, and "
+                                   f"--memory-limit-formats {','.join(formats)} has none: add --memory-limit-formats "
+                                   f"int4 (against Q4_0) or int8 (against Q8_0)")
     try:
         parsed = tuple(parse_workload(w) for w in workloads)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--memory-workload") from None
-    more = dict(acc_batches=batches, workloads=parsed, dtype=dtype, formats=formats)
+    more = dict(acc_batches=batches, workloads=parsed, dtype=dtype, formats=formats,
+                llama_cpp=llama_cpp and str(llama_cpp.absolute()))
     try:
         if text.startswith("baseline+") and text.endswith("x"):
             try:
@@ -306,7 +322,7 @@ def _memory_limit(text: str | None, batches: tuple[int, ...], workloads: tuple[s
               "own cgroup v1 memory group (needs root), decode- and prefill-heavy: of this size (e.g. 700MiB), or "
               "of each side's measured baseline plus SHARE of the weights (e.g. baseline+0.4x).")
 @click.option("--memory-limit-batches", default=",".join(map(str, MemoryLimitConfig.acc_batches)), show_default=True,
-              help="Accelerate batch sizes under --memory-limit.")
+              help="Accelerate batch sizes under --memory-limit (\"\": no Accelerate side).")
 @click.option("--memory-workload", multiple=True, metavar="ROWSxPROMPT+GEN",
               help="A workload under --memory-limit instead of decode-heavy 128x16+64 and prefill-heavy 128x128+32 "
                    "(repeatable), e.g. 256x128+64.")
@@ -317,6 +333,11 @@ def _memory_limit(text: str | None, batches: tuple[int, ...], workloads: tuple[s
               default=MemoryLimitConfig.formats, show_default=True,
               help="flexbatch's runs under --memory-limit (repeatable): planned without compression, or with "
                    "weights in a pinned format (bf16 with --memory-limit-dtype float32).")
+@click.option("--llama-cpp", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Under --memory-limit, also run llama.cpp in a memory group of its own: llama-batched-bench on a "
+                   "GGUF of the checkpoint of the width of each compressed --memory-limit-formats (int4: Q4_0, "
+                   "int8: Q8_0; converted once, beside the checkpoint), mmapped as llama.cpp reads it; DIR is a "
+                   f"build of {lc.SETUP_SCRIPT} DIR.  [default: no llama.cpp side]")
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)
 def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, accelerate_batches, skip, w4_prompts,
@@ -331,9 +352,9 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
     cfg = BenchConfig(blocks=_blocks(blocks), hf_batches=_ints(hf_batches), offload_blocks=_blocks(offload_blocks),
                       accelerate_batches=_ints(accelerate_batches), skip=tuple(skip),
                       backends=parse_backends(kw.pop("backends")),
-                      memory_limit=_memory_limit(memory_limit, _ints(kw.pop("memory_limit_batches")),
+                      memory_limit=_memory_limit(memory_limit, _ints(acc) if (acc := kw.pop("memory_limit_batches")) else (),
                                                  kw.pop("memory_workload"), kw.pop("memory_limit_dtype"),
-                                                 tuple(kw.pop("memory_limit_formats"))),
+                                                 tuple(kw.pop("memory_limit_formats")), kw.pop("llama_cpp")),
                       early_stop=dataclasses.replace(_D.early_stop, prompts=w4_prompts, gbs=w4_gbs,
                                                      repeats=kw["repeats"]), **kw)
     report = run_and_save(run_engine_bench, cfg, output)

@@ -38,6 +38,7 @@ from jobs.bench import whole_process as wp
 log = logging.getLogger(__name__)
 SETUP_SCRIPT = "scripts/setup_llama_cpp.sh"
 FORMATS = {"bf16": "", "Q8_0": " int8", "Q4_0": " int4"}  # GGUF type -> the flexbatch line (suffix) of its width
+ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # a config's model_type -> the class convert_hf_to_gguf.py converts
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context holds
 BATCH, UBATCH = 2048, 512  # llama.cpp's defaults of -b (tokens per llama_decode call) and -ub (per graph)
 ATTEMPTS = 3  # runs of llama-batched-bench until every expected result line was printed
@@ -103,34 +104,58 @@ def _run(argv: list, what: str) -> str:
     return done.stdout
 
 
-def gguf_models(tools: LlamaCpp, model_dir: Path) -> dict[str, Path]:
-    """The checkpoint as GGUF files, one per FORMATS type, cached in `<checkpoint>-gguf/` beside it (rebuilt when
-    the checkpoint's complete.json changes)."""
+def gguf_models(tools: LlamaCpp, model_dir: Path, formats: tuple[str, ...] = tuple(FORMATS)) -> dict[str, Path]:
+    """The checkpoint as GGUF files, one per type in `formats`, cached in `<checkpoint>-gguf/` beside it (all
+    rebuilt when the checkpoint's complete.json changes; a type asked for later is added). The bf16 file every
+    other type is quantized from is kept only where it is asked for: at a 7B size it is 14 GB of disk. Each file
+    is written under a temporary name and renamed once complete, so an interrupted conversion is never cached."""
     out = model_dir.parent / f"{model_dir.name}-gguf"
-    files = {fmt: out / f"{fmt}.gguf" for fmt in FORMATS}
+    files = {fmt: out / f"{fmt}.gguf" for fmt in formats}
     stamp, built = model_dir / "complete.json", out / "complete.json"
-    if built.is_file() and built.read_text() == stamp.read_text() and all(f.is_file() for f in files.values()):
+    if not (built.is_file() and built.read_text() == stamp.read_text()):
+        shutil.rmtree(out, ignore_errors=True)
+    missing = [fmt for fmt in formats if not files[fmt].is_file()]
+    if not missing:
         return files
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    log.info("converting %s to GGUF (%s) in %s", model_dir, ", ".join(FORMATS), out)
+    out.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s to GGUF (%s) in %s", model_dir, ", ".join(missing), out)
+    bf16, converted = out / "bf16.gguf", False
+    if not bf16.is_file():
+        _convert_bf16(tools, model_dir, bf16)
+        converted = True
+    for fmt in missing:
+        if fmt != "bf16":
+            partial = files[fmt].with_suffix(".partial")
+            _run([tools.quantize, bf16, partial, fmt], f"llama-quantize to {fmt}")
+            partial.rename(files[fmt])
+    if converted and "bf16" not in formats:
+        bf16.unlink()
+    built.write_text(stamp.read_text())
+    return files
+
+
+def _convert_bf16(tools: LlamaCpp, model_dir: Path, bf16: Path) -> None:
+    """convert_hf_to_gguf.py on a folder of links to the checkpoint, with a SentencePiece model of its vocabulary
+    size (see the module docstring), bf16 as the checkpoint is."""
     with tempfile.TemporaryDirectory(prefix="flexbatch-gguf-") as tmp:
         hf = Path(tmp) / model_dir.name  # the converter names the model after its folder
         hf.mkdir()
         for f in model_dir.iterdir():
-            if f.name == "config.json" or f.name == "generation_config.json" or f.name.startswith("model"):
+            if f.name == "generation_config.json" or f.name.startswith("model"):
                 (hf / f.name).symlink_to(f.absolute())
-        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        config = json.loads((model_dir / "config.json").read_text())
+        # the converter picks its model class by the config's architectures, which a checkpoint written without
+        # save_pretrained may lack (the bench's sharded 7B and 13B checkpoints before they named it)
+        config.setdefault("architectures", [ARCHITECTURES[config["model_type"]]])
+        (hf / "config.json").write_text(json.dumps(config))
+        vocab = config["vocab_size"]
         trained = int(_run([tools.python, "-c", SPM_TRAIN, hf / "tokenizer", vocab], "training SentencePiece")
                       .split()[-1])
         assert trained == vocab, f"SentencePiece trained {trained} pieces, not {vocab}"
-        _run([tools.python, tools.convert_script, hf, "--outtype", "bf16", "--outfile", files["bf16"]],
+        partial = bf16.with_suffix(".partial")
+        _run([tools.python, tools.convert_script, hf, "--outtype", "bf16", "--outfile", partial],
              "convert_hf_to_gguf.py")
-    for fmt in FORMATS:
-        if fmt != "bf16":
-            _run([tools.quantize, files["bf16"], files[fmt], fmt], f"llama-quantize to {fmt}")
-    built.write_text(stamp.read_text())
-    return files
+        partial.rename(bf16)
 
 
 def sequence_chunks(rows: int) -> list[int]:

@@ -11,7 +11,10 @@ The limit is either one size for both sides, or `baseline+SHAREx`: each side's o
 while the process imports what it runs and reads the config, measured in a group without a limit) plus SHARE
 of the model's weight bytes, so that less than the model fits whatever each side's imports weigh. flexbatch's
 policy is the planner's, under the room its group leaves (and, in a second run, with 4-bit compression allowed);
-Accelerate runs at each of its batches."""
+Accelerate runs at each of its batches. With a llama.cpp build (`llama_cpp`), llama.cpp's `llama-batched-bench` runs
+too, on a GGUF of the checkpoint of the same width as each of flexbatch's compressed formats (int4: Q4_0, int8:
+Q8_0), converted once outside the groups and read with llama.cpp's own mmap inside its group (jobs/bench/llama_cpp.py);
+its tokens/s count its prefill and decode seconds, as flexbatch's and Accelerate's count their generation's."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from jobs.bench import llama_cpp as lc
 from jobs.bench.report import Line
 from planner.microbench import timed_call
 
@@ -114,9 +118,10 @@ class MemoryGroup:
 
 @dataclass(frozen=True)
 class Side:
-    """One process's work: `side` is "flexbatch" or "accelerate"; rows prompts of prompt_len tokens, gen_len
-    generated. Accelerate runs batches of `batch` rows; flexbatch runs the planner's policy (`batch` 0) for the
-    `hardware` profile, 4-bit compression allowed with `compress`."""
+    """One process's work: `side` is "flexbatch", "accelerate" or "llama.cpp"; rows prompts of prompt_len tokens,
+    gen_len generated. Accelerate runs batches of `batch` rows; flexbatch runs the planner's policy (`batch` 0) for
+    the `hardware` profile, 4-bit compression allowed with `compress`; llama.cpp runs the build in `llama_cpp` on
+    the GGUF `gguf`, whose type is its `weight_format`."""
 
     side: str
     model_dir: str
@@ -131,10 +136,22 @@ class Side:
     threads: int = 1
     weight_format: str = "int4"  # flexbatch's compressed format, with `compress`
     dtype: str = "bfloat16"  # both sides compute in it
+    llama_cpp: str = ""  # llama.cpp: its build (scripts/setup_llama_cpp.sh)
+    gguf: str = ""  # llama.cpp: the GGUF it runs
 
     @property
     def name(self) -> str:
+        if self.side == LLAMA_CPP:
+            return lc.line_name(self.weight_format)
         return side_name(self.side, self.weight_format if self.compress else "uncompressed")
+
+    def files(self) -> list[Path]:
+        """The files the side reads its weights from (their page cache is dropped before it runs)."""
+        return [Path(self.gguf)] if self.side == LLAMA_CPP else sorted(Path(self.model_dir).glob("*.safetensors"))
+
+
+LLAMA_CPP = "llama.cpp"
+GGUF_TYPES = {v.strip(): k for k, v in lc.FORMATS.items() if v}  # flexbatch weight format -> GGUF type of its width
 
 
 def side_name(side: str, fmt: str) -> str:
@@ -156,11 +173,12 @@ def baseline_bytes(side: Side, timeout_s: float = 600.0) -> int:
     return out["peak_bytes"]
 
 
-def drop_cached(folder: Path) -> None:
-    """Drop the page cache of the checkpoint's files: pages an earlier process read stay cached, charged to
+def drop_cached(files: list[Path]) -> None:
+    """Drop the page cache of a side's weight files: pages an earlier process read stay cached, charged to
     another group (or to the parent once that group is gone), and a side reading them would not be held to its
-    own limit (Accelerate maps offloaded weights straight from the checkpoint's safetensors file)."""
-    for f in folder.glob("*.safetensors"):
+    own limit (Accelerate maps offloaded weights straight from the checkpoint's safetensors file, llama.cpp maps
+    its GGUF)."""
+    for f in files:
         fd = os.open(f, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -169,8 +187,8 @@ def drop_cached(folder: Path) -> None:
 
 
 def run_side(side: Side, limit_bytes: int, timeout_s: float) -> dict:
-    drop_cached(Path(side.model_dir))
-    with MemoryGroup(f"{side.name}-{side.batch}", limit_bytes) as group:
+    drop_cached(side.files())
+    with MemoryGroup(f"{side.name}-{side.batch}".replace(" ", "-"), limit_bytes) as group:
         out = group.run(side_args(side), timeout_s)
     return {"side": side.name, "batch": side.batch, "limit_bytes": limit_bytes, **out}
 
@@ -186,6 +204,7 @@ class MemoryLimitConfig:
     workloads: tuple[tuple[str, int, int, int], ...] = ()  # (name, rows, prompt, generated); () the two below
     dtype: str = "bfloat16"
     formats: tuple[str, ...] = ("uncompressed", "int4")  # flexbatch's sides: planned uncompressed, or pinned format
+    llama_cpp: str | None = None  # a llama.cpp build: its side for each compressed format (GGUF_TYPES)
 
     def __post_init__(self) -> None:
         if (self.limit_bytes is None) == (self.model_share is None):
@@ -195,6 +214,11 @@ class MemoryLimitConfig:
 
     def limit_for(self, baseline: int, weight_bytes: int) -> int:
         return self.limit_bytes or int(baseline + self.model_share * weight_bytes)
+
+    @property
+    def gguf_types(self) -> tuple[str, ...]:
+        """llama.cpp's sides: the GGUF type of each compressed format's width (none without a build)."""
+        return tuple(GGUF_TYPES[f] for f in self.formats if f in GGUF_TYPES) if self.llama_cpp else ()
 
     def describe(self) -> str:
         return f"{self.limit_bytes >> 20} MiB" if self.limit_bytes else f"baseline + {self.model_share:g} x weights"
@@ -215,6 +239,11 @@ def memory_limit_runs(cfg: MemoryLimitConfig, model_dir: Path, rows: int, prompt
                       threads, fmt, cfg.dtype) for compress, fmt in ours]
         sides += [Side("accelerate", str(model_dir), rows, prompt_len, gen_len, b, weights, "", threads=threads,
                        dtype=cfg.dtype) for b in cfg.acc_batches]
+        if cfg.gguf_types:  # converted here, once, outside the groups (flexbatch converts inside its own)
+            ggufs = lc.gguf_models(lc.llama_cpp_tools(cfg.llama_cpp), model_dir, cfg.gguf_types)
+            sides += [Side(LLAMA_CPP, str(model_dir), rows, prompt_len, gen_len, rows, weights, "", threads=threads,
+                           weight_format=t, dtype=cfg.dtype, llama_cpp=cfg.llama_cpp, gguf=str(ggufs[t]))
+                      for t in cfg.gguf_types]
         sides = [replace(s, offload_dir=str(Path(tmp) / s.name)) for s in sides]  # one folder per side
         for k, side in enumerate(sides):
             if side.side not in baselines:
@@ -269,8 +298,9 @@ def weight_times(result: dict | None) -> str:
 
 def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
     """The workloads under the limit (by default decode-heavy and prefill-heavy): flexbatch's planned run
-    (uncompressed, and with each compressed format pinned) vs Accelerate's best surviving batch, generated tokens/s,
-    each a whole process in its own memory group. flexbatch plans with this machine's profile at this process's
+    (uncompressed, and with each compressed format pinned) vs Accelerate's best surviving batch, and each compressed
+    run vs llama.cpp's GGUF of its width (with a build), generated tokens/s, each a whole process in its own memory
+    group. flexbatch plans with this machine's profile at this process's
     thread count, loaded (or measured) here, outside the groups; each report carries that profile's cold disk
     read rate beside the bytes each side read from the disk."""
     from planner.hardware import save_hardware
@@ -295,4 +325,21 @@ def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
             lines.append(Line(f"memlimit-{name}-{ours_name}", what, "tokens/s",
                               ours and ours["result"]["tokens_per_s"], theirs and theirs["result"]["tokens_per_s"],
                               target, rep))
+        for gguf in cfg.gguf_types:
+            ours_name, peer = side_name("flexbatch", lc.FORMATS[gguf].strip()), lc.line_name(gguf)
+            ours, theirs = rep["best"].get(ours_name), rep["best"].get(peer)
+            what = (f"{name} {rows}x{P} gen {G}, limit {cfg.describe()}: {ours_name} planned vs {peer} "
+                    f"(llama-batched-bench, the GGUF mmapped){llama_cpp_times(theirs and theirs['result'])}")
+            lines.append(Line(f"memlimit-{name}-{ours_name}-vs-{peer.replace(' ', '-')}", what, "tokens/s",
+                              ours and ours["result"]["tokens_per_s"], theirs and theirs["result"]["tokens_per_s"],
+                              1.0, rep))
     return lines
+
+
+def llama_cpp_times(result: dict | None) -> str:
+    """Where a llama.cpp side's seconds went (its prefill and decode), and what it read from the disk."""
+    if not result:
+        return ""
+    phases = result["phase_seconds"]
+    return (f"; llama.cpp: prefill {phases['prefill']:.1f} s, decode {phases['decode']:.1f} s, "
+            f"read {result['disk_read_bytes'] / 1e9:.1f} GB")

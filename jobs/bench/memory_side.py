@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from jobs.bench import models as bm
-from jobs.bench.memory_limit import Side
+from jobs.bench.memory_limit import LLAMA_CPP, Side
 from planner.microbench import timed_call
 
 
@@ -53,6 +53,16 @@ def run_flexbatch(side: Side, prompts) -> tuple[int, float, dict]:
     return sum(c.completion_tokens for c in comps), gen_s, info
 
 
+def run_llama_cpp(side: Side, prompts) -> tuple[int, float, dict]:
+    """llama.cpp's llama-batched-bench on the side's GGUF, as a child of this process (so in its group): its own
+    random prompts of the same shape; seconds are its prefill and decode (jobs/bench/llama_cpp.py)."""
+    from jobs.bench import llama_cpp as lc
+
+    res = lc.run_batched_bench(lc.llama_cpp_tools(side.llama_cpp), Path(side.gguf), side.rows, side.prompt_len,
+                               side.gen_len, side.threads)
+    return res["tokens"], res["seconds"], {k: res[k] for k in ("phase_seconds", "attempts", "command")}
+
+
 ACCELERATE_BATCHES = 2  # batches Accelerate runs: each is alike, so its rate does not depend on how many follow
 
 
@@ -83,7 +93,7 @@ def imports(side: Side) -> None:
         from engine.tokenizer import load_tokenizer
 
         load_tokenizer(side.model_dir)
-    else:
+    elif side.side == "accelerate":
         import accelerate  # noqa: F401
         import transformers.models.llama.modeling_llama  # noqa: F401
 
@@ -105,7 +115,7 @@ def main(arg: str, baseline: bool = False) -> None:
     side = replace(side, cpu_bytes=max(16 << 20, min(side.cpu_bytes, memory_room_bytes() - MARGIN_BYTES)))
     vocab = json.loads((Path(side.model_dir) / "config.json").read_text())["vocab_size"]
     prompts = bm.prompt_ids(side.rows, side.prompt_len, vocab)
-    run = run_flexbatch if side.side == "flexbatch" else run_accelerate
+    run = {"flexbatch": run_flexbatch, "accelerate": run_accelerate, LLAMA_CPP: run_llama_cpp}[side.side]
     read_before = disk_read_bytes()
     (tokens, gen_s, info), process_s = timed_call(lambda: run(side, prompts))
     read = disk_read_bytes() - read_before
@@ -116,11 +126,15 @@ def main(arg: str, baseline: bool = False) -> None:
 
 def disk_read_bytes() -> int:
     """Bytes this process has had read from storage (`read_bytes` of /proc/self/io: page-cache hits not counted),
-    its threads included."""
+    its threads included, and its children that have exited (their rusage's blocks read, 512 bytes each: the
+    same counter, llama.cpp's process included)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512
     for line in Path("/proc/self/io").read_text().splitlines():
         if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    return 0
+            return int(line.split()[1]) + children
+    return children
 
 
 if __name__ == "__main__":

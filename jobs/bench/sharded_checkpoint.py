@@ -84,6 +84,7 @@ def write_sharded_random(out: Path, cfg, dtype: torch.dtype = torch.bfloat16, se
         save_file(_draw(shapes, dtype, cfg.initializer_range, seed * 100_003 + k), str(tmp), metadata={"format": "pt"})
         os.replace(tmp, path)
     cfg.torch_dtype = dtype
+    cfg.architectures = ["LlamaForCausalLM"]  # as save_pretrained names it: tools that read the config need it
     cfg.to_json_file(str(out / "config.json"))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     tmp = out / ".model.safetensors.index.json.tmp"

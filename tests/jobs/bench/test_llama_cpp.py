@@ -3,6 +3,7 @@ over 256 sequences split), its result table read back (a last line lost at exit 
 where the build is missing, the ratio to flexbatch's line of the same weight width; the real line runs on the tiny
 preset where .llama-cpp exists (scripts/setup_llama_cpp.sh; CI does not build it)."""
 
+import json
 from pathlib import Path
 
 import click
@@ -143,3 +144,61 @@ def test_the_real_line_converts_the_tiny_checkpoint_and_times_separate_prompts(t
     mtime = (tmp_path / "tiny-gguf" / "bf16.gguf").stat().st_mtime
     lc.gguf_models(t, model_dir)  # cached
     assert (tmp_path / "tiny-gguf" / "bf16.gguf").stat().st_mtime == mtime
+
+
+def test_ggufs_are_cached_per_type_and_the_bf16_source_kept_only_where_asked_for(tmp_path, monkeypatch):
+    """A Q4_0 alone leaves no bf16 GGUF behind (14 GB at 7B); a type asked for later is added to the cache; a
+    changed checkpoint rebuilds them all; nothing half-written is ever named as a GGUF."""
+    model_dir = tmp_path / "ckpt"
+    model_dir.mkdir()
+    (model_dir / "complete.json").write_text("v1")
+    calls = []
+
+    def fake_convert(tools, model_dir, bf16):
+        calls.append("convert")
+        bf16.write_text("bf16")
+
+    def fake_run(argv, what):
+        src, dst, fmt = argv[1:]
+        calls.append(fmt)
+        assert dst.suffix == ".partial" and src.name == "bf16.gguf"
+        dst.write_text(fmt)
+        return ""
+
+    monkeypatch.setattr(lc, "_convert_bf16", fake_convert)
+    monkeypatch.setattr(lc, "_run", fake_run)
+    out = tmp_path / "ckpt-gguf"
+    t = tools(tmp_path / "build")
+    assert lc.gguf_models(t, model_dir, ("Q4_0",)) == {"Q4_0": out / "Q4_0.gguf"}
+    assert calls == ["convert", "Q4_0"] and sorted(p.name for p in out.iterdir()) == ["Q4_0.gguf", "complete.json"]
+    assert lc.gguf_models(t, model_dir, ("Q4_0",)) and calls == ["convert", "Q4_0"]  # cached
+    files = lc.gguf_models(t, model_dir, ("bf16", "Q8_0", "Q4_0"))
+    assert calls[2:] == ["convert", "Q8_0"] and all(f.read_text() == fmt for fmt, f in files.items())
+    (model_dir / "complete.json").write_text("v2")  # the checkpoint was rebuilt
+    lc.gguf_models(t, model_dir, ("Q8_0",))
+    assert calls[4:] == ["convert", "Q8_0"] and sorted(p.name for p in out.iterdir()) == ["Q8_0.gguf",
+                                                                                        "complete.json"]
+
+
+def test_a_config_without_architectures_is_converted_as_its_model_type(tmp_path, monkeypatch):
+    """convert_hf_to_gguf.py picks its converter by `architectures`: a config without it (written without
+    save_pretrained) gets the class of its model_type in the folder handed to the converter."""
+    model_dir = tmp_path / "ckpt"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "llama", "vocab_size": 64}')
+    (model_dir / "model.safetensors").write_text("")
+    seen = {}
+
+    def fake_run(argv, what):
+        if what == "training SentencePiece":
+            return "64\n"
+        folder = Path(argv[2])
+        seen["config"] = json.loads((folder / "config.json").read_text())
+        seen["files"] = sorted(p.name for p in folder.iterdir())
+        Path(argv[argv.index("--outfile") + 1]).write_text("gguf")
+        return ""
+
+    monkeypatch.setattr(lc, "_run", fake_run)
+    lc._convert_bf16(tools(tmp_path / "build"), model_dir, tmp_path / "bf16.gguf")
+    assert seen["config"]["architectures"] == ["LlamaForCausalLM"] and seen["config"]["vocab_size"] == 64
+    assert seen["files"] == ["config.json", "model.safetensors"] and (tmp_path / "bf16.gguf").read_text() == "gguf"

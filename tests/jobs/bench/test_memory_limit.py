@@ -4,6 +4,7 @@ made the option is refused before any work; a side that outgrows the limit is re
 import os
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -159,3 +160,89 @@ def test_a_process_left_in_the_group_is_killed_and_the_group_removed():
         orphan = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: procs.write_text(str(os.getpid())))
         path = g.path
     assert orphan.wait(timeout=10) == -9 and not path.exists()
+
+
+LLAMA_CPP_BUILD = Path(__file__).resolve().parents[3] / ".llama-cpp"
+
+
+def test_llama_cpp_under_the_limit_is_an_option_of_the_compressed_runs(tmp_path, monkeypatch):
+    """--llama-cpp adds a llama.cpp side for each compressed format (the GGUF type of its width); refused without a
+    limit, without a compressed format, or where the build is missing, each naming the fix."""
+    from jobs.bench import engine as bench_engine
+
+    monkeypatch.setattr(bench_engine, "check_cgroups", lambda: None)
+    build = tmp_path / "llama"
+    t = ml.lc.LlamaCpp(build)
+    for path in (t.bench, t.quantize, t.python, t.convert_script):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    cfg = bench_engine._memory_limit("6GiB", (16,), (), "bfloat16", ("uncompressed", "int4", "int8"), build)
+    assert cfg.llama_cpp == str(build) and cfg.gguf_types == ("Q4_0", "Q8_0")
+    assert ml.MemoryLimitConfig(1 << 30, formats=("int4",)).gguf_types == ()  # no build, no llama.cpp side
+    with pytest.raises(click.UsageError, match="--memory-limit-formats int4"):
+        bench_engine._memory_limit("6GiB", (16,), (), "bfloat16", ("uncompressed",), build)
+    with pytest.raises(click.UsageError, match="give a limit too"):
+        bench_engine._memory_limit(None, (16,), (), "bfloat16", ("int4",), build)
+    with pytest.raises(click.UsageError, match="scripts/setup_llama_cpp.sh"):
+        bench_engine._memory_limit("6GiB", (16,), (), "bfloat16", ("int4",), tmp_path / "nowhere")
+    side = ml.Side(ml.LLAMA_CPP, str(tmp_path), 4, 8, 4, 4, 0, "", weight_format="Q4_0", llama_cpp=str(build),
+                   gguf=str(tmp_path / "Q4_0.gguf"))
+    assert side.name == "llama.cpp Q4_0" and side.files() == [tmp_path / "Q4_0.gguf"]
+    (tmp_path / "model.safetensors").write_text("")
+    assert ml.Side("accelerate", str(tmp_path), 4, 8, 4, 4, 0, "").files() == [tmp_path / "model.safetensors"]
+
+
+def test_each_compressed_run_is_a_line_against_llama_cpp_of_its_width(monkeypatch):
+    """The report has, besides each flexbatch run vs Accelerate, each compressed run vs llama.cpp's GGUF of its
+    width (target 1.0x), with llama.cpp's prefill, decode and disk read in its text; a failed side is no figure."""
+    def side(tps, **more):
+        return {"result": {"tokens_per_s": tps, **more}, "batch": 16}
+
+    llama = side(2.0, phase_seconds={"prefill": 100.0, "decode": 28.0}, disk_read_bytes=4.1e9)
+    report = {"weight_bytes": 14 << 30, "baseline_bytes": {}, "best": {
+        "flexbatch-4bit": side(4.0), "accelerate": side(0.5), "llama.cpp Q4_0": llama}}
+    monkeypatch.setattr(ml, "memory_limit_runs", lambda *a: dict(report))
+    monkeypatch.setattr("planner.profiler.load_or_profile", lambda: server_cpu())
+    cfg = ml.MemoryLimitConfig(6 << 30, workloads=(("w", 16, 64, 16),), formats=("int4", "int8"), llama_cpp="/x")
+    lines = {ln.id: ln for ln in ml.memory_limit_lines(cfg, Path("/nowhere"))}
+    q4 = lines["memlimit-w-flexbatch-4bit-vs-llama.cpp-Q4_0"]
+    assert (q4.ours, q4.baseline, q4.ratio, q4.target, q4.met) == (4.0, 2.0, 2.0, 1.0, True)
+    assert "llama.cpp: prefill 100.0 s, decode 28.0 s, read 4.1 GB" in q4.what
+    assert lines["memlimit-w-flexbatch-4bit"].baseline == 0.5
+    q8 = lines["memlimit-w-flexbatch-int8-vs-llama.cpp-Q8_0"]  # neither side ran
+    assert q8.ours is None and q8.baseline is None and q8.met is None
+
+
+def test_disk_reads_of_exited_children_are_counted(tmp_path):
+    """A side that runs its engine as a child (llama.cpp) has that child's disk reads counted."""
+    import subprocess
+
+    from jobs.bench import memory_side
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(8 << 20))
+    subprocess.run(["sync"], check=True)  # written back, so that its cached pages can be dropped
+    ml.drop_cached([data])
+    before = memory_side.disk_read_bytes()
+    subprocess.run(["cat", str(data)], stdout=subprocess.DEVNULL, check=True)
+    read = memory_side.disk_read_bytes() - before
+    if read == 0:
+        pytest.skip(f"{tmp_path} is not on a block device whose reads are counted (tmpfs)")
+    assert read >= 8 << 20
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (LLAMA_CPP_BUILD / "build" / "bin" / "llama-batched-bench").is_file() or not _writable(),
+                    reason="needs a .llama-cpp build (scripts/setup_llama_cpp.sh), root and cgroup v1 memory groups")
+def test_the_llama_cpp_side_runs_the_gguf_in_its_own_group(tmp_path):
+    model = bm.build_checkpoint("tiny", tmp_path / "cache")
+    gguf = ml.lc.gguf_models(ml.lc.llama_cpp_tools(LLAMA_CPP_BUILD), model, ("Q4_0",))["Q4_0"]
+    side = ml.Side(ml.LLAMA_CPP, str(model), rows=3, prompt_len=8, gen_len=4, batch=3, cpu_bytes=0, offload_dir="",
+                   weight_format="Q4_0", llama_cpp=str(LLAMA_CPP_BUILD), gguf=str(gguf))
+    out = ml.run_side(side, 900 << 20, timeout_s=300)
+    assert out["side"] == "llama.cpp Q4_0" and not out["oom_killed"], out
+    res = out["result"]
+    assert res["tokens"] == 12 and res["phase_seconds"]["prefill"] > 0 and res["phase_seconds"]["decode"] > 0
+    assert res["gen_s"] == pytest.approx(res["phase_seconds"]["prefill"] + res["phase_seconds"]["decode"])
+    assert 0 < out["peak_bytes"] <= 900 << 20
+    assert not list(Path(ml.CGROUP_ROOT).glob(f"flexbatch-bench-{os.getpid()}-*"))

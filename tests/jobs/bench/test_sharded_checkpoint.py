@@ -27,6 +27,7 @@ def test_loads_in_transformers_and_engine_with_equal_greedy_tokens(tmp_path):
     bm.make_word_tokenizer(out, SMALL.vocab_size)
     write_sharded_random(out, SMALL.hf_config(), torch.bfloat16)
     index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]  # as HF writes it
     assert len(set(index["weight_map"].values())) == SMALL.num_hidden_layers + 1  # one shard per layer + globals
     assert index["metadata"]["total_size"] == checkpoint_bytes(SMALL.hf_config(), torch.bfloat16)
     assert index["metadata"]["total_size"] == sum(f.stat().st_size for f in out.glob("*.safetensors")) - sum(
