@@ -119,16 +119,19 @@ class Engine:
         grammars = self.grammars()  # each distinct constraint compiled once in this call, in the background
         now, later = self._by_compile(requests, grammars)
         executor = self.executor(policy)
-        for part in (now, later):  # rows whose constraint still compiles run after the others
-            ready: list[tuple[int, RowState]] = []
-            for n in part:
-                row = self._prepare(requests[n], truncate, grammars)
-                if isinstance(row, Completion):
-                    results[n] = row
-                else:
-                    ready.append((n, row))
-            if ready:
-                self._run_rows(ready, executor, results)
+        try:
+            for part in (now, later):  # rows whose constraint still compiles run after the others
+                ready: list[tuple[int, RowState]] = []
+                for n in part:
+                    row = self._prepare(requests[n], truncate, grammars)
+                    if isinstance(row, Completion):
+                        results[n] = row
+                    else:
+                        ready.append((n, row))
+                if ready:
+                    self._run_rows(ready, executor, results)
+        finally:
+            self.weights.settle()  # no read-ahead of this call outlives it
         self.phase_seconds = dict(executor.seconds)
         self.schedule_counts = dict(executor.counts)
         return results

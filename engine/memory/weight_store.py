@@ -279,17 +279,40 @@ class WeightStore:
             weights, held = self._load(i, device)
         self.weight_wait_s += time.perf_counter() - t0
         if self._in_use is not None:
-            staging, buffers, disk_buf = self._in_use
-            if disk_buf is not None:  # the layer's tensors were views of it
-                pool, buf = disk_buf
-                pool.release(buf)
-            if staging is not None:
-                self._staging_free.append(staging)
-            if buffers is not None:
-                self.codec.release(buffers)
-            self._released = self.devices.compute_stream.record()
+            self._hand_back(self._in_use)
         self._in_use = held
         return weights
+
+    def _hand_back(self, held: tuple) -> None:
+        """A layer's staging set, decompression buffers and disk buffer, free for the next layer."""
+        staging, buffers, disk_buf = held
+        if disk_buf is not None:  # the layer's tensors were views of it
+            pool, buf = disk_buf
+            pool.release(buf)
+        if staging is not None:
+            self._staging_free.append(staging)
+        if buffers is not None:
+            self.codec.release(buffers)
+        self._released = self.devices.compute_stream.record()
+
+    def settle(self) -> None:
+        """The end of a call: the read-ahead of a layer for a step that did not come is cancelled, or, where it
+        had started, waited for; its buffers and the last layer's are handed back. Nothing reads a layer file
+        once this returns (a process that rewrites such a file in place would otherwise meet a mapping still
+        being read), and no layer is held between calls. The next call reads its first layer itself."""
+        for (i, device), future in list(self._pending.items()):
+            if future.cancel():
+                continue
+            try:
+                _weights, held, _ready = future.result()
+            except Exception as e:  # a layer no step asked for: its error is not this call's
+                log.warning("reading layer %d ahead for %s failed: %s", i, device, e)
+                continue
+            self._hand_back(held)
+        self._pending.clear()
+        if self._in_use is not None:
+            self._hand_back(self._in_use)
+            self._in_use = None
 
     def staging_bytes(self) -> int:
         """GPU bytes the staging of two layers takes (0 when no layer moves to the GPU to compute)."""

@@ -43,15 +43,12 @@ VARIANT = "llama_gqa_llama3"
 
 
 def _tokens(engine):
-    """The engine's tokens for two prompts; then its weights are closed: a prefetch still reading a layer file
-    (the last step reads the first layer ahead for a next call) must be done before a test rewrites that file."""
+    """The engine's tokens for two prompts (once `generate` returns, nothing reads a layer file: a test may
+    rewrite one in place)."""
     from engine.request import Request, SamplingParams
 
     reqs = [Request(str(i), p, SamplingParams(max_new_tokens=6)) for i, p in enumerate(["The quick", "def add("])]
-    try:
-        return [c.token_ids for c in engine.generate(reqs)]
-    finally:
-        engine.weights.close()
+    return [c.token_ids for c in engine.generate(reqs)]
 
 
 def _engine(checkpoint, tmp_path, weight_cpu):
@@ -122,3 +119,33 @@ def test_two_processes_converting_one_model_at_once_leave_a_sound_folder(checkpo
     folder = next(tmp_path.rglob("layer_0000.safetensors")).parent
     assert stored_layer(folder, 0) is not None and stored_layer(folder, 1) is not None
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_no_read_ahead_outlives_the_call(checkpoint, tmp_path):
+    """The last step of a call reads the first layer ahead for a step that does not come in this call: when
+    `generate` returns, that read is done or cancelled and its buffers handed back, so no layer file is still being
+    read (a file rewritten in place under a mapping being read is a bus error) and no layer is held between calls."""
+    import threading
+    import time
+
+    eng = _engine(checkpoint, tmp_path, 0.0)  # every layer on disk
+    store, load = eng.weights, eng.weights._load
+    ahead, spans = threading.Event(), []
+
+    def slow_load(i, device):
+        start = time.perf_counter()
+        if threading.current_thread() is not threading.main_thread():
+            ahead.set()
+            time.sleep(0.3)  # a read ahead still reading when the call's last step is done
+        try:
+            return load(i, device)
+        finally:
+            spans.append((start, time.perf_counter()))
+
+    store._load = slow_load
+    first = _tokens(eng)
+    returned = time.perf_counter()
+    time.sleep(0.5)  # long enough for a read left running to end (or one left queued to start)
+    assert ahead.is_set() and all(end < returned for _, end in spans)
+    assert store._pending == {} and store._in_use is None
+    assert _tokens(eng) == first  # the next call reads its first layer itself
