@@ -336,7 +336,8 @@ def _memory_limit(text: str | None, batches: tuple[int, ...], workloads: tuple[s
 @click.option("--llama-cpp", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Under --memory-limit, also run llama.cpp in a memory group of its own: llama-batched-bench on a "
                    "GGUF of the checkpoint of the width of each compressed --memory-limit-formats (int4: Q4_0, "
-                   "int8: Q8_0; converted once, beside the checkpoint), mmapped as llama.cpp reads it; DIR is a "
+                   "int8: Q8_0; converted once, beside the checkpoint), mapped (its default) and read into its buffers "
+                   "(-lm none), the faster against flexbatch; DIR is a "
                    f"build of {lc.SETUP_SCRIPT} DIR.  [default: no llama.cpp side]")
 @click.option("--cache-dir", default=_D.cache_dir, show_default=True, help="Checkpoints and offloaded weights.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("out/bench/engine.json"), show_default=True)

@@ -40,6 +40,10 @@ SETUP_SCRIPT = "scripts/setup_llama_cpp.sh"
 FORMATS = {"bf16": "", "Q8_0": " int8", "Q4_0": " int4"}  # GGUF type -> the flexbatch line (suffix) of its width
 ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # a config's model_type -> the class convert_hf_to_gguf.py converts
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context holds
+# how llama.cpp loads the GGUF (its -lm): "mmap", its default, maps the file and also keeps repacked copies of the
+# weights its kernels reorder (at 7B in Q4_0: 3.9 GB mapped beside 3.7 GB repacked); "none" reads the file into
+# its buffers, the repacked weights once
+LOAD_MODES = ("mmap", "none")
 BATCH, UBATCH = 2048, 512  # llama.cpp's defaults of -b (tokens per llama_decode call) and -ub (per graph)
 ATTEMPTS = 3  # runs of llama-batched-bench until every expected result line was printed
 COLUMNS = ("pp", "tg", "pl", "n_kv", "t_pp", "s_pp", "t_tg", "s_tg", "t", "s")  # its table: PP .. S t/s
@@ -164,13 +168,15 @@ def sequence_chunks(rows: int) -> list[int]:
     return [rows // n + (i < rows % n) for i in range(n)]
 
 
-def bench_command(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, gen_len: int, threads: int) -> list[str]:
+def bench_command(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, gen_len: int, threads: int,
+                  load_mode: str = "mmap") -> list[str]:
     """llama-batched-bench on `rows` separate prompts of prompt_len tokens generating gen_len tokens each (prefill
-    + gen_len - 1 decode steps), with a context of every sequence of the largest chunk (-c: pl * (pp + tg))."""
+    + gen_len - 1 decode steps), with a context of every sequence of the largest chunk (-c: pl * (pp + tg)), the
+    GGUF loaded by `load_mode` (LOAD_MODES)."""
     chunks, tg = sequence_chunks(rows), gen_len - 1
     return [str(tools.bench), "-m", str(gguf), "-npp", str(prompt_len), "-ntg", str(tg),
             "-npl", ",".join(map(str, chunks)), "-no-kvu", "-fa", "auto", "-t", str(threads), "-tb", str(threads),
-            "-c", str(max(chunks) * (prompt_len + tg)), "-b", str(BATCH), "-ub", str(UBATCH)]
+            "-c", str(max(chunks) * (prompt_len + tg)), "-b", str(BATCH), "-ub", str(UBATCH), "-lm", load_mode]
 
 
 def parse_results(text: str) -> list[dict]:
@@ -189,10 +195,11 @@ def missing_rows(results: list[dict], rows: int, prompt_len: int, gen_len: int) 
     return left
 
 
-def run_batched_bench(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, gen_len: int, threads: int) -> dict:
+def run_batched_bench(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, gen_len: int, threads: int,
+                      load_mode: str = "mmap") -> dict:
     """One timed run (see the module docstring): seconds = the chunks' T_PP + T_TG, tokens = rows * gen_len; also
     the process's peak RSS, its wall seconds (load included) and the rows of its table."""
-    argv = bench_command(tools, gguf, rows, prompt_len, gen_len, threads)
+    argv = bench_command(tools, gguf, rows, prompt_len, gen_len, threads, load_mode)
     for attempt in range(1, ATTEMPTS + 1):
         with tempfile.TemporaryDirectory(prefix="flexbatch-llama-cpp-") as tmp:
             done = wp.run_process(argv, threads, Path(tmp))

@@ -13,8 +13,9 @@ of the model's weight bytes, so that less than the model fits whatever each side
 policy is the planner's, under the room its group leaves (and, in a second run, with 4-bit compression allowed);
 Accelerate runs at each of its batches. With a llama.cpp build (`llama_cpp`), llama.cpp's `llama-batched-bench` runs
 too, on a GGUF of the checkpoint of the same width as each of flexbatch's compressed formats (int4: Q4_0, int8:
-Q8_0), converted once outside the groups and read with llama.cpp's own mmap inside its group (jobs/bench/llama_cpp.py);
-its tokens/s count its prefill and decode seconds, as flexbatch's and Accelerate's count their generation's."""
+Q8_0), converted once outside the groups, loaded inside its group in each of llama.cpp's load modes (mapped, its
+default, and read into its buffers: jobs/bench/llama_cpp.py); its tokens/s count its prefill and decode seconds, as
+flexbatch's and Accelerate's count their generation's, and its best mode is the line's baseline."""
 
 from __future__ import annotations
 
@@ -138,11 +139,12 @@ class Side:
     dtype: str = "bfloat16"  # both sides compute in it
     llama_cpp: str = ""  # llama.cpp: its build (scripts/setup_llama_cpp.sh)
     gguf: str = ""  # llama.cpp: the GGUF it runs
+    load_mode: str = "mmap"  # llama.cpp: how it loads the GGUF (llama_cpp.LOAD_MODES)
 
     @property
     def name(self) -> str:
         if self.side == LLAMA_CPP:
-            return lc.line_name(self.weight_format)
+            return llama_cpp_side(self.weight_format, self.load_mode)
         return side_name(self.side, self.weight_format if self.compress else "uncompressed")
 
     def files(self) -> list[Path]:
@@ -151,6 +153,11 @@ class Side:
 
 
 LLAMA_CPP = "llama.cpp"
+
+
+def llama_cpp_side(gguf_type: str, load_mode: str) -> str:
+    """A llama.cpp side's name: "llama.cpp Q4_0 mmap", "llama.cpp Q4_0 none"."""
+    return f"{lc.line_name(gguf_type)} {load_mode}"
 GGUF_TYPES = {v.strip(): k for k, v in lc.FORMATS.items() if v}  # flexbatch weight format -> GGUF type of its width
 
 
@@ -242,8 +249,8 @@ def memory_limit_runs(cfg: MemoryLimitConfig, model_dir: Path, rows: int, prompt
         if cfg.gguf_types:  # converted here, once, outside the groups (flexbatch converts inside its own)
             ggufs = lc.gguf_models(lc.llama_cpp_tools(cfg.llama_cpp), model_dir, cfg.gguf_types)
             sides += [Side(LLAMA_CPP, str(model_dir), rows, prompt_len, gen_len, rows, weights, "", threads=threads,
-                           weight_format=t, dtype=cfg.dtype, llama_cpp=cfg.llama_cpp, gguf=str(ggufs[t]))
-                      for t in cfg.gguf_types]
+                           weight_format=t, dtype=cfg.dtype, llama_cpp=cfg.llama_cpp, gguf=str(ggufs[t]),
+                           load_mode=mode) for t in cfg.gguf_types for mode in lc.LOAD_MODES]
         sides = [replace(s, offload_dir=str(Path(tmp) / s.name)) for s in sides]  # one folder per side
         for k, side in enumerate(sides):
             if side.side not in baselines:
@@ -327,19 +334,23 @@ def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
                               target, rep))
         for gguf in cfg.gguf_types:
             ours_name, peer = side_name("flexbatch", lc.FORMATS[gguf].strip()), lc.line_name(gguf)
-            ours, theirs = rep["best"].get(ours_name), rep["best"].get(peer)
-            what = (f"{name} {rows}x{P} gen {G}, limit {cfg.describe()}: {ours_name} planned vs {peer} "
-                    f"(llama-batched-bench, the GGUF mmapped){llama_cpp_times(theirs and theirs['result'])}")
+            ours = rep["best"].get(ours_name)
+            modes = {m: rep["best"].get(llama_cpp_side(gguf, m)) for m in lc.LOAD_MODES}
+            ran = [r for r in modes.values() if r]
+            theirs = max(ran, key=lambda r: r["result"]["tokens_per_s"]) if ran else None
+            what = (f"{name} {rows}x{P} gen {G}, limit {cfg.describe()}: {ours_name} planned vs {peer}'s best load "
+                    f"mode (llama-batched-bench){''.join(llama_cpp_times(m, r) for m, r in modes.items())}")
             lines.append(Line(f"memlimit-{name}-{ours_name}-vs-{peer.replace(' ', '-')}", what, "tokens/s",
                               ours and ours["result"]["tokens_per_s"], theirs and theirs["result"]["tokens_per_s"],
                               1.0, rep))
     return lines
 
 
-def llama_cpp_times(result: dict | None) -> str:
-    """Where a llama.cpp side's seconds went (its prefill and decode), and what it read from the disk."""
-    if not result:
-        return ""
-    phases = result["phase_seconds"]
-    return (f"; llama.cpp: prefill {phases['prefill']:.1f} s, decode {phases['decode']:.1f} s, "
-            f"read {result['disk_read_bytes'] / 1e9:.1f} GB")
+def llama_cpp_times(load_mode: str, run: dict | None) -> str:
+    """A llama.cpp side's tokens/s, where its seconds went (its prefill and decode) and what it read from the disk,
+    or that it did not finish."""
+    if not run:
+        return f"; {load_mode}: no result"
+    res = run["result"]
+    return (f"; {load_mode}: {res['tokens_per_s']:.2f} tok/s, prefill {res['phase_seconds']['prefill']:.1f} s, "
+            f"decode {res['phase_seconds']['decode']:.1f} s, read {res['disk_read_bytes'] / 1e9:.1f} GB")

@@ -59,7 +59,7 @@ def run_llama_cpp(side: Side, prompts) -> tuple[int, float, dict]:
     from jobs.bench import llama_cpp as lc
 
     res = lc.run_batched_bench(lc.llama_cpp_tools(side.llama_cpp), Path(side.gguf), side.rows, side.prompt_len,
-                               side.gen_len, side.threads)
+                               side.gen_len, side.threads, side.load_mode)
     return res["tokens"], res["seconds"], {k: res[k] for k in ("phase_seconds", "attempts", "command")}
 
 

@@ -186,31 +186,36 @@ def test_llama_cpp_under_the_limit_is_an_option_of_the_compressed_runs(tmp_path,
     with pytest.raises(click.UsageError, match="scripts/setup_llama_cpp.sh"):
         bench_engine._memory_limit("6GiB", (16,), (), "bfloat16", ("int4",), tmp_path / "nowhere")
     side = ml.Side(ml.LLAMA_CPP, str(tmp_path), 4, 8, 4, 4, 0, "", weight_format="Q4_0", llama_cpp=str(build),
-                   gguf=str(tmp_path / "Q4_0.gguf"))
-    assert side.name == "llama.cpp Q4_0" and side.files() == [tmp_path / "Q4_0.gguf"]
+                   gguf=str(tmp_path / "Q4_0.gguf"), load_mode="none")
+    assert side.name == "llama.cpp Q4_0 none" and side.files() == [tmp_path / "Q4_0.gguf"]
     (tmp_path / "model.safetensors").write_text("")
     assert ml.Side("accelerate", str(tmp_path), 4, 8, 4, 4, 0, "").files() == [tmp_path / "model.safetensors"]
 
 
 def test_each_compressed_run_is_a_line_against_llama_cpp_of_its_width(monkeypatch):
     """The report has, besides each flexbatch run vs Accelerate, each compressed run vs llama.cpp's GGUF of its
-    width (target 1.0x), with llama.cpp's prefill, decode and disk read in its text; a failed side is no figure."""
+    width in its faster load mode (target 1.0x), with each mode's tokens/s, prefill, decode and disk read in its
+    text; a failed side is no figure."""
     def side(tps, **more):
         return {"result": {"tokens_per_s": tps, **more}, "batch": 16}
 
-    llama = side(2.0, phase_seconds={"prefill": 100.0, "decode": 28.0}, disk_read_bytes=4.1e9)
+    mapped = side(1.0, phase_seconds={"prefill": 200.0, "decode": 56.0}, disk_read_bytes=40.2e9)
+    read = side(2.0, phase_seconds={"prefill": 100.0, "decode": 28.0}, disk_read_bytes=4.1e9)
     report = {"weight_bytes": 14 << 30, "baseline_bytes": {}, "best": {
-        "flexbatch-4bit": side(4.0), "accelerate": side(0.5), "llama.cpp Q4_0": llama}}
+        "flexbatch-4bit": side(4.0), "accelerate": side(0.5), "llama.cpp Q4_0 mmap": mapped,
+        "llama.cpp Q4_0 none": read, "llama.cpp Q8_0 none": side(3.0, phase_seconds={"prefill": 1, "decode": 1},
+                                                                 disk_read_bytes=0)}}
     monkeypatch.setattr(ml, "memory_limit_runs", lambda *a: dict(report))
     monkeypatch.setattr("planner.profiler.load_or_profile", lambda: server_cpu())
     cfg = ml.MemoryLimitConfig(6 << 30, workloads=(("w", 16, 64, 16),), formats=("int4", "int8"), llama_cpp="/x")
     lines = {ln.id: ln for ln in ml.memory_limit_lines(cfg, Path("/nowhere"))}
     q4 = lines["memlimit-w-flexbatch-4bit-vs-llama.cpp-Q4_0"]
     assert (q4.ours, q4.baseline, q4.ratio, q4.target, q4.met) == (4.0, 2.0, 2.0, 1.0, True)
-    assert "llama.cpp: prefill 100.0 s, decode 28.0 s, read 4.1 GB" in q4.what
+    assert ("; mmap: 1.00 tok/s, prefill 200.0 s, decode 56.0 s, read 40.2 GB; none: 2.00 tok/s, prefill 100.0 s, "
+            "decode 28.0 s, read 4.1 GB") in q4.what
     assert lines["memlimit-w-flexbatch-4bit"].baseline == 0.5
-    q8 = lines["memlimit-w-flexbatch-int8-vs-llama.cpp-Q8_0"]  # neither side ran
-    assert q8.ours is None and q8.baseline is None and q8.met is None
+    q8 = lines["memlimit-w-flexbatch-int8-vs-llama.cpp-Q8_0"]  # flexbatch's int8 and llama.cpp's mapped run failed
+    assert q8.ours is None and q8.baseline == 3.0 and q8.met is None and "; mmap: no result; none: 3.00" in q8.what
 
 
 def test_disk_reads_of_exited_children_are_counted(tmp_path):
@@ -238,9 +243,9 @@ def test_the_llama_cpp_side_runs_the_gguf_in_its_own_group(tmp_path):
     model = bm.build_checkpoint("tiny", tmp_path / "cache")
     gguf = ml.lc.gguf_models(ml.lc.llama_cpp_tools(LLAMA_CPP_BUILD), model, ("Q4_0",))["Q4_0"]
     side = ml.Side(ml.LLAMA_CPP, str(model), rows=3, prompt_len=8, gen_len=4, batch=3, cpu_bytes=0, offload_dir="",
-                   weight_format="Q4_0", llama_cpp=str(LLAMA_CPP_BUILD), gguf=str(gguf))
+                   weight_format="Q4_0", llama_cpp=str(LLAMA_CPP_BUILD), gguf=str(gguf), load_mode="none")
     out = ml.run_side(side, 900 << 20, timeout_s=300)
-    assert out["side"] == "llama.cpp Q4_0" and not out["oom_killed"], out
+    assert out["side"] == "llama.cpp Q4_0 none" and not out["oom_killed"], out
     res = out["result"]
     assert res["tokens"] == 12 and res["phase_seconds"]["prefill"] > 0 and res["phase_seconds"]["decode"] > 0
     assert res["gen_s"] == pytest.approx(res["phase_seconds"]["prefill"] + res["phase_seconds"]["decode"])
