@@ -350,10 +350,11 @@ def engine_command(output: Path, threads, blocks, hf_batches, offload_blocks, ac
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
+    acc = kw.pop("memory_limit_batches")  # "": no Accelerate side under the limit
     cfg = BenchConfig(blocks=_blocks(blocks), hf_batches=_ints(hf_batches), offload_blocks=_blocks(offload_blocks),
                       accelerate_batches=_ints(accelerate_batches), skip=tuple(skip),
                       backends=parse_backends(kw.pop("backends")),
-                      memory_limit=_memory_limit(memory_limit, _ints(acc) if (acc := kw.pop("memory_limit_batches")) else (),
+                      memory_limit=_memory_limit(memory_limit, _ints(acc) if acc else (),
                                                  kw.pop("memory_workload"), kw.pop("memory_limit_dtype"),
                                                  tuple(kw.pop("memory_limit_formats")), kw.pop("llama_cpp")),
                       early_stop=dataclasses.replace(_D.early_stop, prompts=w4_prompts, gbs=w4_gbs,

@@ -153,12 +153,12 @@ class Side:
 
 
 LLAMA_CPP = "llama.cpp"
+GGUF_TYPES = {v.strip(): k for k, v in lc.FORMATS.items() if v}  # flexbatch weight format -> GGUF type of its width
 
 
 def llama_cpp_side(gguf_type: str, load_mode: str) -> str:
     """A llama.cpp side's name: "llama.cpp Q4_0 mmap", "llama.cpp Q4_0 none"."""
     return f"{lc.line_name(gguf_type)} {load_mode}"
-GGUF_TYPES = {v.strip(): k for k, v in lc.FORMATS.items() if v}  # flexbatch weight format -> GGUF type of its width
 
 
 def side_name(side: str, fmt: str) -> str:
@@ -307,9 +307,9 @@ def memory_limit_lines(cfg: MemoryLimitConfig, model_dir: Path) -> list[Line]:
     """The workloads under the limit (by default decode-heavy and prefill-heavy): flexbatch's planned run
     (uncompressed, and with each compressed format pinned) vs Accelerate's best surviving batch, and each compressed
     run vs llama.cpp's GGUF of its width (with a build), generated tokens/s, each a whole process in its own memory
-    group. flexbatch plans with this machine's profile at this process's
-    thread count, loaded (or measured) here, outside the groups; each report carries that profile's cold disk
-    read rate beside the bytes each side read from the disk."""
+    group. flexbatch plans with this machine's profile at this process's thread count, loaded (or measured) here,
+    outside the groups; each report carries that profile's cold disk read rate beside the bytes each side read from
+    the disk."""
     from planner.hardware import save_hardware
     from planner.profiler import load_or_profile
 

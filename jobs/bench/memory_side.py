@@ -93,7 +93,7 @@ def imports(side: Side) -> None:
         from engine.tokenizer import load_tokenizer
 
         load_tokenizer(side.model_dir)
-    elif side.side == "accelerate":
+    elif side.side == "accelerate":  # llama.cpp's side imports nothing more: its engine is a process of its own
         import accelerate  # noqa: F401
         import transformers.models.llama.modeling_llama  # noqa: F401
 
