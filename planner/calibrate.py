@@ -5,7 +5,8 @@ The parts (GEMM and attention rates, elementwise traffic, per-call costs) are ea
 block also pays for what none of them isolates (cache misses between kernels, allocator, Python between
 calls). One run of a calibration model and workload, chosen apart from any benchmark grid (a 12M-parameter
 GQA Llama, 48-token prompts, 8 new tokens, one block of 12 rows, everything on the CPU), measures that
-residue; predicted times of CPU-computed layers are multiplied by it. A spec written by hand has 1.0."""
+residue; the predicted compute time of CPU-computed layers is multiplied by it (the bytes they read from the disk
+or move between devices are not: the calibration block has none). A spec written by hand has 1.0."""
 
 from __future__ import annotations
 

@@ -200,8 +200,9 @@ class HardwareSpec:
     holds them. cpu_background_overlap is the share of the prefetch thread's CPU work (copies, dequantization)
     that hides behind CPU compute: 1 on a machine with cores to spare, 0 when it runs in turn with compute,
     below 0 (down to -3) where the threads oversubscribe the cores and cost more together than in turn.
-    cpu_run_scale multiplies the predicted time of CPU-computed layers: a real block over the sum of its profiled
-    parts, measured once by `flexbatch profile` on a calibration model (1.0 in a hand-written spec).
+    cpu_run_scale multiplies the predicted compute time of CPU-computed layers (not the bytes they read or move): a
+    real block over the sum of its profiled parts, measured once by `flexbatch profile` on a calibration model
+    (1.0 in a hand-written spec).
     memory_room_bytes and memory_limit_binds describe the process that plans, not the machine (set by
     `pipeline.plan.planning` from `engine.memory.room`, never saved in a profile): the memory it may still take, and
     whether that is a memory cgroup's room below MemAvailable. The room decides how disk-tier weights are read

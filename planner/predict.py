@@ -61,19 +61,18 @@ class PhaseCost:
     layer_s: dict
     prefetch_s: dict
     main_s: dict
-    channels_s: dict
+    channels_s: dict  # compute at the device's run scale, bytes at their profiled rates
     step_s: float
     store_s: dict = field(default_factory=dict)
     head_s: float = 0.0  # the embeddings and head (cost_model.head_s), at the step's scale
-    run_scale: dict = field(default_factory=dict)  # per compute device, the profile's measured-run scale
+    run_scale: dict = field(default_factory=dict)  # per compute device, the scale its compute is priced at
 
     @property
     def bound_s(self) -> float:
         """The step's roofline: its busiest channel (disk reads, transfers, or compute with the head), each summed over
         the layers as if every channel overlapped every other perfectly: bytes over the profiled rates, FLOPs over
         the profiled kernel rates (at the scale the step is priced at), with no waits between them."""
-        totals = {c: sum(self.layers[d] * self.channels_s[d][c] * self.run_scale.get(d, 1.0) for d in self.layers)
-                  for c in CHANNELS}
+        totals = {c: sum(self.layers[d] * self.channels_s[d][c] for d in self.layers) for c in CHANNELS}
         totals["compute"] += self.head_s
         return max(totals.values())
 
@@ -107,20 +106,27 @@ class Prediction:
 
 
 def phase_cost(blk: Block, phase: str) -> PhaseCost:
+    """One step of `phase` for the block. The CPU's compute is priced at the profile's `cpu_run_scale` (what a
+    whole block on the CPU took over the sum of its profiled parts, planner/calibrate.py); bytes moved (disk reads
+    and writes, transfers) at their profiled rates alone: the calibration block computes and moves nothing."""
     L = blk.model.num_layers
+    scale = {"cpu": blk.hw.cpu_run_scale, "gpu": 1.0}
     layers, layer_s, pre_s, main_s, store_s, chans = {}, {}, {}, {}, {}, {}
     for device, count in phase_groups(blk, phase).items():
         x = group_placement(blk.policy, L, phase, device)
         chains = layer_chains(blk, phase, device)
-        pre, main, store = (sum(a.at(x) for a in chains[k].values()) for k in ("prefetch", "main", "store"))
+
+        def seconds(chain: dict, c: str) -> float:
+            return chain[c].at(x) * (scale[device] if c == "compute" else 1.0)  # noqa: B023
+
+        pre, main, store = (sum(seconds(chains[k], c) for c in chains[k]) for k in ("prefetch", "main", "store"))
         layers[device], pre_s[device], main_s[device], store_s[device] = count, pre, main, store
         layer_s[device] = max(pre, main, store)
-        chans[device] = {c: sum(chain[c].at(x) for chain in chains.values()) for c in CHANNELS}
-    scale = {"cpu": blk.hw.cpu_run_scale, "gpu": 1.0}
+        chans[device] = {c: sum(seconds(chain, c) for chain in chains.values()) for c in CHANNELS}
     head_scale = scale["cpu"] if blk.hw.gpu is None else 1.0
     positions = max(1, blk.work.scored_len) if phase == "prefill" else 1
     head = head_s(blk, positions) * head_scale
-    step = sum(layers[d] * layer_s[d] * scale[d] for d in layers) + head
+    step = sum(layers[d] * layer_s[d] for d in layers) + head
     return PhaseCost(layers, layer_s, pre_s, main_s, chans, step, store_s, head, {d: scale[d] for d in layers})
 
 

@@ -265,13 +265,11 @@ def test_the_roofline_is_the_busiest_channel_and_never_above_the_prediction():
     in_memory = predict(model, hw, work, Policy(gbs=1, num_gb=1))
     for pred in (on_disk, in_memory):
         for step in (pred.prefill, pred.decode):
-            totals = {c: sum(step.layers[d] * step.channels_s[d][c] * step.run_scale[d] for d in step.layers)
-                      for c in CHANNELS}
+            totals = {c: sum(step.layers[d] * step.channels_s[d][c] for d in step.layers) for c in CHANNELS}
             assert step.bound_s == pytest.approx(max(totals["disk_read"], totals["compute"] + step.head_s))
             assert 0 < step.bound_s <= step.step_s
         assert 0 < pred.bound_s <= pred.total_s
         assert pred.bound_s == pytest.approx(pred.num_blocks * (pred.prefill.bound_s + 15 * pred.decode.bound_s))
     dec = on_disk.decode
-    assert dec.bound_s == pytest.approx(sum(dec.layers[d] * dec.channels_s[d]["disk_read"] * dec.run_scale[d]
-                                            for d in dec.layers))
+    assert dec.bound_s == pytest.approx(sum(dec.layers[d] * dec.channels_s[d]["disk_read"] for d in dec.layers))
     assert in_memory.decode.bound_s < dec.bound_s
