@@ -108,7 +108,7 @@ class Prediction:
 def phase_cost(blk: Block, phase: str) -> PhaseCost:
     """One step of `phase` for the block. The CPU's compute is priced at the profile's `cpu_run_scale` (what a
     whole block on the CPU took over the sum of its profiled parts, planner/calibrate.py); bytes moved (disk reads
-    and writes, transfers) at their profiled rates alone: the calibration block computes and moves nothing."""
+    and writes, transfers) at their profiled rates alone: the calibration block reads and moves nothing."""
     L = blk.model.num_layers
     scale = {"cpu": blk.hw.cpu_run_scale, "gpu": 1.0}
     layers, layer_s, pre_s, main_s, store_s, chans = {}, {}, {}, {}, {}, {}
@@ -116,8 +116,8 @@ def phase_cost(blk: Block, phase: str) -> PhaseCost:
         x = group_placement(blk.policy, L, phase, device)
         chains = layer_chains(blk, phase, device)
 
-        def seconds(chain: dict, c: str) -> float:
-            return chain[c].at(x) * (scale[device] if c == "compute" else 1.0)  # noqa: B023
+        def seconds(chain: dict, c: str, x=x, compute_scale=scale[device]) -> float:
+            return chain[c].at(x) * (compute_scale if c == "compute" else 1.0)
 
         pre, main, store = (sum(seconds(chains[k], c) for c in chains[k]) for k in ("prefetch", "main", "store"))
         layers[device], pre_s[device], main_s[device], store_s[device] = count, pre, main, store
