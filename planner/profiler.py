@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save, save_file
 from engine.cache_root import CACHE_ROOT
 from engine.compression.int4 import dequantize, quantize
 from engine.dtypes import cpu_info, resolve_dtype
+from engine.kernels import compiled
 from engine.kernels.attention import attend, prefill_mask
 from engine.kernels.rates import ROWS as KERNEL_ROWS
 from engine.kernels.rates import busier_then, shape_timings
@@ -337,10 +338,18 @@ def measure_this_machine(offload_dir: Path | None = None, dtype: str = "auto",
 
 
 def machine_key() -> str:
-    """What a cached profile must match: CPU model, torch threads, torch version, CUDA device, profile version."""
+    """What a cached profile must match: CPU model, torch threads, torch version, CUDA device, the project's own
+    kernels (their build: a changed kernel source measures the machine again, its rates being the profile's), and
+    the profile version."""
     cpu = cpu_info("model name") or "unknown"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no gpu"
-    return f"{cpu}; {torch.get_num_threads()} threads; torch {torch.__version__}; {gpu}; v{PROFILE_VERSION}"
+    return (f"{cpu}; {torch.get_num_threads()} threads; torch {torch.__version__}; {gpu}; {kernels_key()}; "
+            f"v{PROFILE_VERSION}")
+
+
+def kernels_key() -> str:
+    """The own kernels the profile measures: their build key, or none where they are off or cannot be had."""
+    return f"kernels {compiled.build_key()}" if compiled.ops() is not None else "no kernels"
 
 
 def keyed_copy(path: Path, key: str) -> Path:

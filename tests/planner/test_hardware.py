@@ -77,6 +77,27 @@ def test_profiles_are_cached_per_machine_key(tmp_path, monkeypatch):
     assert not (tmp_path / "hardware.json").exists()  # left to `flexbatch profile`: other versions read it
 
 
+def test_a_changed_kernel_build_measures_the_machine_again(tmp_path, monkeypatch):
+    """The profile holds the own kernels' rates: after their sources change (a new build key) the cached profile
+    is not used; with the kernels off the key says so."""
+    from engine.kernels import compiled
+    from planner import profiler
+
+    calls = []
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda: calls.append(1) or _keyed(cpu_machine()))
+    monkeypatch.setattr(compiled, "ops", lambda: object())
+    monkeypatch.setattr(compiled, "build_key", lambda: "build-a")
+    assert "kernels build-a" in profiler.machine_key()
+    profiler.load_or_profile(tmp_path / "hardware.json")
+    profiler.load_or_profile(tmp_path / "hardware.json")
+    assert len(calls) == 1
+    monkeypatch.setattr(compiled, "build_key", lambda: "build-b")
+    profiler.load_or_profile(tmp_path / "hardware.json")
+    assert len(calls) == 2
+    monkeypatch.setattr(compiled, "ops", lambda: None)
+    assert "no kernels" in profiler.machine_key() and "build-" not in profiler.machine_key()
+
+
 def test_the_more_recently_measured_of_two_matching_profiles_is_used(tmp_path, monkeypatch):
     """`flexbatch profile` writes hardware.json; a per-key copy measured earlier (on a busy machine, say) must not
     shadow it, nor an older hardware.json a newer per-key copy."""
