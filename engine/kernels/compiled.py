@@ -17,6 +17,7 @@ builds it (`python -m engine.kernels.compiled`), so a first run does not wait fo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -81,7 +82,10 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
+@functools.cache
 def build_key() -> str:
+    """The build's name: a hash of the sources, flags, torch, Python and the compiler's version, computed once per
+    process (none of them changes under it; the hardware profile's key reads it at every plan)."""
     h = hashlib.sha256()
     for path in sorted(SOURCES.iterdir()):
         if path.suffix in (".cpp", ".h"):
