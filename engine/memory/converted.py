@@ -2,12 +2,13 @@
 tier's layers, and every compressed layer, converted once. A run with compressed weights writes each layer it
 quantized there (a by-product of its first load); every later run and every worker of a job reads the compressed
 form from there instead of quantizing the checkpoint again. The files are engine/memory/offload.py's: safetensors
-with the format in their metadata, each checked against its completion record (size and SHA-256) on every
-reuse."""
+with the format in their metadata, each checked against its completion record (size and SHA-256, the layer's
+index, the model's content fingerprint, format and dtype) on every reuse."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -16,22 +17,26 @@ import torch
 
 from engine.checkpoint import CheckpointReader
 from engine.kernels.fuse import LAYOUT, fuse_projections
+from engine.memory.fingerprint import checkpoint_fingerprint
 from engine.memory.offload import layer_path, offload_root, write_layer
 
 log = logging.getLogger(__name__)
 
 
-def layer_folder(reader: CheckpointReader, dtype: torch.dtype, codec, offload_dir: str | Path | None) -> Path:
-    """The folder of this checkpoint's layers in `dtype` and `codec`'s format (None: as loaded) under the offload
-    folder (made if missing): the key hashes config.json and the weight files' sizes and mtimes, so a changed
-    checkpoint gets a new folder."""
-    h = hashlib.sha256()
-    h.update((reader.dir / "config.json").read_bytes())
-    for f in sorted(reader.dir.glob("*.safetensors")):
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    h.update(f"{dtype}:{codec.metadata() if codec else 'plain'}:{LAYOUT}".encode())
-    folder = offload_root(offload_dir) / h.hexdigest()[:16]
+def layer_identity(reader: CheckpointReader, dtype: torch.dtype, codec, offload_dir: str | Path | None) -> dict:
+    """What the converted layers of this checkpoint in `dtype` and `codec`'s format (None: as loaded) are: the
+    checkpoint's content fingerprint (engine/memory/fingerprint.py), the format and the dtype. It names their
+    folder and is written into each layer's record, which must name it again for the layer to be reused."""
+    fmt = f"{codec.metadata() if codec else 'plain'}:{LAYOUT}"
+    model = checkpoint_fingerprint(reader.dir, offload_root(offload_dir))
+    return {"model": model, "format": fmt, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def layer_folder(identity: dict, offload_dir: str | Path | None) -> Path:
+    """The folder of the layers of `identity` under the offload folder (made if missing): a checkpoint whose
+    bytes changed, however its files' names, sizes and times read, gets a new folder."""
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    folder = offload_root(offload_dir) / key
     folder.mkdir(exist_ok=True)
     return folder
 
@@ -54,11 +59,11 @@ def read_kept(folder: Path, i: int) -> dict[str, torch.Tensor]:
     return load(data)
 
 
-def keep_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], meta: dict | None) -> bool:
-    """Write layer i's stored form for later runs; a failed write (a full disk, a read-only folder) is logged and
-    costs only the reuse: the run goes on with the layer it holds."""
+def keep_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], meta: dict | None, identity: dict) -> bool:
+    """Write layer i's stored form (recorded as layer i of `identity`) for later runs; a failed write (a full
+    disk, a read-only folder) is logged and costs only the reuse: the run goes on with the layer it holds."""
     try:
-        write_layer(folder, i, tensors, meta)
+        write_layer(folder, i, tensors, meta, identity)
         return True
     except OSError as e:
         log.warning("could not keep converted layer %d in %s (%s): later runs will convert it again", i, folder, e)

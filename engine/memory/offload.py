@@ -69,8 +69,10 @@ def scratch_file(offload_dir: str | Path | None, direct: bool = False) -> int:
 
 # Disk-tier layers: one safetensors file per layer, `layer_NNNN.safetensors`, in a folder per (checkpoint,
 # dtype, format). Each is written under a temporary name and renamed into place, then its completion record
-# `layer_NNNN.json` (size and SHA-256) is written the same way: a file without a record, or whose size or
-# SHA-256 differs from it, is rebuilt. The hash is checked on every reuse (one read of the file at load, not
+# `layer_NNNN.json` (size and SHA-256, and what the file holds: the layer's index and the identity of its
+# folder, i.e. the model's content fingerprint, format and dtype) is written the same way: a file without a
+# record, whose size or SHA-256 differs from it, or whose record names another layer, model, format or dtype
+# (a file and its record moved together to the wrong place) is rebuilt. The hash is checked on every reuse (one read of the file at load, not
 # kept in the page cache): a same-size change, a flipped bit or a file swapped in, would otherwise compute
 # with wrong weights and no error. Which layers a run puts on disk depends on its policy, so each layer stands alone; two
 # processes converting the same model at once each write their own temporary and rename the same content.
@@ -79,13 +81,18 @@ def layer_path(folder: Path, i: int) -> Path:
     return folder / f"layer_{i:04d}.safetensors"
 
 
-def stored_layer(folder: Path, i: int) -> dict | None:
-    """Layer i's metadata if its file is complete and matches its record, else None (it is to be rebuilt)."""
+def stored_layer(folder: Path, i: int, identity: dict | None = None) -> dict | None:
+    """Layer i's metadata if its file is complete and matches its record, and the record names layer i of
+    `identity` (the model, format and dtype asked for), else None (it is to be rebuilt)."""
     from safetensors import safe_open
 
     path, record_path = layer_path(folder, i), folder / f"layer_{i:04d}.json"
     try:
         record = json.loads(record_path.read_text())
+        asked = {"layer": i, **(identity or {})}
+        if wrong := {k: record.get(k) for k, v in asked.items() if record.get(k) != v}:
+            log.warning("%s's record names %s, not %s; rebuilding it", path, _named(wrong), _named(asked))
+            return None
         if path.stat().st_size != record["bytes"] or _sha256(path) != record["sha256"]:
             log.warning("%s does not match its record %s (size or SHA-256); rebuilding it", path, record_path.name)
             return None
@@ -95,6 +102,10 @@ def stored_layer(folder: Path, i: int) -> dict | None:
         return None
 
 
+def _named(fields: dict) -> str:
+    return ", ".join(f"{k} {str(v)[:16]}" for k, v in fields.items())
+
+
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
@@ -102,19 +113,20 @@ def _sha256(path: Path) -> str:
     return digest
 
 
-def write_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], metadata: dict | None) -> Path:
-    """Write layer i's file and then its completion record, each atomically."""
+def write_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], metadata: dict | None,
+                identity: dict | None = None) -> Path:
+    """Write layer i's file and then its completion record (naming layer i of `identity`), each atomically."""
     from safetensors.torch import save
 
     data = save(tensors, metadata=metadata)
     path = layer_path(folder, i)
-    _write_atomic(path, data)
-    _write_atomic(folder / f"layer_{i:04d}.json",
-                  json.dumps({"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode())
+    write_atomic(path, data)
+    record = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "layer": i, **(identity or {})}
+    write_atomic(folder / f"layer_{i:04d}.json", json.dumps(record).encode())
     return path
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

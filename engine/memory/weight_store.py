@@ -21,7 +21,7 @@ from engine.checkpoint import CheckpointReader, LayerWeights
 from engine.compression.qlinear import kernel_layout_bytes
 from engine.kernels.native import NativeKernels
 from engine.memory.checkpoint_layers import checkpoint_plans, read_layer
-from engine.memory.converted import encode_layer, keep_layer, layer_folder, read_kept
+from engine.memory.converted import encode_layer, keep_layer, layer_folder, layer_identity, read_kept
 from engine.memory.disk_read import DirectReader, memory_room_bytes, reads_direct
 from engine.memory.heap import release_freed_memory
 from engine.memory.offload import layer_path, stored_layer, write_layer
@@ -67,13 +67,14 @@ def layer_ranges(layers: list[int]) -> str:
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
-def stored_layers(folder: Path | None, layers: list[int]) -> dict[int, dict | None]:
-    """`stored_layer` of each of `layers` in the offload folder, checked on every core at once: each check hashes
-    its whole file, and hashlib lets other threads run meanwhile."""
+def stored_layers(folder: Path | None, layers: list[int], identity: dict | None = None) -> dict[int, dict | None]:
+    """`stored_layer` of each of `layers` in the offload folder (each recorded as that layer of `identity`),
+    checked on every core at once: each check hashes its whole file, and hashlib lets other threads run
+    meanwhile."""
     if folder is None or not layers:
         return {}
     with ThreadPoolExecutor(max_workers=min(len(layers), os.cpu_count() or 1)) as pool:
-        return dict(zip(layers, pool.map(lambda i: stored_layer(folder, i), layers)))
+        return dict(zip(layers, pool.map(lambda i: stored_layer(folder, i, identity), layers)))
 
 
 def weight_placement(policy: Policy, num_layers: int) -> list[str]:
@@ -152,9 +153,10 @@ class WeightStore:
         # compressed layer, converted once and read by later runs
         copies = [i for i, tier in enumerate(self.placement)
                   if i not in self.plans and (tier == "disk" or codec is not None)]
-        folder = layer_folder(reader, dtype, codec, offload_dir) if copies else None
+        self.identity = layer_identity(reader, dtype, codec, offload_dir) if copies else {}
+        folder = layer_folder(self.identity, offload_dir) if copies else None
         room = memory_room_bytes()  # before the layers, as the planner measured it (planner.cost_model)
-        kept = stored_layers(folder, copies)
+        kept = stored_layers(folder, copies, self.identity)
         for i, tier in enumerate(self.placement):
             if i in self.plans:
                 self._place_read(i)
@@ -192,10 +194,10 @@ class WeightStore:
         self.layer_bytes.append(nbytes)
         self.devices.tiers[tier].reserve(nbytes, f"layer {i}")
         if tier == "disk":
-            self.files[i] = write_layer(folder, i, stored, self.meta[i])
+            self.files[i] = write_layer(folder, i, stored, self.meta[i], self.identity)
         else:
             if kept is None and self.codec is not None:
-                keep_layer(folder, i, stored, self.meta[i])
+                keep_layer(folder, i, stored, self.meta[i], self.identity)
             dev = self.devices.torch_device(tier)
             resident = {k: v.to(dev) for k, v in stored.items()}
             if tier == "cpu" and self._cpu_only[i]:

@@ -1,6 +1,7 @@
 """Compressed layers are converted once: the first load keeps each in the offload folder, later loads read them
 there instead of quantizing the checkpoint again, and a damaged file is converted anew."""
 
+import json
 import logging
 
 import pytest
@@ -109,3 +110,73 @@ def test_layers_kept_ready_for_their_kernel_are_readied_on_the_compute_thread(ch
         assert len(submitted) > 0 and prefetched == inline
     finally:
         engine.weights.close()
+
+
+def _same_size_new_weights(path):
+    """Rewrite the safetensors file at `path` in place with other values of the same shapes (every layer weight
+    negated), its size and its access and modification times kept, as `cp -p` or `rsync -a` would leave it."""
+    import os
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save
+
+    st = path.stat()
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    tensors = {k: -v if ".layers." in k else v for k, v in load_file(str(path)).items()}
+    data = save(tensors, metadata=meta)
+    assert len(data) == st.st_size and data != path.read_bytes()
+    with open(path, "r+b") as f:  # the same inode
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_weights_replaced_in_place_with_their_times_kept_are_converted_again(checkpoint, tmp_path, monkeypatch):
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(checkpoint(VARIANT), model_dir)
+    offload = tmp_path / "offload"
+    _run(model_dir, offload, "int4")
+    for f in model_dir.glob("*.safetensors"):
+        _same_size_new_weights(f)
+    expected, _ = _run(model_dir, tmp_path / "fresh", "int4")  # the new weights, converted in a folder of their own
+    calls = []
+    real = weight_store.encode_layer
+    monkeypatch.setattr(weight_store, "encode_layer", lambda reader, i, *a: calls.append(i) or real(reader, i, *a))
+    second, _ = _run(model_dir, offload, "int4")
+    assert sorted(calls) == list(range(load_model_spec(model_dir).num_layers)) and second == expected
+    calls.clear()
+    assert _run(model_dir, offload, "int4")[0] == expected and calls == []  # then reused, not hashed into a new key
+
+
+def test_layer_files_swapped_with_their_records_are_converted_again(checkpoint, tmp_path, monkeypatch, caplog):
+    model_dir = checkpoint(VARIANT)
+    first, _ = _run(model_dir, tmp_path, "int4")
+    folder = next(tmp_path.rglob("layer_0000.safetensors")).parent
+    for suffix in (".safetensors", ".json"):  # layer 0's file and record in layer 1's place, and back
+        a, b = folder / f"layer_0000{suffix}", folder / f"layer_0001{suffix}"
+        a.rename(folder / "swap")
+        b.rename(a)
+        (folder / "swap").rename(b)
+    calls = []
+    real = weight_store.encode_layer
+    monkeypatch.setattr(weight_store, "encode_layer", lambda reader, i, *a: calls.append(i) or real(reader, i, *a))
+    with caplog.at_level(logging.WARNING, logger="engine.memory.offload"):
+        second, _ = _run(model_dir, tmp_path, "int4")
+    assert sorted(calls) == [0, 1] and second == first
+    assert "record names layer 1, not layer 0" in caplog.text
+
+
+def test_a_record_of_another_format_is_not_reused(checkpoint, tmp_path, caplog):
+    from engine.memory.offload import stored_layer
+
+    _run(checkpoint(VARIANT), tmp_path, "int4")
+    folder = next(tmp_path.rglob("layer_0000.safetensors")).parent
+    identity = json.loads((folder / "layer_0000.json").read_text())
+    identity = {k: identity[k] for k in ("model", "format", "dtype")}
+    assert stored_layer(folder, 0, identity) is not None
+    assert stored_layer(folder, 0, identity | {"dtype": "bfloat16"}) is None
+    assert stored_layer(folder, 0, identity | {"model": "0" * 64}) is None
+    assert "record names dtype float32, not layer 0, model" in caplog.text
