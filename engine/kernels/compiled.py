@@ -12,8 +12,10 @@ set, for tests of the other paths on a CPU that has more; `FLEXBATCH_KERNELS=off
 
 The build lands in <environment>/share/flexbatch-kernels/<key> (beside the torch it was built against; in
 CACHE_ROOT/kernels where the environment is read-only), the key hashing the sources, the flags, torch's version and
-the compiler's, so a changed source or another torch builds anew and nothing stale is ever loaded. `make venv`
-builds it (`python -m engine.kernels.compiled`), so a first run does not wait for the compiler."""
+the compiler's, so a changed source or another torch builds anew and nothing stale is ever loaded; the library is
+checked against the size and SHA-256 its build recorded before it is loaded, and built again where it does not
+match (engine/kernels/build_folder.py). `make venv` builds it (`python -m engine.kernels.compiled`), so a first run
+does not wait for the compiler."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch
 
 from engine import trace
 from engine.cache_root import CACHE_ROOT
+from engine.kernels.build_folder import discard, sweep_dead_builds, unsound, work_folder, write_record
 
 log = logging.getLogger(__name__)
 SOURCES = Path(__file__).parent / "csrc"
@@ -104,10 +107,16 @@ def build_dir() -> Path:
 
 
 def load(build_if_missing: bool = True):
-    """Import the built module; build it first where it is missing (`build_if_missing`)."""
-    target = build_dir() / f"{NAME}.so"
+    """Import the built module; build it first where it is missing or does not match its record
+    (`build_if_missing`; else a BuildError says why)."""
     if NAME in sys.modules:  # built in this process (build() imports what it built)
         return sys.modules[NAME]
+    folder = build_dir()
+    target = folder / f"{NAME}.so"
+    if target.exists() and (why := unsound(target)):
+        log.warning("the kernel library %s %s; %s", target, why,
+                    "building it again" if build_if_missing else "it is not loaded")
+        discard(folder)
     if not target.exists():
         if not build_if_missing:
             raise BuildError(f"not built: {target}")
@@ -121,31 +130,41 @@ def load(build_if_missing: bool = True):
 
 def build():
     """Compile the sources into build_dir()/flexbatch_kernels.so (objects per instruction set, then the
-    bindings against torch) and import it. Atomic: a finished build is renamed into place, so a concurrent
-    loader never sees half a build."""
+    bindings against torch), record its size and SHA-256 beside it, and import it. Atomic: a finished build is
+    renamed into place, so a concurrent loader never sees half a build; what dead builds left is removed first."""
     cxx = compiler()
     if cxx is None:
         raise BuildError("no C++ compiler found (install g++, or set CXX)")
     final = build_dir()
-    work = final.with_name(f"{final.name}.tmp{os.getpid()}")
+    sweep_dead_builds(final.parent)
+    work = work_folder(final)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     log.warning("building the project's C++ kernels once for this machine and torch (about a minute) in %s", final)
+    try:
+        module = _compile(cxx, work)
+        write_record(work / f"{NAME}.so")
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    try:
+        work.rename(final)
+    except OSError:  # another process finished the same build first
+        shutil.rmtree(work, ignore_errors=True)
+    return module
+
+
+def _compile(cxx: str, work: Path):
     objects = [_compile_isa(cxx, src, work) for src in sorted(SOURCES.glob("*.cpp")) if _isa_of(src)]
     bindings = [str(src) for src in sorted(SOURCES.glob("*.cpp")) if not _isa_of(src)]
     from torch.utils import cpp_extension
 
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # the env's ninja
     try:
-        module = cpp_extension.load(NAME, bindings, extra_cflags=["-O3", "-fopenmp"], extra_ldflags=objects,
-                           extra_include_paths=[str(SOURCES)], build_directory=str(work), verbose=False)
+        return cpp_extension.load(NAME, bindings, extra_cflags=["-O3", "-fopenmp"], extra_ldflags=objects,
+                                  extra_include_paths=[str(SOURCES)], build_directory=str(work), verbose=False)
     except (RuntimeError, subprocess.CalledProcessError) as e:
         raise BuildError(f"building the bindings failed: {e}") from e
-    try:
-        work.rename(final)
-    except OSError:  # another process finished the same build first
-        shutil.rmtree(work, ignore_errors=True)
-    return module
 
 
 def _isa_of(src: Path) -> str | None:
