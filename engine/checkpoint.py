@@ -12,7 +12,9 @@ import torch
 from safetensors import safe_open
 
 from engine.errors import WeightFormatError
-from engine.spec import ModelSpec, check_safetensors
+from engine.quantized.config import checkpoint_quantization
+from engine.quantized.layer import dense_weights
+from engine.spec import ModelSpec, check_safetensors, read_config
 
 LayerWeights = dict[str, torch.Tensor]
 _LAYER_KEY = re.compile(r"^(?:model\.decoder\.|model\.|decoder\.)?layers\.(\d+)\.(.+)$")
@@ -36,6 +38,8 @@ class CheckpointReader:
     def __init__(self, model_dir: str | Path, spec: ModelSpec):
         self.spec = spec
         self.dir = Path(model_dir)
+        # GPTQ/AWQ/FP8 (engine/quantized/): read as stored, dequantized one layer at a time; others refused here
+        self.quant = checkpoint_quantization(read_config(self.dir), self.dir / "config.json")
         self._where: dict[tuple[int | None, str], tuple[Path, str]] = {}
         for f in _weight_files(self.dir):
             with safe_open(str(f), framework="pt") as sf:
@@ -52,7 +56,10 @@ class CheckpointReader:
                 f"{str(self.dir)!r}: config.json says num_hidden_layers={n} but the weights lack layers {missing[:5]}"
             )
 
-    def _read(self, items: list[tuple[str, tuple[Path, str]]], dtype: torch.dtype) -> LayerWeights:
+    def _read(self, items: list[tuple[str, tuple[Path, str]]], dtype: torch.dtype | None) -> LayerWeights:
+        """The tensors at `items` in `dtype` (None: as stored), a quantized checkpoint's weights dequantized."""
+        if dtype is not None and self.quant is not None:
+            return dense_weights(self._read(items, None), self.quant, dtype)
         out: LayerWeights = {}
         by_file: dict[Path, list[tuple[str, str]]] = {}
         for name, (f, key) in items:
@@ -60,7 +67,8 @@ class CheckpointReader:
         for f, pairs in by_file.items():
             with safe_open(str(f), framework="pt") as sf:
                 for name, key in pairs:
-                    out[name] = sf.get_tensor(key).to(dtype).contiguous()
+                    t = sf.get_tensor(key)
+                    out[name] = t if dtype is None else t.to(dtype).contiguous()
         return out
 
     def layer_sources(self, i: int) -> dict[str, tuple[Path, str]]:
@@ -70,6 +78,10 @@ class CheckpointReader:
 
     def layer(self, i: int, dtype: torch.dtype) -> LayerWeights:
         return self._read(list(self.layer_sources(i).items()), dtype)
+
+    def stored_layer(self, i: int) -> LayerWeights:
+        """Layer i's tensors as stored (a quantized checkpoint's packed parts under their own names)."""
+        return self._read(list(self.layer_sources(i).items()), None)
 
     def globals(self, dtype: torch.dtype) -> LayerWeights:
         items = [(name, loc) for (li, name), loc in self._where.items() if li is None]

@@ -93,6 +93,8 @@ def checkpoint_plans(reader: CheckpointReader, layers: list[int], dtype: torch.d
     """The plan of each of `layers` that can be read straight from the checkpoint (the others are left out)."""
     if codec is not None and getattr(codec, "format", None) != "bf16":
         return {}
+    if getattr(reader, "quant", None) is not None:  # packed GPTQ/AWQ/FP8 parts are no plain weights: converted
+        return {}
     headers: dict[Path, dict[str, Span]] = {}
     plans = {}
     for i in layers:

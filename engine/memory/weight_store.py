@@ -27,6 +27,7 @@ from engine.memory.heap import release_freed_memory
 from engine.memory.offload import layer_path, stored_layer, write_layer
 from engine.memory.tiers import Devices, tensor_bytes
 from engine.policy import Policy
+from engine.quantized.repack import repacked_layer
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,8 @@ class WeightStore:
         if kept is not None:  # converted by an earlier run: read, not quantized again
             stored, self.meta[i] = read_kept(folder, i), kept or None
         else:
-            stored, self.meta[i] = encode_layer(reader, i, self.dtype, self.codec)
+            stored, self.meta[i] = (repacked_layer(reader, i, self.codec)  # a GPTQ/AWQ layer's own 4-bit codes
+                                    or encode_layer(reader, i, self.dtype, self.codec))
         nbytes = tensor_bytes(stored.values())
         self.layer_bytes.append(nbytes)
         self.devices.tiers[tier].reserve(nbytes, f"layer {i}")
