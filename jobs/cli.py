@@ -8,6 +8,8 @@ import importlib
 
 import click
 
+from engine.env_settings import EnvSettingError, check_environment
+from jobs.common import fail
 from jobs.helm.batch_command import helm_batch_command
 from jobs.helm.command import helm_command
 from jobs.plan_cmd import plan_command, profile_command
@@ -39,6 +41,10 @@ def _print_version(ctx: click.Context, param, value: bool) -> None:
               help="Print flexbatch's version and exit.")
 def main() -> None:
     """flexbatch: batch LLM inference, Parquet prompts in, Parquet completions out."""
+    try:
+        check_environment()  # FLEXBATCH_ISA and the like: one line and exit 2, before any command runs
+    except EnvSettingError as e:
+        fail(e)
 
 
 class _LazyGroup(click.Group):

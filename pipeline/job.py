@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.env_settings import check_environment
 from engine.guided import Guided
 from engine.kernels.backend import DEFAULT_BACKEND
 from engine.options import Flag, Option, option, option_field
@@ -225,6 +226,7 @@ class JobSetup:
 def prepare_job(config: RunConfig) -> JobSetup:
     """All checks that need no model weights: Parquet footers, config.json, the chat template when rows are
     conversations; and, when the job plans, the input sample it plans from."""
+    check_environment()  # the environment the workers inherit: a bad FLEXBATCH_ISA fails here, not in each worker
     files, chat = _inspect(config)
     for f in files:
         if isinstance(f.path, Path) and f.path.parent == config.output:

@@ -8,7 +8,8 @@ compiled for AVX-512 could otherwise be linked into code that runs on an AVX2 CP
 `-m` flags into an object file. The other `.cpp` files bind those kernels to tensors (pybind11, torch's thread
 pool) and choose the instruction set at run time from what the CPU reports (`isa()`), so one build runs on an
 AVX2-only EPYC, an AVX512-BF16/VNNI EPYC and an AMX Xeon alike. `FLEXBATCH_ISA=avx2` (or `scalar`) pins a lower
-set, for tests of the other paths on a CPU that has more; `FLEXBATCH_KERNELS=off` turns the build off.
+set, for tests of the other paths on a CPU that has more (a pin above what the CPU has is logged, naming the set
+that runs); `FLEXBATCH_KERNELS=off` turns the build off. Both are checked as options are (engine/env_settings.py).
 
 The build lands in <environment>/share/flexbatch-kernels/<key> (beside the torch it was built against; in
 CACHE_ROOT/kernels where the environment is read-only), the key hashing the sources, the flags, torch's version and
@@ -34,6 +35,7 @@ import torch
 
 from engine import trace
 from engine.cache_root import CACHE_ROOT
+from engine.env_settings import isa_pin, kernels_off
 from engine.kernels.build_folder import discard, sweep_dead_builds, unsound, work_folder, write_record
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ ISA_FLAGS = {  # per instruction set: the flags its object files are compiled wi
     "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                "-mavx512vnni", "-mavx512bf16"],
 }
+ISA_NAMES = {"avx512": "avx512", "avx2": "avx2", "none": "scalar"}  # select_isa()'s answer -> FLEXBATCH_ISA's word
 COMMON_FLAGS = ["-O3", "-fPIC", "-std=c++17", "-fno-math-errno", "-fvisibility=hidden"]
 _lock = threading.Lock()
 _loaded: list = []  # [module or None] once tried
@@ -63,15 +66,20 @@ def ops():
 
 
 def _load_or_none():
-    if os.environ.get("FLEXBATCH_KERNELS", "").lower() in ("off", "0", "no"):
-        log.info("own kernels off (FLEXBATCH_KERNELS=off): the PyTorch kernels run")
+    pin = isa_pin()  # checked before anything is built: a bad value is one EnvSettingError
+    if kernels_off():
+        log.info("own kernels off (FLEXBATCH_KERNELS=%s): the PyTorch kernels run", os.environ["FLEXBATCH_KERNELS"])
         return None
     try:
         module = load(build_if_missing=True)
     except (BuildError, OSError, ImportError) as e:
         log.warning("the project's C++ kernels are unavailable, the PyTorch kernels run instead: %s", e)
         return None
-    module.select_isa(os.environ.get("FLEXBATCH_ISA", ""))
+    chosen = ISA_NAMES.get(module.select_isa(pin), "scalar")
+    if pin and chosen != pin:
+        log.warning("FLEXBATCH_ISA=%s asks for more than this CPU has: the own kernels run with %s", pin, chosen)
+    else:
+        log.info("own kernels: instruction set %s%s", chosen, f" (pinned by FLEXBATCH_ISA={pin})" if pin else "")
     return module
 
 
