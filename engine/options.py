@@ -191,13 +191,14 @@ def _expected_number(o: Option) -> str:
 
 
 _EXPECTED = {
-    "int": lambda o: f"a whole number >= {o.low:g}" if o.low is not None else "a whole number",
+    "int": lambda o: (f"a whole number in [{o.low:g}, {o.high:d}]" if o.low is not None and o.high is not None
+                      else f"a whole number >= {o.low:g}" if o.low is not None else "a whole number"),
     "number": _expected_number,
     "bool": lambda o: "True or False",
     "choice": lambda o: f"one of {', '.join(o.choices)}",
     "texts": lambda o: "a list of non-empty strings, e.g. ['\\n']",
     "text": lambda o: "a non-empty string",
-    "path": lambda o: "a path (a str or pathlib.Path)",
+    "path": lambda o: "a non-empty path (a str or pathlib.Path)",
     "location": lambda o: "a path or a URI such as s3://bucket/prefix (a str or pathlib.Path)",
     "size": lambda o: "a size in bytes, e.g. 8GiB, 512MB or 2e9",
 }

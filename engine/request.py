@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidParamsError
 from engine.guided import Guided
-from engine.options import Flag, Option, check_fields, option
+from engine.options import Flag, Option, OptionError, check_fields, option, options_of
 
 FINISH_REASONS = ("stop", "length", "eos", "error")
 TRUNCATE_CHOICES = ("error", "left")
 DEFAULT_MAX_NEW_TOKENS = 64
+MAX_SEED = 2**64 - 1  # a sampling seed is used as it is (torch.Generator.manual_seed), never reduced
 # lm-eval gives the decoding options per request, in each task's generation kwargs, not as model_args
 _PER_REQUEST = ("model_args", "lm-eval gives them per request: a task's generation_kwargs")
 TRUNCATE = Option("truncate", kind="choice", choices=TRUNCATE_CHOICES, default="error", flag=Flag("--truncate"),
@@ -43,9 +45,10 @@ class SamplingParams:
                                    flag=Flag("--stop", metavar="TEXT", default_text="none"),
                                    help="Stop string, repeatable; the completion is cut before it (per-row column: "
                                         "stop, a list of strings).")
-    seed: int = option(0, kind="int", low=0, absent=(_PER_REQUEST,), flag=Flag("--seed"),
-                       help="Job seed; a row without its own seed gets one derived from this and its id, so rows "
-                            "differ and reruns are identical (per-row column: seed).")
+    seed: int = option(0, kind="int", low=0, high=MAX_SEED, hint="torch's generators take 64-bit seeds",
+                       absent=(_PER_REQUEST,), flag=Flag("--seed"),
+                       help="Job seed, 0 to 2^64-1; a row without its own seed gets one derived from this and its id, "
+                            "so rows differ and reruns are identical (per-row column: seed).")
     logprobs: bool = option(False, kind="bool", flag=Flag("--logprobs", default_text="off"),
                             absent=(_PER_REQUEST, ("ray", "the stage's output columns are Ray Data LLM's: none")),
                             help="Add a logprobs column: the log-probability of each generated token.")
@@ -65,6 +68,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def check_context(params: SamplingParams, context: int) -> None:
+    """Refuse, as the declared option bounded by the model, a max_new_tokens that leaves no room for a prompt in
+    the model's context of `context` tokens: before a job runs, rather than failing every row alone."""
+    if params.max_new_tokens >= context:
+        declared = options_of(SamplingParams)["max_new_tokens"]
+        hint = f"the model's context holds {context} tokens: the prompt's and those generated"
+        raise OptionError(dataclasses.replace(declared, high=context - 1, hint=hint), params.max_new_tokens)
 
 
 def _check_int(name: str, value, low: int, hint: str) -> None:

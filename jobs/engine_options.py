@@ -45,6 +45,17 @@ def click_option(o: Option):
     return click.option(f.name, o.name, **kw)
 
 
+class _PathText(click.Path):
+    """A path, with the empty text kept as it is given (click.Path reads '' as '.', the folder the command runs in),
+    so that the declared check refuses it."""
+
+    def __init__(self):
+        super().__init__(path_type=Path)
+
+    def convert(self, value, param, ctx):
+        return value if value == "" else super().convert(value, param, ctx)
+
+
 def _type(o: Option):
     if o.kind == "choice":
         return click.Choice(o.choices)
@@ -52,7 +63,7 @@ def _type(o: Option):
         return click.IntRange(min=o.low) if o.flag.checked else int
     if o.kind == "number":
         return float
-    return click.Path(path_type=Path) if o.kind == "path" else None
+    return _PathText() if o.kind == "path" else None
 
 
 def declared_options(*options: Option):
