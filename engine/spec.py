@@ -7,36 +7,29 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.config_fields import family_fields
 from engine.errors import ModelNotFoundError, UnsupportedModelError, WeightFormatError
+from engine.rope_spec import RopeSpec
+
+ACTIVATION_NAMES = ("relu", "silu", "gelu", "gelu_pytorch_tanh")  # engine/models/__init__.py ACTIVATIONS
 
 OPT_TYPES = ("opt",)
-LLAMA_TYPES = ("llama", "mistral", "qwen2")
+# the rotary decoder families (engine/models/llama.py and the families built on it, engine/models/__init__.py)
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
+               "smollm3")
 SUPPORTED_TYPES = OPT_TYPES + LLAMA_TYPES
-ROPE_TYPES = ("default", "linear", "llama3")
-
-
-@dataclass(frozen=True)
-class RopeSpec:
-    """Rotary embedding settings (`rope_type` default / linear / llama3)."""
-
-    theta: float = 10000.0
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-
-    def __post_init__(self) -> None:
-        if self.rope_type not in ROPE_TYPES:
-            raise UnsupportedModelError(
-                f"rope_scaling type {self.rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
-            )
+BLOCKS = ("pre", "sandwich", "post")  # where a layer's norms sit around attention and the MLP (ModelSpec.block)
+QK_NORMS = (None, "head", "proj")  # RMSNorm of q and k before RoPE: none, over each head, over the projection
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """Everything the engine and the planner need to know about a model's shape. `family` is "opt" or
-    "llama" (Llama, Mistral, Qwen2 share one code path)."""
+    "llama" (every rotary decoder: Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo 2, Granite, SmolLM3 share the
+    Llama layer's shape; what each family changes is in the fields below, read by engine/models/llama.py).
+
+    Per layer: `sliding_layers[i]` says whether layer i attends only to the last `sliding_window` slots, and
+    `rope_layers[i]` which rotary table it uses (0: `rope`, 1: `rope_local`, -1: none, a NoPE layer)."""
 
     model_type: str
     num_layers: int
@@ -58,6 +51,18 @@ class ModelSpec:
     o_bias: bool = False
     mlp_bias: bool = False
     sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()  # () : every layer slides when sliding_window is set
+    rope_local: RopeSpec | None = None  # the sliding layers' rotary settings where they differ (Gemma 3)
+    rope_layers: tuple[int, ...] = ()  # () : every layer uses `rope`
+    qk_norm: str | None = None
+    block: str = "pre"
+    norm_offset: float = 0.0  # RMSNorm scales by (offset + weight): Gemma's (1 + w)
+    embed_scale: float = 1.0  # the embeddings times this (Gemma: sqrt(hidden); Granite's embedding_multiplier)
+    residual_scale: float = 1.0  # each block's output times this before the residual add (Granite)
+    attn_scale: float | None = None  # scores = attn_scale * q.k (None: 1 / sqrt(head_dim))
+    attn_softcap: float | None = None  # scores = cap * tanh(scores / cap) (Gemma 2)
+    logit_divisor: float = 1.0  # the logits divided by this (Granite's logits_scaling)
+    final_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2)
     # OPT
     word_embed_proj_dim: int | None = None
     do_layer_norm_before: bool = True
@@ -76,8 +81,27 @@ class ModelSpec:
             raise UnsupportedModelError(
                 f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
             )
-        if self.activation not in ("relu", "silu", "gelu"):
-            raise UnsupportedModelError(f"activation {self.activation!r} is not supported; use relu/silu/gelu")
+        if self.activation not in ACTIVATION_NAMES:
+            raise UnsupportedModelError(f"activation {self.activation!r} is not supported; supported: "
+                                        f"{', '.join(ACTIVATION_NAMES)}")
+        n = self.num_layers
+        if not self.sliding_layers:
+            object.__setattr__(self, "sliding_layers", (self.sliding_window is not None,) * n)
+        if not self.rope_layers:
+            object.__setattr__(self, "rope_layers", (0,) * n)
+        assert len(self.sliding_layers) == n and len(self.rope_layers) == n, (self.sliding_layers, self.rope_layers)
+        assert self.block in BLOCKS and self.qk_norm in QK_NORMS, (self.block, self.qk_norm)
+        if not any(self.sliding_layers):
+            object.__setattr__(self, "sliding_window", None)
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer` (None: it attends to every slot)."""
+        return self.sliding_window if self.sliding_layers[layer] else None
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head that rotate (an even number)."""
+        return int(self.head_dim * self.rope.partial) // 2 * 2
 
     @property
     def params_per_layer(self) -> int:
@@ -88,7 +112,9 @@ class ModelSpec:
         if self.family == "opt":
             return attn + (q + 2 * kv + h) + 2 * h * ffn + ffn + h + 4 * h
         mlp = 3 * h * ffn + (2 * ffn + h if self.mlp_bias else 0)
-        return attn + (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0) + mlp + 2 * h
+        norms = {"pre": 2, "sandwich": 4, "post": 2}[self.block] * h
+        qk = {None: 0, "head": 2 * d, "proj": q + kv}[self.qk_norm]
+        return attn + (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0) + mlp + norms + qk
 
     def layer_bytes(self, bytes_per_param: float = 2.0) -> float:
         return self.params_per_layer * bytes_per_param
@@ -157,8 +183,8 @@ def load_model_spec(model_dir: str | Path) -> ModelSpec:
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_TYPES:
         raise UnsupportedModelError(
-            f"model_type {model_type!r} in {str(Path(model_dir) / 'config.json')!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_TYPES)}"
+            f"model_type {model_type!r} in {str(Path(model_dir) / 'config.json')!r} is not supported"
+            f"{unsupported_reason(cfg)}; supported: {', '.join(SUPPORTED_TYPES)}"
         )
     check_safetensors(model_dir)
     return spec_from_config(cfg)
@@ -167,10 +193,23 @@ def load_model_spec(model_dir: str | Path) -> ModelSpec:
 def spec_from_config(cfg: dict) -> ModelSpec:
     try:
         common = _common_fields(cfg)
-        extra = _opt_fields(cfg) if cfg["model_type"] in OPT_TYPES else _llama_fields(cfg)
+        extra = _opt_fields(cfg) if cfg["model_type"] in OPT_TYPES else family_fields(cfg)
     except KeyError as e:
         raise UnsupportedModelError(f"config.json lacks the field {e.args[0]!r} needed for {cfg.get('model_type')}") from e
     return ModelSpec(**common, **extra)
+
+
+def unsupported_reason(cfg: dict) -> str:
+    """Why a model_type that is not supported is refused, where it is one of a kind: its layers of a kind not
+    built (linear attention), or its experts; "" otherwise."""
+    kinds = sorted(set(cfg.get("layer_types") or ()) - {"full_attention", "sliding_attention"})
+    if kinds:
+        return f" (its layers of kind {', '.join(kinds)} are not built)"
+    if any(k in cfg for k in ("num_local_experts", "num_experts", "n_routed_experts")):
+        return " (a mixture of experts: expert layers are not built)"
+    if "text_config" in cfg:
+        return " (a multimodal checkpoint: pass a text-only checkpoint of the language model)"
+    return ""
 
 
 def _ids(value) -> tuple[int, ...]:
@@ -213,33 +252,3 @@ def _opt_fields(cfg: dict) -> dict:
         final_layer_norm=pre_ln and not cfg.get("_remove_final_layer_norm", False),
         activation=cfg.get("activation_function", "relu"),
     )
-
-
-def _llama_fields(cfg: dict) -> dict:
-    model_type = cfg["model_type"]
-    attention_bias = cfg.get("attention_bias", False)
-    window = cfg.get("sliding_window")
-    if model_type == "qwen2" and not cfg.get("use_sliding_window", False):
-        window = None
-    return dict(
-        ffn_size=cfg["intermediate_size"],
-        norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-        rope=_rope_spec(cfg),
-        qkv_bias=True if model_type == "qwen2" else attention_bias,
-        o_bias=False if model_type == "qwen2" else attention_bias,
-        mlp_bias=cfg.get("mlp_bias", False),
-        sliding_window=window,
-        activation=cfg.get("hidden_act", "silu"),
-    )
-
-
-def _rope_spec(cfg: dict) -> RopeSpec:
-    """Accept both layouts: `rope_theta` + `rope_scaling` (transformers 4) and `rope_parameters` (5)."""
-    params = dict(cfg.get("rope_parameters") or {})
-    params.update(cfg.get("rope_scaling") or {})
-    theta = params.get("rope_theta") or cfg.get("rope_theta") or 10000.0
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    kwargs = {k: params[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                     "original_max_position_embeddings") if params.get(k) is not None}
-    return RopeSpec(theta=float(theta), rope_type=rope_type, **kwargs)

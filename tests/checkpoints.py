@@ -66,6 +66,49 @@ def llama_config(vocab: int, variant: str):
     raise ValueError(variant)
 
 
+def family_config(vocab: int, variant: str):
+    """Today's dense families beyond Llama, each with what sets it apart: head_dim not hidden / heads, GQA, tied and
+    untied heads, sliding windows shorter than the prompts, and each family's own settings."""
+    import transformers as tf
+
+    base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, bos_token_id=0, eos_token_id=0, pad_token_id=0, **_common(vocab))
+    if variant == "qwen3":
+        return tf.Qwen3Config(head_dim=24, tie_word_embeddings=False, **base)
+    if variant == "qwen3_window":  # layer 1 slides (max_window_layers=1), tied head, one KV head
+        base.update(num_key_value_heads=1)
+        return tf.Qwen3Config(head_dim=16, use_sliding_window=True, sliding_window=5, max_window_layers=1,
+                              tie_word_embeddings=True, **base)
+    if variant == "gemma3":  # sliding / full / sliding, the full layers' own base and linear scaling, logit cap
+        base.update(num_hidden_layers=3, num_key_value_heads=1)
+        return tf.Gemma3TextConfig(head_dim=32, sliding_window=6, query_pre_attn_scalar=24,
+                                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                                    "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                       "rope_theta": 10000.0}},
+                                   final_logit_softcapping=3.0, **base)
+    if variant == "gemma2":  # alternating sliding / full layers, the logit cap, scores not capped
+        return tf.Gemma2Config(head_dim=16, sliding_window=5, query_pre_attn_scalar=32, attn_logit_softcapping=None,
+                               final_logit_softcapping=5.0, **base)
+    if variant == "gemma":
+        return tf.GemmaConfig(head_dim=16, **base)
+    if variant == "phi3":  # half of each head rotates; LongRoPE: the longest prompt is past the original context
+        half = 4  # rotary dimensions / 2: head_dim 16 x 0.5 / 2
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + 0.5 * i for i in range(half)],
+                "long_factor": [2.0 + i for i in range(half)]}
+        base.update(max_position_embeddings=128)
+        return tf.Phi3Config(partial_rotary_factor=0.5, rope_parameters=rope, original_max_position_embeddings=30,
+                             sliding_window=None, **base)
+    if variant == "olmo2":
+        return tf.Olmo2Config(**base)
+    if variant == "granite":
+        return tf.GraniteConfig(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
+                                logits_scaling=2.5, **base)
+    if variant == "smollm3":  # layer 1 is a NoPE layer
+        return tf.SmolLM3Config(no_rope_layer_interval=2, **base)
+    raise ValueError(variant)
+
+
 def opt_config(vocab: int, variant: str):
     from transformers import OPTConfig
 
@@ -76,6 +119,7 @@ def opt_config(vocab: int, variant: str):
     return OPTConfig(word_embed_proj_dim=64, do_layer_norm_before=True, **base)
 
 
+FAMILY_VARIANTS = ("qwen3", "qwen3_window", "gemma3", "gemma2", "gemma", "phi3", "olmo2", "granite", "smollm3")
 VARIANTS = ("opt", "opt350m", "llama_gqa_llama3", "llama_linear", "llama_tied", "mistral", "mistral_window", "qwen2")
 
 
@@ -86,7 +130,10 @@ def make_checkpoint(out: Path, variant: str, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(out)
     vocab = len(tok)
-    cfg = opt_config(vocab, variant) if variant.startswith("opt") else llama_config(vocab, variant)
+    if variant.startswith("opt"):
+        cfg = opt_config(vocab, variant)
+    else:
+        cfg = family_config(vocab, variant) if variant in FAMILY_VARIANTS else llama_config(vocab, variant)
     return save_random_model(out, cfg, torch.float32, seed, adjust=lambda model: perturb_norms(model, seed))
 
 

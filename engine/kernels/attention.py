@@ -32,6 +32,15 @@ def decode_mask(key_valid: torch.Tensor, end: int, sliding_window: int | None = 
     return mask.view(B, 1, 1, end)
 
 
+def window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
+    """mask [B, 1, S, T] (query s at slot T - S + s, key t at slot t: a prefill over its own keys, or one decode
+    query after them) with the keys `window` or more slots before their query dropped (each query keeps its own)."""
+    S, T = mask.shape[-2:]
+    q_slot = torch.arange(T - S, T, device=mask.device).view(S, 1)
+    k_slot = torch.arange(T, device=mask.device).view(1, T)
+    return mask & (q_slot - k_slot < window)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
     """q [B, NH, S, D], k/v [B, KVH, T, D] (KVH divides NH), mask [B, 1, S, T] -> [B, NH, S, D]. A prefill
     whose mask is plain causal (no row padded, no window) runs as SDPA's causal case, which skips the blocks

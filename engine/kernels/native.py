@@ -71,10 +71,12 @@ class NativeKernels:
 
     def rope_qkv(self, qkv: torch.Tensor, tables, num_heads: int, num_kv_heads: int, head_dim: int):
         """qkv [B, S, (NH + 2 KVH) D] from the fused projection -> q [B, NH, S, D], k, v [B, KVH, S, D], q and k
-        rotated by position: in place in qkv (one pass, views returned) where the fused kernel takes it."""
-        fused = layer_ops.fused_rope_qkv(qkv, *tables, num_heads, num_kv_heads, head_dim)
-        if fused is not None:
-            return fused
+        rotated by position: in place in qkv (one pass, views returned) where the fused kernel takes it (every
+        dimension rotates)."""
+        if tables[0].shape[-1] == head_dim:
+            fused = layer_ops.fused_rope_qkv(qkv, *tables, num_heads, num_kv_heads, head_dim)
+            if fused is not None:
+                return fused
         q, k, v = layer_ops.split_heads(qkv, num_heads, num_kv_heads, head_dim)
         return (*self.rope(q, k, tables), v)
 

@@ -1,4 +1,5 @@
-"""Rotary position embeddings with the `default`, `linear` and `llama3` frequency rules."""
+"""Rotary position embeddings with the `default`, `linear`, `llama3` and `longrope` frequency rules, over all of
+each head's dimensions or its first `rotary_dim` (partial rotary: the rest pass through)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ import math
 
 import torch
 
-from engine.spec import RopeSpec
+from engine.rope_spec import RopeSpec
 
 
-def inv_frequencies(rope: RopeSpec, head_dim: int) -> torch.Tensor:
-    """[head_dim / 2] float32 angular frequencies, after the scaling rule of `rope.rope_type`."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+def inv_frequencies(rope: RopeSpec, head_dim: int, long: bool = False) -> torch.Tensor:
+    """[rotary_dim / 2] float32 angular frequencies, after the scaling rule of `rope.rope_type` (longrope: its
+    short factors, or with `long` its long ones). rotary_dim is head_dim times `rope.partial`."""
+    dim = int(head_dim * rope.partial) // 2 * 2
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    if rope.rope_type == "longrope":
+        factors = torch.tensor(rope.long_factor if long else rope.short_factor, dtype=torch.float32)
+        return 1.0 / (factors * rope.theta**exponents)
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "linear":
         return inv_freq / rope.factor
@@ -34,21 +40,43 @@ def _llama3_scale(inv_freq: torch.Tensor, rope: RopeSpec) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
-def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
-    """positions [B, S] -> cos, sin [B, 1, S, D] in `dtype` (computed in float32)."""
+def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+    """positions [B, S] -> cos, sin [B, 1, S, R] in `dtype` (computed in float32, times `scale`), R = 2 x the
+    frequencies."""
     freqs = positions.float().unsqueeze(-1) * inv_freq.view(1, 1, -1)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+    cos, sin = emb.cos(), emb.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
+
+
+def longrope_cos_sin(rope: RopeSpec, short: torch.Tensor, long: torch.Tensor, positions: torch.Tensor,
+                     dtype: torch.dtype):
+    """LongRoPE's tables, scaled by `rope.attention_factor`: a row whose sequence so far (its last position + 1)
+    is longer than the original context rotates this step's positions by the long factors, the others by the short
+    ones (the rule of the checkpoints' own code; keys stored at earlier steps keep the rotation they had)."""
+    tables = cos_sin(short, positions, dtype, rope.attention_factor)
+    beyond = positions.amax(-1) + 1 > rope.original_max_position_embeddings  # [B]
+    if not bool(beyond.any()):
+        return tables
+    far = cos_sin(long, positions, dtype, rope.attention_factor)
+    pick = beyond.view(-1, 1, 1, 1)
+    return tuple(torch.where(pick, f, t) for f, t in zip(far, tables))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, D] rotated by position: with halves (x1, x2) and c, s the first half of cos, sin,
-    out = (x1 c - x2 s, x2 c + x1 s), i.e. x * cos + rotate_half(x) * sin, without building rotate_half(x)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
+    """x [B, H, S, D] rotated by position: with halves (x1, x2) of its first R dims (R = cos's last dim; the
+    others pass through) and c, s the first half of cos, sin, out = (x1 c - x2 s, x2 c + x1 s), i.e.
+    x * cos + rotate_half(x) * sin, without building rotate_half(x)."""
+    rot = cos.shape[-1]
+    half = rot // 2
+    x1, x2 = x[..., :half], x[..., half:rot]
     c, s = cos[..., :half], sin[..., :half]
     out = torch.empty_like(x)
-    o1, o2 = out[..., :half], out[..., half:]
+    if rot < x.shape[-1]:
+        out[..., rot:] = x[..., rot:]
+    o1, o2 = out[..., :half], out[..., half:rot]
     torch.mul(x1, c, out=o1)
     o1.sub_(x2 * s)
     torch.mul(x2, c, out=o2)

@@ -66,7 +66,7 @@ class Refill:
     def lengths(self) -> list[int]:
         return [len(r.own_ids) for r in self.rows]
 
-    def inputs(self, pad: int, window: int | None, kv, attention) -> tuple[torch.Tensor, StepContext]:
+    def inputs(self, pad: int, kv, attention) -> tuple[torch.Tensor, StepContext]:
         """Input ids [R, L] and the prefill context of the refill rows."""
         L = max(self.lengths)
         ids = torch.full((len(self.rows), L), pad, dtype=torch.long)
@@ -76,7 +76,7 @@ class Refill:
             ids[i, L - n :] = torch.tensor(r.own_ids)
             valid[i, L - n :] = True
         positions = (valid.cumsum(-1) - 1).clamp(min=0) + self.shared
-        ctx = StepContext(positions, prefill_mask(valid, window), self.end - L + 1, RefillKV(kv, self.slots, attention),
+        ctx = StepContext(positions, prefill_mask(valid), self.end - L + 1, RefillKV(kv, self.slots, attention),
                           phase="prefill")
         return ids, ctx
 

@@ -71,15 +71,16 @@ class GpuBatch:
     def done(self) -> bool:
         return all(r.done for r in self.rows)
 
-    def context(self, window: int | None) -> tuple[torch.Tensor, StepContext]:
-        """Input ids and the (CPU) context of the next step over the batch's cache."""
+    def context(self) -> tuple[torch.Tensor, StepContext]:
+        """Input ids and the (CPU) context of the next step over the batch's cache (sliding windows are the model's:
+        its `begin_step` narrows the mask for the layers that slide)."""
         if self.slot < 0:
             positions = (self.valid[:, : self.S].cumsum(-1) - 1).clamp(min=0) + self.shared
-            mask = prefill_mask(self.valid[:, : self.S], window)
+            mask = prefill_mask(self.valid[:, : self.S])
             return self.ids, StepContext(positions, mask, 0, self.kv, phase="prefill")
         slot = self.slot + 1
         self.valid[:, slot] = True
-        mask = decode_mask(self.valid, slot + 1, window)
+        mask = decode_mask(self.valid, slot + 1)
         return self.last.view(-1, 1), StepContext(self.next_pos, mask, slot, self.kv, phase="decode")
 
     def take_refill(self, waiting: list[RowState]) -> None:
@@ -331,12 +332,12 @@ class BlockExecutor:
     def _begin(self, b: GpuBatch, devices: set[str], carry: bool) -> dict[str, StepContext]:
         """Start a step of batch `b` (and of its refill rows' prefill): embed the inputs and store them; the
         step's context on each compute device in `devices` (and the globals')."""
-        m, g, window = self.loaded, self.loaded.globals_on, self.loaded.spec.sliding_window
-        ids, ctx = b.context(window)
+        m, g = self.loaded, self.loaded.globals_on
+        ids, ctx = b.context()
         contexts = self._contexts(m.model.begin_step(ctx), devices | {g})
         b.acts.store(self._embed(ids, contexts[g]), g, carry=carry)
         if b.refill is not None:
-            ids, rctx = b.refill.inputs(m.pad, window, b.kv, m.kernels.prefill_attention)
+            ids, rctx = b.refill.inputs(m.pad, b.kv, m.kernels.prefill_attention)
             rcontexts = self._contexts(m.model.begin_step(rctx), devices | {g})
             b.refill.begin(self._embed(ids, rcontexts[g]), g, rcontexts)
         return contexts
@@ -365,7 +366,7 @@ class BlockExecutor:
     def _begin_prefix(self, prefix: SharedPrefix, devices: set[str]) -> None:
         """Start the shared prefix's prefill: its embeddings, and its context on each compute device."""
         g = self.loaded.globals_on
-        ids, ctx = prefix.inputs(self.loaded.spec.sliding_window)
+        ids, ctx = prefix.inputs()
         contexts = self._contexts(self.loaded.model.begin_step(ctx), devices | {g})
         prefix.begin(self._embed(ids, contexts[g]), g, contexts)
 
@@ -389,9 +390,10 @@ class BlockExecutor:
             if ctx.positions.device == target:
                 out[dev] = replace(ctx, device=dev)
                 continue
-            rope = tuple(t.to(target) for t in ctx.rope) if ctx.rope is not None else None
+            rope = tuple(tuple(t.to(target) for t in table) for table in ctx.rope) if ctx.rope is not None else None
+            windowed = ctx.window_mask.to(target) if ctx.window_mask is not None else None
             out[dev] = replace(ctx, positions=ctx.positions.to(target), mask=ctx.mask.to(target), rope=rope,
-                               device=dev)
+                               window_mask=windowed, device=dev)
         return out
 
     def block_bytes(self, rows: int, S: int, T: int, shared: int = 0) -> dict[str, int]:

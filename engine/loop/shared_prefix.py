@@ -50,12 +50,12 @@ class SharedPrefix:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def inputs(self, window: int | None) -> tuple[torch.Tensor, StepContext]:
+    def inputs(self) -> tuple[torch.Tensor, StepContext]:
         """Input ids [1, P] and the prefill context of the prefix (positions from 0, causal)."""
         P = len(self.ids)
         positions = torch.arange(P).view(1, P)
-        return torch.tensor([self.ids]), StepContext(positions, prefill_mask(torch.ones(1, P, dtype=torch.bool),
-                                                                             window), 0, self, phase="prefill")
+        mask = prefill_mask(torch.ones(1, P, dtype=torch.bool))
+        return torch.tensor([self.ids]), StepContext(positions, mask, 0, self, phase="prefill")
 
     def begin(self, hidden: torch.Tensor, where: str, contexts: dict[str, StepContext]) -> None:
         self.hidden, self.where, self.contexts = hidden, where, contexts

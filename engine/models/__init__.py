@@ -12,12 +12,14 @@ Linear layers, norms, rotary positions and gating go through the backend's kerne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from engine import trace
 from engine.compression.qlinear import QWeight
+from engine.errors import UnsupportedModelError
 from engine.kernels.native import NativeKernels
 from engine.spec import ModelSpec
 
@@ -37,17 +39,20 @@ class StepContext:
     mask: torch.Tensor
     start: int
     cache: object  # engine.memory.placement.PlacedKV or engine.loop.refill.RefillKV
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    rope: tuple | None = None  # one table per rotary kind of the model (ModelSpec.rope_layers)
     device: str = "cpu"
     phase: str = "prefill"
+    window_mask: torch.Tensor | None = None  # `mask` within the sliding window, for the layers that slide
 
     def __post_init__(self) -> None:
         assert self.phase in PHASES, self.phase
 
-    def attend(self, layer: int, q, k_new, v_new, scale: float | None = None) -> torch.Tensor:
-        """Store this step's K/V [B, KVH, S, D] of `layer` in the cache and attend q [B, NH, S, D] -> [B, NH, S, D]."""
+    def attend(self, layer: int, q, k_new, v_new, scale: float | None = None, sliding: bool = False) -> torch.Tensor:
+        """Store this step's K/V [B, KVH, S, D] of `layer` in the cache and attend q [B, NH, S, D] -> [B, NH, S, D],
+        through the sliding window's mask where `sliding`."""
+        mask = self.window_mask if sliding else self.mask
         with trace.scope(trace.ATTENTION):
-            return self.cache.attend(layer, q, k_new, v_new, self.start, self.mask, scale, device=self.device,
+            return self.cache.attend(layer, q, k_new, v_new, self.start, mask, scale, device=self.device,
                                      phase=self.phase)
 
 
@@ -81,7 +86,8 @@ def head_weight(gw, spec: ModelSpec):
     return gw["embed_tokens.weight"]
 
 
-ACTIVATIONS = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu}  # ModelSpec.activation -> the MLP's function
+ACTIVATIONS = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu,  # ModelSpec.activation -> the MLP's function
+               "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh")}
 
 
 class Family:
@@ -101,6 +107,9 @@ def family_for(spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels | Non
         from engine.models.opt import OPTModel
 
         return OPTModel(spec, dtype, kernels)
+    if spec.attn_softcap is not None:
+        raise UnsupportedModelError(f"{spec.model_type} with attn_logit_softcapping={spec.attn_softcap} is not "
+                                    "supported: soft-capped attention scores are not built yet")
     from engine.models.llama import LlamaModel
 
     return LlamaModel(spec, dtype, kernels)

@@ -155,7 +155,7 @@ def test_a_gpu_batch_is_left_padded_with_its_cache_and_activations(engine):
     batch = executor._batch(rows, S, T)
     try:
         assert batch.kv is not None and batch.acts is not None and batch.phase == "prefill"
-        ids, ctx = batch.context(None)
+        ids, ctx = batch.context()
         assert ctx.phase == "prefill" and ctx.start == 0 and ctx.cache is batch.kv
         for b, r in enumerate(rows):
             L = len(r.prompt_ids)
@@ -163,7 +163,7 @@ def test_a_gpu_batch_is_left_padded_with_its_cache_and_activations(engine):
             assert ctx.positions[b].tolist() == [0] * (S - L) + list(range(L))
             assert not ctx.mask[b, 0, S - L :, : S - L].any()  # a prompt's tokens never see the padding
         batch.choose(torch.zeros(len(rows), engine.spec.vocab_size), None)
-        ids, ctx = batch.context(None)
+        ids, ctx = batch.context()
         assert batch.phase == "decode" and ctx.phase == "decode" and ctx.start == S
         assert ctx.positions.view(-1).tolist() == [len(r.prompt_ids) for r in rows]
         for b, r in enumerate(rows):
