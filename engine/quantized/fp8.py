@@ -31,5 +31,9 @@ def dense(weight: torch.Tensor, scale_inv: torch.Tensor, fmt: QuantFormat, dtype
     if tuple(s.shape) != grid:
         raise WeightFormatError(f"fp8 weight {name!r} [{out}, {cols}] with weight_block_size {fmt.block} needs "
                                 f"weight_scale_inv of shape {list(grid)}; the checkpoint has {list(s.shape)}")
-    s = s.repeat_interleave(rows_per, 0)[:out].repeat_interleave(cols_per, 1)[:, :cols]
-    return (weight.float() * s).to(dtype).contiguous()
+    w = weight.float()  # the one float32 temporary: scaled in place, block by block where blocks are whole
+    if out % rows_per == 0 and cols % cols_per == 0:
+        w.view(grid[0], rows_per, grid[1], cols_per).mul_(s[:, None, :, None])
+    else:
+        w.mul_(s.repeat_interleave(rows_per, 0)[:out].repeat_interleave(cols_per, 1)[:, :cols])
+    return w.to(dtype).contiguous()
