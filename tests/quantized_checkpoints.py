@@ -39,10 +39,10 @@ def _pack_cols(nibbles: torch.Tensor, order=tuple(range(8))) -> torch.Tensor:
     return _to_int32(sum(v[..., order[i]] << (4 * i) for i in range(8)))
 
 
-def gptq_quantize(w: torch.Tensor, group: int, sym: bool, act_order: bool, gen: torch.Generator):
+def gptq_quantize(w: torch.Tensor, group: int, sym: bool, act_order: bool, gen: torch.Generator, v2: bool = False):
     """w [out, in] -> (stored parts, dense reference [out, in] float32): GPTQ's min-max grid per group (its
     Quantizer: the range widened to hold 0; sym: zero 8), round to nearest (no Hessian: the format is what is
-    tested)."""
+    tested); zeros stored minus one (checkpoint_format gptq) or as they are (`v2`: gptq_v2)."""
     out, cols = w.shape
     g_idx = torch.arange(cols) // group
     if act_order:  # columns quantized in a shuffled order, groups formed along that order
@@ -62,7 +62,7 @@ def gptq_quantize(w: torch.Tensor, group: int, sym: bool, act_order: bool, gen: 
         zeros[g] = 8 if sym else torch.round(-lo / s).clamp(1, 15).long()  # >= 1: the gptq format stores z - 1
     s_k, z_k = scales[g_idx].T, zeros[g_idx].T  # [out, in]
     q = (torch.round(w / s_k) + z_k).clamp(0, 15).long()
-    parts = {"qweight": _pack_rows(q.T), "qzeros": _pack_cols(zeros - 1), "scales": scales.half(),
+    parts = {"qweight": _pack_rows(q.T), "qzeros": _pack_cols(zeros if v2 else zeros - 1), "scales": scales.half(),
              "g_idx": g_idx.to(torch.int32)}
     return parts, (q - z_k) * s_k
 

@@ -168,3 +168,52 @@ def test_other_quantization_configs_are_refused_naming_the_method(quantized, tmp
     with pytest.raises(UnsupportedModelError, match=named) as e:
         Engine.load(bad, dtype="float32")
     assert "gptq (bits=4" in str(e.value) and "awq" in str(e.value) and "fp8" in str(e.value)
+
+
+@pytest.mark.parametrize("group,sym,v2", [(-1, False, False), (128, True, True), (128, False, False), (32, True, False)])
+def test_gptq_weights_unpack_and_repack_to_the_packer_values(group, sym, v2):
+    """Every group size and both zero conventions unpack to the packer's values exactly; groups of 128 and one per
+    row repack into groups of 64 (symmetric: exactly; else within s / 128), groups of 32 do not."""
+    from engine.quantized.config import QuantFormat
+    from tests.quantized_checkpoints import gptq_quantize
+
+    w = torch.randn(48, 256, generator=torch.Generator().manual_seed(3))
+    parts, ref = gptq_quantize(w, group if group > 0 else 256, sym, False, torch.Generator(), v2=v2)
+    fmt = QuantFormat("gptq", 4, group, zero_offset=0 if v2 else 1)
+    unpacked = int4_formats.unpack(parts, fmt, "x.weight")
+    assert torch.equal(int4_formats.dense(unpacked, torch.float32), ref)
+    qt = to_qtensor(unpacked, WeightCodec(torch.float32).config, torch.float32)
+    if group == 32:
+        assert qt is None
+        return
+    bound = 0 if sym else unpacked.scales.float()[unpacked.g_idx].T / 128
+    assert ((dequantize(qt) - ref).abs() <= bound).all()
+
+
+def test_a_quantized_lm_head_is_read_dequantized_with_the_globals():
+    from engine.quantized.config import QuantFormat
+    from engine.quantized.layer import dense_weights
+    from tests.quantized_checkpoints import gptq_quantize
+
+    w = torch.randn(320, 128, generator=torch.Generator().manual_seed(4))
+    parts, ref = gptq_quantize(w, 128, True, False, torch.Generator())
+    emb = torch.randn(320, 128, dtype=torch.float16)
+    out = dense_weights({"embed_tokens.weight": emb} | {f"lm_head.{p}": t for p, t in parts.items()},
+                        QuantFormat("gptq", 4, 128, zero_offset=1), torch.float32)
+    assert set(out) == {"embed_tokens.weight", "lm_head.weight"}
+    assert torch.equal(out["lm_head.weight"], ref) and torch.equal(out["embed_tokens.weight"], emb.float())
+
+
+@pytest.mark.parametrize("block", [(32, 32), None])
+def test_fp8_blocks_cut_by_the_edge_and_one_scale_per_tensor(block):
+    """DeepSeek's dequantization: block (i // rows, k // cols), the last block of a dimension partial."""
+    from engine.quantized import fp8
+    from engine.quantized.config import QuantFormat
+
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(70, 100, generator=gen).to(torch.float8_e4m3fn)
+    s = torch.rand(3, 4, generator=gen) if block else torch.rand((), generator=gen)
+    got = fp8.dense(w, s, QuantFormat("fp8", 8, block=block), torch.float32, "x.weight")
+    expect = torch.tensor([[float(w[i, k].float()) * float(s[i // 32, k // 32] if block else s)
+                            for k in range(100)] for i in range(70)])
+    assert torch.equal(got, expect)
