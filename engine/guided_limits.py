@@ -1,4 +1,5 @@
-"""How large and how deeply nested an answer constraint may be, and how long its compile may take.
+"""How large and how deeply nested an answer constraint may be, and how long its compile may take (CPU seconds of
+its own, so that a busy machine slows a compile without failing it).
 
 Each bound keeps one row's constraint from taking down its shard or its job: Python's `json` recurses once per
 level (RecursionError past ~1,000), xgrammar's parsers recurse in C++ (deep enough, the process's stack would
@@ -15,8 +16,10 @@ from engine.errors import InvalidParamsError
 MAX_CHARS = 1_000_000  # a constraint's text (a 10,000-value enum is ~150,000)
 MAX_NESTING = 256  # JSON levels of a schema or guided value (a 100-level schema is ~200), or a regex's groups
 MAX_OPTIONAL_PROPERTIES = 1_000  # per object schema: ~1 s to compile; 2,000 take ~11 s
-COMPILE_SECONDS = 30.0  # one constraint's compile, on a background thread (engine/loop/compile_jobs.py); a
+COMPILE_SECONDS = 30.0  # one constraint's compile, in its thread's own CPU time (engine/loop/compile_jobs.py); a
 # string of maxLength 8,192 takes ~23 s, the longest compile that the size bounds above let through
+COMPILE_WAIT_FACTOR = 4  # and at most this many times as long by the clock: a machine so busy that the compile's
+# thread gets under a quarter of a core fails the constraint rather than holding its rows without end
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _BRACKETS = re.compile(r"[\[\]{}]")

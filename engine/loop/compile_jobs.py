@@ -1,8 +1,11 @@
 """Compiling constraints on background threads, each within a time limit.
 
 xgrammar releases the GIL while it compiles, so a compile runs beside the rows being decoded; but it cannot be
-interrupted. So each constraint compiles on a daemon thread (at most WORKERS at a time), its clock starting when
-a thread takes it; a row that waits past the limit fails naming it, its thread is left to finish alone (its
+interrupted. So each constraint compiles on a daemon thread (at most WORKERS at a time), its limit counted in the
+CPU time of that thread from when it takes the constraint (xgrammar compiles on the calling thread): another
+process busy on the same cores slows the compile but does not use up its limit, and a compile that gets no CPU
+(a machine loaded far past its cores) is cut off by the clock at `wait_factor` times the limit, so nothing
+waits without end. A row that waits past the limit fails naming it, its thread is left to finish alone (its
 result dropped) and a fresh thread takes its place, and the constraint is remembered as too slow, so that later
 calls of this process fail it at once instead of compiling it again. A process that exits waits for the
 compiles still running: a thread still inside xgrammar's C++ when Python finalizes aborts the process."""
@@ -19,6 +22,7 @@ from collections import deque
 log = logging.getLogger(__name__)
 
 WORKERS = 2
+POLL_S = 0.05  # how often a waiting row reads the compile's CPU time
 _RUNNING: set[threading.Thread] = set()  # compile threads inside a compile now
 _TOO_SLOW: set[str] = set()  # digests of constraints that ran past their limit in this process
 _TOO_SLOW_KEPT = 4096
@@ -31,6 +35,8 @@ class Job:
         self.key = key
         self.digest = hashlib.sha256("\x00".join(key).encode()).hexdigest()
         self.started: float | None = None
+        self.cpu_clock: int | None = None  # the compiling thread's CPU-time clock, None where there is none
+        self.cpu_started = 0.0
         self.abandoned = False
         self.result = None
         self.done = threading.Event()
@@ -40,8 +46,9 @@ class CompileJobs:
     """The compiles of one engine call: `submit` queues a constraint, `wait` returns its result (or
     `too_slow(seconds)`'s result past the limit). `compile_one(key)` never raises: it returns the error."""
 
-    def __init__(self, compile_one, seconds: float, too_slow):
+    def __init__(self, compile_one, seconds: float, too_slow, wait_factor: float = 4.0):
         self.compile_one, self.seconds, self.too_slow = compile_one, seconds, too_slow
+        self.wait_factor = wait_factor
         self.jobs: dict[tuple[str, str], Job] = {}
         self._todo: deque[Job] = deque()
         self._alive = 0
@@ -72,12 +79,17 @@ class CompileJobs:
                 return None
             with self._lock:
                 started = job.started
-            if started is not None and now - started >= self.seconds:
+            if started is not None and self._past_limit(job, now - started):
                 self._abandon(job)
                 break
             left = [give_up - now] if give_up is not None else []
-            job.done.wait(min([0.05 if started is None else started + self.seconds - now, *left]))
+            job.done.wait(min([POLL_S, *left]))
         return job.result
+
+    def _past_limit(self, job: Job, waited: float) -> bool:
+        """Whether the running job has had its limit: `seconds` of its thread's CPU time (of the clock where the
+        thread has no CPU clock), or `wait_factor` times that by the clock."""
+        return waited >= self.seconds * self.wait_factor or cpu_seconds(job, waited) >= self.seconds
 
     def _abandon(self, job: Job) -> None:
         with self._lock:
@@ -101,6 +113,7 @@ class CompileJobs:
                     return
                 job = self._todo.popleft()
                 job.started = time.monotonic()
+                job.cpu_clock, job.cpu_started = _own_cpu_clock(), time.thread_time()
             _RUNNING.add(threading.current_thread())
             try:
                 result = self.compile_one(job.key)
@@ -111,6 +124,23 @@ class CompileJobs:
                     return
                 job.result = result
                 job.done.set()
+
+
+def cpu_seconds(job: Job, waited: float) -> float:
+    """The CPU time the job's thread has spent on it (`waited`, the time by the clock, where it has no clock)."""
+    if job.cpu_clock is None:
+        return waited
+    try:
+        return time.clock_gettime(job.cpu_clock) - job.cpu_started
+    except OSError:  # the thread has ended: the job is done, or about to be marked so
+        return 0.0
+
+
+def _own_cpu_clock() -> int | None:
+    try:
+        return time.pthread_getcpuclockid(threading.get_ident())
+    except (AttributeError, OSError):  # not on this platform
+        return None
 
 
 def _thread(target) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.guided import Guided
-from engine.guided_limits import COMPILE_SECONDS
+from engine.guided_limits import COMPILE_SECONDS, COMPILE_WAIT_FACTOR
 from engine.loop.compile_jobs import CompileJobs
 from engine.loop.schema_rules import regex_problem, schema_problem
 
@@ -71,7 +71,7 @@ class Grammars:
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, tuple(eos_ids)
         self.seconds = COMPILE_SECONDS if seconds is None else seconds
         self._guided: dict[tuple[str, str], Guided] = {}
-        self._jobs = CompileJobs(self._compile_key, self.seconds, _too_slow)
+        self._jobs = CompileJobs(self._compile_key, self.seconds, _too_slow, COMPILE_WAIT_FACTOR)
 
     def start(self, constraints) -> None:
         """Start compiling each of these constraints in the background (those not started yet). The tokenizer's
@@ -155,8 +155,9 @@ class Grammars:
 
 
 def _too_slow(seconds: float) -> GuidedError:
-    return GuidedError(f"the constraint did not compile within {seconds:g} s (the limit per constraint); give a "
-                       "smaller one (fewer optional properties, alternatives or repetitions)")
+    return GuidedError(f"the constraint did not compile within {seconds:g} s (the limit per constraint, in the "
+                       f"compile's CPU time; {seconds * COMPILE_WAIT_FACTOR:g} s by the clock on a busy machine); give "
+                       "a smaller one (fewer optional properties, alternatives or repetitions)")
 
 
 _FIX = {
