@@ -323,3 +323,26 @@ def test_reorder_gains_round_trip_and_come_from_the_onednn_entries(tmp_path, mon
     assert profiler.reorder_gains(torch.bfloat16) == {}
     gains = profiler.reorder_gains(torch.float32)
     assert list(gains) == ["float32"] and gains["float32"][0] == (2.0,) * len(profiler.MATMUL_ROWS)
+
+
+def test_a_torn_cached_profile_is_passed_over_and_measured_again(tmp_path, monkeypatch):
+    spec = _keyed(cpu_machine())
+    keyed = profiler.keyed_copy(tmp_path / "hardware.json", profiler.machine_key())
+    save_hardware(spec, keyed)
+    keyed.write_text(keyed.read_text()[:200])  # cut short, as by a full disk
+    calls = []
+    monkeypatch.setattr(profiler, "profile_this_machine", lambda: calls.append(1) or spec)
+    assert profiler.load_or_profile(tmp_path / "hardware.json") == spec and calls == [1]
+    assert load_hardware(keyed) == spec  # written whole again
+
+
+def test_a_torn_kernel_rates_file_is_measured_again(tmp_path):
+    from engine.kernels import rates
+
+    path = tmp_path / "kernel_rates.json"
+    path.write_text('{"cpu|torch|v5|int4|float32|64x64": {"max_rows": 16, "timi')  # cut short
+    measured = []
+    entry = rates.cached("a key", lambda: measured.append(1) or {"max_rows": 4, "timings": []}, path)
+    assert measured == [1] and entry["max_rows"] == 4
+    assert json.loads(path.read_text())["a key"]["max_rows"] == 4  # the file is whole again
+    rates._memo.clear()
