@@ -87,8 +87,8 @@ def family_config(vocab: int, variant: str):
                                                     "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                                        "rope_theta": 10000.0}},
                                    final_logit_softcapping=3.0, **base)
-    if variant == "gemma2":  # alternating sliding / full layers, the logit cap, scores not capped
-        return tf.Gemma2Config(head_dim=16, sliding_window=5, query_pre_attn_scalar=32, attn_logit_softcapping=None,
+    if variant == "gemma2":  # alternating sliding / full layers, capped scores and logits (caps that bind here)
+        return tf.Gemma2Config(head_dim=16, sliding_window=5, query_pre_attn_scalar=32, attn_logit_softcapping=0.5,
                                final_logit_softcapping=5.0, **base)
     if variant == "gemma":
         return tf.GemmaConfig(head_dim=16, **base)

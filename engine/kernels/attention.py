@@ -6,6 +6,8 @@ Each query may always attend to its own slot, so a padding query never sees an a
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -41,14 +43,37 @@ def window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
     return mask & (q_slot - k_slot < window)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None,
+           softcap: float | None = None):
     """q [B, NH, S, D], k/v [B, KVH, T, D] (KVH divides NH), mask [B, 1, S, T] -> [B, NH, S, D]. A prefill
     whose mask is plain causal (no row padded, no window) runs as SDPA's causal case, which skips the blocks
-    above the diagonal instead of computing and masking them (the output is bit-equal)."""
+    above the diagonal instead of computing and masking them (the output is bit-equal). With `softcap`, the
+    scores are capped (`capped_attention`)."""
+    if softcap is not None:
+        return capped_attention(q, k, v, mask, scale, softcap)
     gqa = q.shape[1] != k.shape[1]
     if q.shape[2] == k.shape[2] > 1 and is_causal(mask):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def cap_scores(a: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Scores a soft-capped in place: cap * tanh(a / cap) (Gemma 2), or as they are without a cap."""
+    return a if softcap is None else a.div_(softcap).tanh_().mul_(softcap)
+
+
+def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
+                     softcap: float) -> torch.Tensor:
+    """`attend` with soft-capped scores, softmax(cap * tanh(scale q.k / cap), masked) V, in float32 (SDPA has no
+    cap): q [B, NH, S, D], k/v [B, KVH, T, D], mask [B, 1, S, T] -> [B, NH, S, D] in q's dtype."""
+    B, NH, S, D = q.shape
+    KVH = k.shape[1]
+    scale = D**-0.5 if scale is None else scale
+    qg = q.float().reshape(B, KVH, NH // KVH * S, D)  # the g query heads of a KV head, S positions each
+    a = torch.matmul(qg, k.float().mT).mul_(scale).view(B, NH, S, -1)  # [B, NH, S, T]
+    a = cap_scores(a, softcap).masked_fill_(~mask, -math.inf)
+    p = torch.softmax(a, dim=-1).view(B, KVH, NH // KVH * S, -1)
+    return torch.matmul(p, v.float()).view(B, NH, S, D).to(q.dtype)
 
 
 def is_causal(mask: torch.Tensor) -> bool:

@@ -30,11 +30,14 @@ class RefillKV:
         self.kv, self.rows, self.attention = kv, rows, attention or attend
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None, *, device: str,
-               phase: str):
+               phase: str, softcap: float | None = None):
         assert phase == "prefill", phase  # a refill's pass is its rows' prefill, whatever the batch's phase
         self.kv.store_rows(layer, k_new, v_new, start, self.rows, device)
         if self.kv.prefix is not None:
-            return shared_prefix_attention(q, k_new, v_new, mask, self.kv.prefix.kv(layer, device), scale)
+            return shared_prefix_attention(q, k_new, v_new, mask, self.kv.prefix.kv(layer, device), scale,
+                                           softcap=softcap)
+        if softcap is not None:  # the backend's prefill kernel has no cap
+            return attend(q, k_new, v_new, mask, scale, softcap)
         return self.attention(q, k_new, v_new, mask, scale)
 
 

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from engine import trace
 from engine.compression.qlinear import QWeight
-from engine.errors import UnsupportedModelError
 from engine.kernels.native import NativeKernels
 from engine.spec import ModelSpec
 
@@ -47,13 +46,14 @@ class StepContext:
     def __post_init__(self) -> None:
         assert self.phase in PHASES, self.phase
 
-    def attend(self, layer: int, q, k_new, v_new, scale: float | None = None, sliding: bool = False) -> torch.Tensor:
+    def attend(self, layer: int, q, k_new, v_new, scale: float | None = None, sliding: bool = False,
+               softcap: float | None = None) -> torch.Tensor:
         """Store this step's K/V [B, KVH, S, D] of `layer` in the cache and attend q [B, NH, S, D] -> [B, NH, S, D],
-        through the sliding window's mask where `sliding`."""
+        through the sliding window's mask where `sliding`, the scores soft-capped by `softcap` where given."""
         mask = self.window_mask if sliding else self.mask
         with trace.scope(trace.ATTENTION):
             return self.cache.attend(layer, q, k_new, v_new, self.start, mask, scale, device=self.device,
-                                     phase=self.phase)
+                                     phase=self.phase, softcap=softcap)
 
 
 CHUNK_BYTES = 16 << 20  # the widest row-local temporary a chunk of rows may take (see by_rows)
@@ -107,9 +107,6 @@ def family_for(spec: ModelSpec, dtype: torch.dtype, kernels: NativeKernels | Non
         from engine.models.opt import OPTModel
 
         return OPTModel(spec, dtype, kernels)
-    if spec.attn_softcap is not None:
-        raise UnsupportedModelError(f"{spec.model_type} with attn_logit_softcapping={spec.attn_softcap} is not "
-                                    "supported: soft-capped attention scores are not built yet")
     from engine.models.llama import LlamaModel
 
     return LlamaModel(spec, dtype, kernels)

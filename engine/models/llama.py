@@ -111,7 +111,7 @@ class LlamaModel(Family):
         p, linear = "self_attn.", self.kernels.linear
         qkv = linear(x, lw[p + "qkv_proj.weight"], lw.get(p + "qkv_proj.bias"))  # [B, S, (NH + 2 KVH) D]
         q, k, v = self._heads(lw, qkv, ctx, i)  # [B, NH | KVH, S, D], q and k normed and rotated where the model does
-        o = ctx.attend(i, q, k, v, self.spec.attn_scale, sliding=self.spec.sliding_layers[i])  # [B, NH, S, D]
+        o = ctx.attend(i, q, k, v, self.spec.attn_scale, self.spec.sliding_layers[i], self.spec.attn_softcap)
         o = o.transpose(1, 2).reshape(B, S, NH * D)
         return linear(o, lw[p + "o_proj.weight"], lw.get(p + "o_proj.bias"))
 
