@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from engine.request import SamplingParams
+from engine.request import SamplingParams, check_context
+from engine.spec import load_model_spec
 from pipeline.errors import ConfigError
 from pipeline.execution.driver import run_job
 from pipeline.job import JobSummary, RunConfig
@@ -35,5 +36,8 @@ def run_config(model, input, output, **options) -> RunConfig:
 def run(model, input, output, **options) -> JobSummary:
     """Complete every row of `input` (Parquet files, or an OpenAI Batch .jsonl) into `output`, resuming a job
     that an earlier call left unfinished; returns the job summary. Errors in the options, input, model or
-    output folder raise a `FlexbatchError` subclass before any model loads."""
-    return run_job(run_config(model, input, output, **options))
+    output folder raise a `FlexbatchError` subclass before any model loads; so does a max_new_tokens that leaves
+    no room for a prompt in the model's context (which would fail every row)."""
+    config = run_config(model, input, output, **options)
+    check_context(config.params, load_model_spec(config.model).max_position_embeddings)
+    return run_job(config)

@@ -13,7 +13,7 @@ from engine.env_settings import check_environment
 from engine.guided import Guided
 from engine.kernels.backend import DEFAULT_BACKEND
 from engine.options import Flag, Option, option, option_field
-from engine.request import TRUNCATE, SamplingParams, check_context
+from engine.request import TRUNCATE, SamplingParams
 from engine.spec import ModelSpec, load_model_spec
 from engine.tokenizer import load_tokenizer
 from pipeline.errors import ConfigError, InputError
@@ -232,7 +232,6 @@ def prepare_job(config: RunConfig) -> JobSetup:
         if isinstance(f.path, Path) and f.path.parent == config.output:
             raise InputError(f"input file {f.path} lies in the output folder {config.output}; choose another --output")
     spec = load_model_spec(config.model)
-    check_context(config.params, spec.max_position_embeddings)  # else every row would fail alone
     tokenizer = load_tokenizer(config.model)  # a tokenizer that is missing or needs the folder's code: refused before Ray
     if chat:
         check_chat_template(tokenizer, config.model)

@@ -7,9 +7,9 @@ from tests.pipeline.parquet_files import write_parquet
 
 
 def test_every_row_failed_exits_5_and_some_rows_4(tmp_path, tiny_llama_dir):
-    f = write_parquet(tmp_path / "a.parquet", prompt=["hello", "world"])
+    f = write_parquet(tmp_path / "a.parquet", prompt=["hello", "world"], max_new_tokens=[10**9, 10**9])
     args = ["--model", tiny_llama_dir, "--input", f, "--dtype", "float32"]
-    result = invoke(*args, "--output", tmp_path / "all", "--max-new-tokens", 10**9)
+    result = invoke(*args, "--output", tmp_path / "all")  # each row's own max_new_tokens: the job's is checked
     assert result.exit_code == ALL_ROWS_FAILED_EXIT == 5, result.output
     assert "rows: 2 in 1 files, 2 with errors" in result.stdout
     assert "every row failed, the first: [a:0] max_new_tokens=1000000000 leaves no room" in result.stdout
