@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine.config_fields import family_fields
 from engine.errors import ModelNotFoundError, UnsupportedModelError, WeightFormatError
+from engine.quantized.config import QuantFormat, checkpoint_quantization
 from engine.rope_spec import RopeSpec
 
 ACTIVATION_NAMES = ("relu", "silu", "gelu", "gelu_pytorch_tanh")  # engine/models/__init__.py ACTIVATIONS
@@ -69,6 +70,7 @@ class ModelSpec:
     final_layer_norm: bool = True
     activation: str = "silu"
     checkpoint_dtype: str = "float32"
+    quantization: QuantFormat | None = None  # how the checkpoint's weights are stored where quantized (GPTQ, AWQ, FP8)
     family: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -187,16 +189,16 @@ def load_model_spec(model_dir: str | Path) -> ModelSpec:
             f"{unsupported_reason(cfg)}; supported: {', '.join(SUPPORTED_TYPES)}"
         )
     check_safetensors(model_dir)
-    return spec_from_config(cfg)
+    return spec_from_config(cfg, Path(model_dir) / "config.json")
 
 
-def spec_from_config(cfg: dict) -> ModelSpec:
+def spec_from_config(cfg: dict, where: str | Path = "config.json") -> ModelSpec:
     try:
         common = _common_fields(cfg)
         extra = _opt_fields(cfg) if cfg["model_type"] in OPT_TYPES else family_fields(cfg)
     except KeyError as e:
         raise UnsupportedModelError(f"config.json lacks the field {e.args[0]!r} needed for {cfg.get('model_type')}") from e
-    return ModelSpec(**common, **extra)
+    return ModelSpec(**common, **extra, quantization=checkpoint_quantization(cfg, where))
 
 
 def unsupported_reason(cfg: dict) -> str:

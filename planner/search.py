@@ -23,6 +23,7 @@ import numpy as np
 from engine.errors import InvalidParamsError
 from engine.memory.footprint import global_bytes, layer_bytes
 from engine.policy import FRACTION_NAMES, Pins, Policy
+from engine.quantized.config import INT4_METHODS
 from engine.spec import ModelSpec
 from planner.cost_model import Block, memory_room
 from planner.errors import PlanInfeasible
@@ -114,13 +115,18 @@ def weight_forms(model: ModelSpec, pins: Mapping, allow_compression: bool, dtype
     """The (compress_weight, weight_format) choices: as pinned; else uncompressed, the pinned lossy format where
     compression is allowed or, with no format pinned, both int4 and int8 (the cost model prices each format's
     kernel from the profile, so the search takes whichever is faster where both fit), and bfloat16 at rest
-    wherever it loses nothing: a checkpoint stored in bfloat16 computing in float32 (engine/compression/bf16.py)."""
+    wherever it loses nothing: a checkpoint stored in bfloat16 computing in float32 (engine/compression/bf16.py).
+    A GPTQ or AWQ checkpoint keeps its own 4-bit form (engine/quantized/repack.py): widening it would hold the
+    whole model dense for no gain in accuracy."""
     fmt = pins.get("weight_format", Policy.weight_format)
     if "compress_weight" in pins:
         return [(pins["compress_weight"], fmt)]
+    quantization = model.quantization.method if model.quantization is not None else None
+    if quantization in INT4_METHODS and "weight_format" not in pins:
+        return [(True, "int4")]
     lossy = [fmt] if "weight_format" in pins else list(LOSSY_FORMATS)
     forms = [(False, fmt)] + ([(True, f) for f in lossy] if allow_compression else [])
-    if "weight_format" not in pins and dtype_bytes == 4 and model.checkpoint_dtype == "bfloat16":
+    if "weight_format" not in pins and dtype_bytes == 4 and model.checkpoint_dtype == "bfloat16" and not quantization:
         forms.append((True, "bf16"))
     return forms
 
