@@ -9,6 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from engine.tokenizer import DIRECT_CLASS, load_tokenizer, loads_directly
+from tests.chat_checkpoints import CHAT_STYLES
 
 TEXTS = ["The quick brown fox", " Q: What is 12 plus 30? A:", "def add(a, b):\n    return a + b\n", "", "Ünïcode ✓"]
 CHAT = [{"role": "user", "content": "What is 12 plus 30?"}, {"role": "assistant", "content": "42"},
@@ -38,7 +39,7 @@ def test_a_checkpoint_tokenizer_is_the_one_autotokenizer_loads(checkpoint, varia
     _same(load_tokenizer(model), AutoTokenizer.from_pretrained(str(model), local_files_only=True), chat=False)
 
 
-@pytest.mark.parametrize("style", ["llama3", "mistral", "qwen2"])
+@pytest.mark.parametrize("style", CHAT_STYLES)
 def test_a_chat_tokenizer_renders_as_autotokenizer_does(chat_checkpoint, style):
     model = chat_checkpoint(style)
     _same(load_tokenizer(model), AutoTokenizer.from_pretrained(str(model), local_files_only=True), chat=True)
