@@ -92,3 +92,16 @@ def test_the_planner_sees_rendered_chat_prompt_lengths(tmp_path, chat_checkpoint
     # three copies of one conversation: all but its last token is a prefix the rows share, computed once
     assert work.shared_len + work.prompt_len == len(chat_prompt_ids(tok, GOOD[1])) > 20 and work.num_prompts == 3
     assert work.prompt_len == 1
+
+
+def test_a_system_message_gemma2_refuses_fails_its_row_and_the_job_runs_on(tmp_path, chat_checkpoint):
+    """Gemma 2's template raises on a system role: that row's error is the template's own message, on one line;
+    the other rows complete and the job succeeds."""
+    model = chat_checkpoint("gemma2")
+    write_parquet(tmp_path / "in" / "a.parquet", messages=_messages([GOOD[0], GOOD[1], GOOD[0]]))
+    summary = run_job(_config(tmp_path, model, params=SamplingParams(max_new_tokens=3)))
+    rows = read_rows(tmp_path / "out" / "a.parquet")
+    assert summary.rows == 3 and summary.error_rows == 1
+    assert [r["error"] is None for r in rows] == [True, False, True]
+    assert rows[1]["error"].endswith("the chat template rejected these messages: System role not supported")
+    assert "\n" not in rows[1]["error"] and rows[0]["completion_tokens"] == 3
