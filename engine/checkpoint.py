@@ -1,6 +1,8 @@
 """Weights from safetensors files, addressed per layer so that each layer can live on its own tier and be
 loaded on demand. Keys inside a layer keep the checkpoint's names after `layers.{i}.`
-(e.g. `self_attn.q_proj.weight`); global keys drop the family prefix (`model.`, `model.decoder.`, `decoder.`)."""
+(e.g. `self_attn.q_proj.weight`); global keys drop the family prefix (`model.`, `model.decoder.`, `decoder.`, and a
+multimodal checkpoint's language model's: `language_model.model.`, `model.language_model.`). The other towers of a
+multimodal checkpoint (vision, projector) are not read."""
 
 from __future__ import annotations
 
@@ -17,11 +19,16 @@ from engine.quantized.layer import dense_weights
 from engine.spec import ModelSpec, check_safetensors, read_config
 
 LayerWeights = dict[str, torch.Tensor]
-_LAYER_KEY = re.compile(r"^(?:model\.decoder\.|model\.|decoder\.)?layers\.(\d+)\.(.+)$")
-_PREFIXES = ("model.decoder.", "model.", "decoder.")
+_PREFIXES = ("model.decoder.", "language_model.model.", "model.language_model.", "language_model.", "model.",
+             "decoder.")
+_LAYER_KEY = re.compile(rf"^(?:{'|'.join(map(re.escape, _PREFIXES))})?layers\.(\d+)\.(.+)$")
+OTHER_TOWERS = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
-def _split_key(key: str) -> tuple[int | None, str]:
+def _split_key(key: str) -> tuple[int | None, str] | None:
+    """(layer index or None for a global, the name within it), or None for a key of another tower."""
+    if key.startswith(OTHER_TOWERS):
+        return None
     m = _LAYER_KEY.match(key)
     if m:
         return int(m.group(1)), m.group(2)
@@ -44,7 +51,9 @@ class CheckpointReader:
         for f in _weight_files(self.dir):
             with safe_open(str(f), framework="pt") as sf:
                 for key in sf.keys():
-                    self._where[_split_key(key)] = (f, key)
+                    where = _split_key(key)
+                    if where is not None:
+                        self._where[where] = (f, key)
         self._check_layers()
 
     def _check_layers(self) -> None:

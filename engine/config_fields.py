@@ -12,7 +12,19 @@ from engine.errors import UnsupportedModelError
 from engine.rope_spec import RopeSpec
 
 LAYER_KINDS = ("full_attention", "sliding_attention")
+LANGUAGE_MODELS = {"gemma3": "gemma3_text"}  # a multimodal checkpoint's model_type -> its language model's
+CHECKPOINT_WIDE = ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings")
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "smollm3")  # their config classes tie the head by default
+
+
+def language_model_config(cfg: dict) -> dict:
+    """The config of the model that runs: a multimodal checkpoint's `text_config` as its language model's own
+    config (with the checkpoint-wide fields it lacks), any other config as it is."""
+    text_type = LANGUAGE_MODELS.get(cfg.get("model_type"))
+    if text_type is None or not isinstance(cfg.get("text_config"), dict):
+        return cfg
+    text = dict(cfg["text_config"], model_type=text_type)
+    return {k: cfg[k] for k in CHECKPOINT_WIDE if k in cfg and k not in text} | text
 
 
 def family_fields(cfg: dict) -> dict:

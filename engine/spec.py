@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config_fields import family_fields
+from engine.config_fields import LANGUAGE_MODELS, family_fields, language_model_config
 from engine.errors import ModelNotFoundError, UnsupportedModelError, WeightFormatError
 from engine.quantized.config import QuantFormat, checkpoint_quantization
 from engine.rope_spec import RopeSpec
@@ -180,8 +180,9 @@ _MAX_HEADER = 100_000_000  # the safetensors format's own limit on the header
 
 
 def load_model_spec(model_dir: str | Path) -> ModelSpec:
-    """Read and validate `config.json`; check that safetensors weights exist. Loads no weights."""
-    cfg = read_config(model_dir)
+    """Read and validate `config.json` (a multimodal checkpoint's language model's); check that safetensors weights
+    exist. Loads no weights."""
+    cfg = language_model_config(read_config(model_dir))
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_TYPES:
         raise UnsupportedModelError(
@@ -193,6 +194,7 @@ def load_model_spec(model_dir: str | Path) -> ModelSpec:
 
 
 def spec_from_config(cfg: dict, where: str | Path = "config.json") -> ModelSpec:
+    cfg = language_model_config(cfg)
     try:
         common = _common_fields(cfg)
         extra = _opt_fields(cfg) if cfg["model_type"] in OPT_TYPES else family_fields(cfg)
@@ -210,7 +212,8 @@ def unsupported_reason(cfg: dict) -> str:
     if any(k in cfg for k in ("num_local_experts", "num_experts", "n_routed_experts")):
         return " (a mixture of experts: expert layers are not built)"
     if "text_config" in cfg:
-        return " (a multimodal checkpoint: pass a text-only checkpoint of the language model)"
+        return (" (a multimodal checkpoint: its language model is read for "
+                f"{', '.join(LANGUAGE_MODELS)} only; pass a text-only checkpoint of the language model)")
     return ""
 
 

@@ -87,6 +87,15 @@ def family_config(vocab: int, variant: str):
                                                     "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                                        "rope_theta": 10000.0}},
                                    final_logit_softcapping=3.0, **base)
+    if variant == "gemma3_vision":  # a multimodal checkpoint (a vision tower beside it): its language model runs
+        base.update(num_key_value_heads=1, eos_token_id=0, bos_token_id=0)
+        text = dict(head_dim=32, sliding_window=6, layer_types=["sliding_attention", "full_attention"], **base)
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+                      patch_size=4)
+        cfg = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                              image_token_index=vocab - 1, boi_token_index=vocab - 2, eoi_token_index=vocab - 3)
+        cfg.eos_token_id = 0  # what the generation config stops on (the language model's own)
+        return cfg
     if variant == "gemma2":  # alternating sliding / full layers, capped scores and logits (caps that bind here)
         return tf.Gemma2Config(head_dim=16, sliding_window=5, query_pre_attn_scalar=32, attn_logit_softcapping=0.5,
                                final_logit_softcapping=5.0, **base)
@@ -119,7 +128,7 @@ def opt_config(vocab: int, variant: str):
     return OPTConfig(word_embed_proj_dim=64, do_layer_norm_before=True, **base)
 
 
-FAMILY_VARIANTS = ("qwen3", "qwen3_window", "gemma3", "gemma2", "gemma", "phi3", "olmo2", "granite", "smollm3")
+FAMILY_VARIANTS = ("qwen3", "qwen3_window", "gemma3", "gemma3_vision", "gemma2", "gemma", "phi3", "olmo2", "granite", "smollm3")
 VARIANTS = ("opt", "opt350m", "llama_gqa_llama3", "llama_linear", "llama_tied", "mistral", "mistral_window", "qwen2")
 
 

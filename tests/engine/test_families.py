@@ -110,7 +110,7 @@ def test_both_config_layouts_give_the_same_spec():
 @pytest.mark.parametrize("config, message", [
     (dict(model_type="qwen3_next", layer_types=["linear_attention", "full_attention"]), "linear_attention"),
     (dict(model_type="mixtral", num_local_experts=8), "mixture of experts"),
-    (dict(model_type="gemma3", text_config={}), "text-only checkpoint"),
+    (dict(model_type="llava", text_config={}), "text-only checkpoint"),
     (dict(model_type="bloom"), "supported: opt, llama"),
 ])
 def test_what_is_not_built_is_refused_naming_it(tmp_path, config, message):
