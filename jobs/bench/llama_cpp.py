@@ -38,7 +38,9 @@ from jobs.bench import whole_process as wp
 log = logging.getLogger(__name__)
 SETUP_SCRIPT = "scripts/setup_llama_cpp.sh"
 FORMATS = {"bf16": "", "Q8_0": " int8", "Q4_0": " int4"}  # GGUF type -> the flexbatch line (suffix) of its width
-ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # a config's model_type -> the class convert_hf_to_gguf.py converts
+# a config's model_type -> the class convert_hf_to_gguf.py converts (its Qwen3 and Gemma 3 converters, as its Llama
+# one, take the vocabulary from a SentencePiece tokenizer.model where the folder has one)
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context holds
 # how llama.cpp loads the GGUF (its -lm): "mmap", its default, maps the file and also keeps repacked copies of the
 # weights its kernels reorder (at 7B in Q4_0: 3.9 GB mapped beside 3.7 GB repacked); "none" reads the file into

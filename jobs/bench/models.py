@@ -1,6 +1,6 @@
-"""What the engine benchmark runs on: random-weight Llama checkpoints (built once with `transformers` +
-`save_pretrained`, then cached), prompts of an exact token length, the model-FLOP count of a run, and the
-process memory and machine facts that go with each figure."""
+"""What the engine benchmark runs on: random-weight checkpoints of the Llama, OPT, Qwen3 and Gemma 3 families (built
+once with `transformers` + `save_pretrained`, then cached), prompts of an exact token length, the model-FLOP count
+of a run, and the process memory and machine facts that go with each figure."""
 
 from __future__ import annotations
 
@@ -33,9 +33,11 @@ FLOPS_FORMULA = (
 
 @dataclass(frozen=True)
 class Preset:
-    """A model shape of every benchmark: `family` "llama" or "opt", and the config's sizes. Llama embeddings are
-    tied (as in most ~300M Llama-family models): untied 32000-word embeddings plus head would alone be 20 % of
-    the weights, more than the CPU budget of the disk line leaves once two layers are staged."""
+    """A model shape of every benchmark: `family` names its `transformers` config class (FAMILY_CONFIGS), then the
+    config's sizes, and `config_fields` the family's own fields as (name, value) pairs (head_dim, sliding_window,
+    ...). Llama embeddings are tied (as in most ~300M Llama-family models): untied 32000-word embeddings plus head
+    would alone be 20 % of the weights, more than the CPU budget of the disk line leaves once two layers are
+    staged."""
 
     hidden_size: int
     intermediate_size: int
@@ -46,21 +48,38 @@ class Preset:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = True
     family: str = "llama"
+    config_fields: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self):
+        if self.family not in FAMILY_CONFIGS:
+            raise ValueError(f"family {self.family!r}: expected one of {', '.join(FAMILY_CONFIGS)}")
 
     def hf_config(self):
         """The `transformers` config. No EOS: every row generates exactly max_new_tokens, as HF's
         min_new_tokens makes its rows do."""
-        from transformers import LlamaConfig, OPTConfig
+        import transformers
 
+        config_class = getattr(transformers, FAMILY_CONFIGS[self.family])
         common = dict(hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
                       num_attention_heads=self.num_attention_heads, vocab_size=self.vocab_size,
                       max_position_embeddings=self.max_position_embeddings, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=0)
+                      pad_token_id=0, **dict(self.config_fields))
         if self.family == "opt":
-            return OPTConfig(ffn_dim=self.intermediate_size, word_embed_proj_dim=self.hidden_size,
-                             do_layer_norm_before=True, **common)
-        return LlamaConfig(intermediate_size=self.intermediate_size, num_key_value_heads=self.num_key_value_heads,
-                           tie_word_embeddings=self.tie_word_embeddings, **common)
+            return config_class(ffn_dim=self.intermediate_size, word_embed_proj_dim=self.hidden_size,
+                                do_layer_norm_before=True, **common)
+        return config_class(intermediate_size=self.intermediate_size, num_key_value_heads=self.num_key_value_heads,
+                            tie_word_embeddings=self.tie_word_embeddings, **common)
+
+    def record(self) -> dict:
+        """The preset as its checkpoint's complete.json records it; `config_fields` only where it has some, so the
+        presets without them keep the record (and the cached checkpoints) they had before the field."""
+        out = asdict(self) | {"config_fields": dict(self.config_fields)}
+        if not self.config_fields:
+            del out["config_fields"]
+        return out
+
+
+FAMILY_CONFIGS = {"llama": "LlamaConfig", "opt": "OPTConfig", "qwen3": "Qwen3Config", "gemma3": "Gemma3TextConfig"}
 
 
 # tiny has 10 layers because weights 4x the CPU budget must still leave room for two staged layers and the
@@ -76,6 +95,15 @@ PRESETS = {
     # vocabulary (~14.5 GB in bf16), and Llama-2-13B's shape (~26 GB)
     "7b": Preset(4096, 14336, 32, 32, 8, 32000, tie_word_embeddings=False),
     "13b": Preset(5120, 13824, 40, 40, 40, 32000, tie_word_embeddings=False),
+    # today's families at the 100m preset's scale, their layers shaped as the smallest released models' are (bench
+    # workloads --llama-cpp): Qwen3-0.6B's (q/k norms, head_dim 128 with 16 heads over hidden 1024, 8 KV heads,
+    # FFN 3072, RoPE base 1e6, tied head) in 8 layers; Gemma 3 1B's (head_dim 256, 4 heads over 1 KV head, sliding
+    # window 512 in 5 of every 6 layers, queries scaled by query_pre_attn_scalar 256, GELU-tanh, tied head) at
+    # hidden 1024 with FFN 4096 in 6 layers: one 5:1 local/global pattern
+    "qwen3-100m": Preset(1024, 3072, 8, 16, 8, 32000, family="qwen3",
+                         config_fields=(("head_dim", 128), ("rope_theta", 1e6))),
+    "gemma3-100m": Preset(1024, 4096, 6, 4, 1, 32000, family="gemma3",
+                          config_fields=(("head_dim", 256), ("sliding_window", 512), ("query_pre_attn_scalar", 256))),
 }
 STREAM_ABOVE_BYTES = 4 << 30  # a checkpoint larger than this is written a shard at a time, not built in memory
 
@@ -86,7 +114,7 @@ def build_checkpoint(preset: str | Preset, cache_dir: str | Path | None = None, 
     p = PRESETS[preset] if isinstance(preset, str) else preset
     out = Path(cache_dir or DEFAULT_CACHE_DIR) / (folder or str(preset))
     done = out / "complete.json"
-    if done.is_file() and json.loads(done.read_text()) == asdict(p):
+    if done.is_file() and json.loads(done.read_text()) == p.record():
         return out
     out.mkdir(parents=True, exist_ok=True)
     log.info("building the %s checkpoint in %s", folder or preset, out)
@@ -95,7 +123,7 @@ def build_checkpoint(preset: str | Preset, cache_dir: str | Path | None = None, 
         write_sharded_random(out, p.hf_config(), torch.bfloat16)
     else:
         save_random_model(out, p.hf_config(), torch.bfloat16)
-    done.write_text(json.dumps(asdict(p)))
+    done.write_text(json.dumps(p.record()))
     return out
 
 

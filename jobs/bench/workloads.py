@@ -6,7 +6,8 @@ set the compression targets (every row generates exactly G tokens; tokens/s coun
     W3  128 prompts x 64 tokens, generate 16      (many short rows)
 
 and the three on which vLLM's CPU build was first measured against flexbatch (preset 100m, bfloat16 where the CPU
-has native bf16): short 96 x 64 generate 16, gen 32 x 64 generate 64, bulk 512 x 128 generate 32.
+has native bf16): short 96 x 64 generate 16, gen 32 x 64 generate 64, bulk 512 x 128 generate 32; the same three
+compare today's families with llama.cpp on the presets qwen3-100m and gemma3-100m (jobs/bench/models.py).
 
 Lines: flexbatch uncompressed in the run's dtype (with --backend aten also without oneDNN's reordered dense weights:
 the line "... aten"), with int4 and with int8 weights, and CTranslate2 (the `bench`
@@ -294,7 +295,7 @@ def table_text(report: dict) -> str:
               help="Workloads to run (repeatable): W1-W3, or short, gen and bulk (vLLM's first comparison, "
                    "with --preset 100m).  [default: W1, W2, W3]")
 @click.option("--preset", type=click.Choice(sorted(bm.PRESETS)), default=WorkloadConfig.preset, show_default=True,
-              help="Model shape (a random-weight Llama built once and cached).")
+              help="Model shape (a random-weight checkpoint of its family, built once and cached).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=WorkloadConfig.dtype,
               show_default=True, help="Compute dtype of the uncompressed lines.")
 @click.option("--repeats", type=click.IntRange(min=1), default=WorkloadConfig.repeats, show_default=True)

@@ -83,3 +83,38 @@ def test_ctranslate2_dense_line_falls_back_to_float32_where_bfloat16_is_refused(
     assert wl.ct2_dense_type("bfloat16") == "float32"
     monkeypatch.setattr(ctranslate2, "get_supported_compute_types", lambda device: {"int8", "float32", "bfloat16"})
     assert wl.ct2_dense_type("bfloat16") == "bfloat16" and wl.ct2_dense_type("float32") == "float32"
+
+
+def test_the_qwen3_and_gemma3_presets_build_their_family_configs_with_the_released_layer_shapes():
+    """Config objects only (no checkpoint written): each family preset names its config class, carries the family's
+    own fields, and reads back as that family in the engine's spec."""
+    from engine.spec import spec_from_config
+
+    qwen = bm.PRESETS["qwen3-100m"].hf_config()
+    assert type(qwen).__name__ == "Qwen3Config" and qwen.model_type == "qwen3"
+    assert (qwen.hidden_size, qwen.num_attention_heads, qwen.num_key_value_heads, qwen.head_dim) == (1024, 16, 8, 128)
+    assert qwen.tie_word_embeddings and qwen.rope_parameters["rope_theta"] == 1e6 and qwen.eos_token_id is None
+    spec = spec_from_config(qwen.to_dict())
+    assert spec.qk_norm == "head" and spec.head_dim * spec.num_heads == 2048 and spec.sliding_window is None
+
+    gemma = bm.PRESETS["gemma3-100m"].hf_config()
+    assert type(gemma).__name__ == "Gemma3TextConfig" and gemma.model_type == "gemma3_text"
+    assert (gemma.num_attention_heads, gemma.num_key_value_heads, gemma.head_dim) == (4, 1, 256)
+    assert (gemma.sliding_window, gemma.query_pre_attn_scalar, gemma.hidden_activation) == (512, 256,
+                                                                                            "gelu_pytorch_tanh")
+    assert gemma.layer_types == ["sliding_attention"] * 5 + ["full_attention"] and gemma.tie_word_embeddings
+    spec = spec_from_config(gemma.to_dict())
+    assert spec.sliding_layers == (True,) * 5 + (False,) and spec.attn_scale == 256 ** -0.5
+
+
+def test_a_preset_records_its_family_fields_and_the_presets_without_them_keep_their_record():
+    """complete.json decides whether a cached checkpoint is rebuilt: the Llama and OPT presets record what they did
+    before presets had family fields; a family preset's record survives the JSON round trip."""
+    assert bm.PRESETS["100m"].record() == {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
+                                           "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000,
+                                           "max_position_embeddings": 2048, "tie_word_embeddings": True,
+                                           "family": "llama"}
+    gemma = bm.PRESETS["gemma3-100m"].record()
+    assert json.loads(json.dumps(gemma)) == gemma and gemma["config_fields"]["sliding_window"] == 512
+    with pytest.raises(ValueError, match="family 'mistral'"):
+        bm.Preset(64, 128, 2, 4, 4, 100, family="mistral")
