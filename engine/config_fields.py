@@ -176,9 +176,32 @@ def _granite(cfg: dict) -> dict:
                 logit_divisor=float(cfg.get("logits_scaling", 1.0)))
 
 
+def _moe_layers(cfg: dict) -> tuple[bool, ...]:
+    """Qwen-MoE: every `decoder_sparse_step`-th layer is a mixture, but those in `mlp_only_layers`."""
+    step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or ())
+    return tuple((i + 1) % step == 0 and i not in dense for i in range(cfg["num_hidden_layers"]))
+
+
+def _mixtral(cfg: dict) -> dict:
+    """Mixtral: top-k of a softmax over every expert, renormalized; experts w1 (gate), w3 (up), w2 (down)."""
+    return dict(num_experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
+                expert_ffn_size=cfg["intermediate_size"], norm_topk_prob=True, moe_prefix="block_sparse_moe.",
+                expert_down="w2")
+
+
+def _qwen_moe(cfg: dict) -> dict:
+    """Qwen2-MoE / Qwen3-MoE: top-k of a softmax, renormalized where `norm_topk_prob`; Qwen2-MoE's shared expert
+    (its output gated by a sigmoid) beside the routed ones; dense layers where `mlp_only_layers` says."""
+    experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # transformers 4 | 5
+    return dict(num_experts=experts, experts_per_token=cfg["num_experts_per_tok"],
+                expert_ffn_size=cfg["moe_intermediate_size"], norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                shared_expert_ffn_size=cfg.get("shared_expert_intermediate_size") or 0, moe_layers=_moe_layers(cfg))
+
+
 def _smollm3(cfg: dict) -> dict:
     return dict(rope_layers=tuple(0 if _uses_rope(cfg, i) else -1 for i in range(cfg["num_hidden_layers"])))
 
 
-_FAMILY = {"qwen2": _qwen2, "qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3,
+_FAMILY = {"qwen2": _qwen2, "qwen3": _qwen3, "mixtral": _mixtral, "qwen2_moe": lambda c: _qwen2(c) | _qwen_moe(c),
+           "qwen3_moe": lambda c: _qwen3(c) | _qwen_moe(c), "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3,
            "olmo2": _olmo2, "granite": _granite, "smollm3": _smollm3}

@@ -17,10 +17,11 @@ ACTIVATION_NAMES = ("relu", "silu", "gelu", "gelu_pytorch_tanh")  # engine/model
 OPT_TYPES = ("opt",)
 # the rotary decoder families (engine/models/llama.py and the families built on it, engine/models/__init__.py)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
-               "smollm3")
+               "smollm3", "mixtral", "qwen2_moe", "qwen3_moe")
 SUPPORTED_TYPES = OPT_TYPES + LLAMA_TYPES
 BLOCKS = ("pre", "sandwich", "post")  # where a layer's norms sit around attention and the MLP (ModelSpec.block)
 QK_NORMS = (None, "head", "proj")  # RMSNorm of q and k before RoPE: none, over each head, over the projection
+ROUTERS = ("softmax", "topk")  # softmax over every expert then the top k (Mixtral, Qwen), or softmax of the top k
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,18 @@ class ModelSpec:
     attn_softcap: float | None = None  # scores = cap * tanh(scores / cap) (Gemma 2)
     logit_divisor: float = 1.0  # the logits divided by this (Granite's logits_scaling)
     final_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2)
+    # a mixture of experts (engine/models/experts.py): layers where `moe_layers` is set replace the MLP by
+    # `num_experts` experts of width `expert_ffn_size`, `experts_per_token` of them per token, and a shared expert
+    # of width `shared_expert_ffn_size` where it is not 0; its weights under `moe_prefix`
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_ffn_size: int = 0
+    shared_expert_ffn_size: int = 0
+    router: str = "softmax"
+    norm_topk_prob: bool = False  # the top k's weights renormalized to sum to 1
+    moe_layers: tuple[bool, ...] = ()  # () : every layer when num_experts
+    moe_prefix: str = "mlp."
+    expert_down: str = "down_proj"  # an expert's down projection (Mixtral: w2)
     # OPT
     word_embed_proj_dim: int | None = None
     do_layer_norm_before: bool = True
@@ -91,6 +104,12 @@ class ModelSpec:
             object.__setattr__(self, "sliding_layers", (self.sliding_window is not None,) * n)
         if not self.rope_layers:
             object.__setattr__(self, "rope_layers", (0,) * n)
+        if not self.moe_layers:
+            object.__setattr__(self, "moe_layers", (self.num_experts > 0,) * n)
+        assert self.router in ROUTERS and len(self.moe_layers) == n, (self.router, self.moe_layers)
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise UnsupportedModelError(f"num_experts_per_tok={self.experts_per_token} is not within 1..num_experts="
+                                        f"{self.num_experts}")
         assert len(self.sliding_layers) == n and len(self.rope_layers) == n, (self.sliding_layers, self.rope_layers)
         assert self.block in BLOCKS and self.qk_norm in QK_NORMS, (self.block, self.qk_norm)
         if not any(self.sliding_layers):
@@ -116,6 +135,9 @@ class ModelSpec:
         mlp = 3 * h * ffn + (2 * ffn + h if self.mlp_bias else 0)
         norms = {"pre": 2, "sandwich": 4, "post": 2}[self.block] * h
         qk = {None: 0, "head": 2 * d, "proj": q + kv}[self.qk_norm]
+        if self.num_experts:  # the widest layer: a mixture's (every expert, the router, the shared expert)
+            mlp = max(mlp, self.num_experts * (3 * h * self.expert_ffn_size + h) + 3 * h * self.shared_expert_ffn_size
+                      + (h if self.shared_expert_ffn_size else 0))
         return attn + (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0) + mlp + norms + qk
 
     def layer_bytes(self, bytes_per_param: float = 2.0) -> float:
@@ -210,7 +232,7 @@ def unsupported_reason(cfg: dict) -> str:
     if kinds:
         return f" (its layers of kind {', '.join(kinds)} are not built)"
     if any(k in cfg for k in ("num_local_experts", "num_experts", "n_routed_experts")):
-        return " (a mixture of experts: expert layers are not built)"
+        return " (a mixture of experts of a kind not built; built: mixtral, qwen2_moe, qwen3_moe)"
     if "text_config" in cfg:
         return (" (a multimodal checkpoint: its language model is read for "
                 f"{', '.join(LANGUAGE_MODELS)} only; pass a text-only checkpoint of the language model)")

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 
 from engine.kernels.rates import MIN_PACK_GAIN, MIN_PACK_PARAMS, ROWS
 from engine.memory.disk_read import reads_direct
-from engine.memory.footprint import kv_slot_bytes, linear_params, linear_shapes, stored_layer_bytes
+from engine.memory.footprint import (
+    active_linear_params,
+    kv_slot_bytes,
+    linear_params,
+    linear_shapes,
+    stored_layer_bytes,
+)
 from engine.memory.weight_store import globals_tier, head_in_int8
 from engine.policy import Policy
 from engine.spec import ModelSpec
@@ -196,10 +202,11 @@ def weights_stay_cached(blk: Block, device: str) -> bool:
 
 
 def gemm_s(blk: Block, phase: str, device: str) -> float:
-    """Linear layers: sum over GPU batches of 2 * b * t * P_lin / rate, the rate being the compressed kernel's
+    """Linear layers: sum over GPU batches of 2 * b * t * P_lin / rate (P_lin: the parameters a token computes
+    with, a mixture's chosen experts only), the rate being the compressed kernel's
     at b * t rows where it computes the batch (`kernel_batches`), else matmul_rate(b * t rows, width H), at the
     cache-hot rate when the weights stay cached."""
-    spec, t, p_lin = blk.hw.device(device), tokens(blk.work, phase), linear_params(blk.model)
+    spec, t, p_lin = blk.hw.device(device), tokens(blk.work, phase), active_linear_params(blk.model)
     width, hot = blk.model.hidden_size, weights_stay_cached(blk, device)
     kernel = kernel_batches(blk, phase, device)
     return sum(2 * b * t * p_lin / (spec.kernel_flop_per_s(blk.policy.weight_format, b * t, width) if k else
@@ -231,7 +238,7 @@ def reorder_s(blk: Block, phase: str, device: str) -> Affine:
     gains = [spec.reorder_gain(dtype, rows, width) for rows in ROWS]
     if gains[0] is None or math.prod(gains) ** (1 / len(gains)) < MIN_PACK_GAIN:
         return Affine()
-    t, p_lin, hot = tokens(blk.work, phase), linear_params(blk.model), weights_stay_cached(blk, device)
+    t, p_lin, hot = tokens(blk.work, phase), active_linear_params(blk.model), weights_stay_cached(blk, device)
     saved = sum(2 * b * t * p_lin / spec.matmul_flop_per_s(b * t, width, hot, dtype)
                 * (1 - 1 / spec.reorder_gain(dtype, b * t, width)) for b in blk.batches)
     return Affine.frac("weight_cpu", -saved * reordered_share(blk.model))
@@ -246,7 +253,7 @@ def kernel_batches(blk: Block, phase: str, device: str) -> list[bool]:
     resident = p.weight_format == "int8" or p.weight_cpu == 1.0  # int4 is packed for its kernel once, at load
     if not p.compress_weight or device != "cpu" or not resident or p.weight_format not in spec.kernel_gflop_per_s:
         return [False] * len(blk.batches)
-    flops, width, hot = 2 * t * linear_params(blk.model), blk.model.hidden_size, weights_stay_cached(blk, device)
+    flops, width, hot = 2 * t * active_linear_params(blk.model), blk.model.hidden_size, weights_stay_cached(blk, device)
     deq = layer_dequant_s(blk, device)
     return [b * flops / spec.kernel_flop_per_s(p.weight_format, b * t, width)
             < b * flops / spec.matmul_flop_per_s(b * t, width, hot, blk.work.dtype) + deq for b in blk.batches]

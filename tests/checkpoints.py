@@ -113,6 +113,14 @@ def family_config(vocab: int, variant: str):
     if variant == "granite":
         return tf.GraniteConfig(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
                                 logits_scaling=2.5, **base)
+    if variant == "mixtral":  # 4 experts, top 2, a sliding window shorter than the prompts
+        return tf.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, sliding_window=6, **base)
+    if variant == "qwen3_moe":  # 16 experts, top 4 renormalized, head_dim not hidden / heads
+        return tf.Qwen3MoeConfig(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32, norm_topk_prob=True,
+                                 head_dim=24, **base)
+    if variant == "qwen2_moe":  # 8 experts, top 1 not renormalized, a shared expert; layer 1 a dense MLP
+        return tf.Qwen2MoeConfig(num_experts=8, num_experts_per_tok=1, moe_intermediate_size=48, norm_topk_prob=False,
+                                 shared_expert_intermediate_size=80, mlp_only_layers=[1], **base)
     if variant == "smollm3":  # layer 1 is a NoPE layer
         return tf.SmolLM3Config(no_rope_layer_interval=2, **base)
     raise ValueError(variant)
@@ -129,6 +137,7 @@ def opt_config(vocab: int, variant: str):
 
 
 FAMILY_VARIANTS = ("qwen3", "qwen3_window", "gemma3", "gemma3_vision", "gemma2", "gemma", "phi3", "olmo2", "granite", "smollm3")
+MOE_VARIANTS = ("mixtral", "qwen3_moe", "qwen2_moe")
 VARIANTS = ("opt", "opt350m", "llama_gqa_llama3", "llama_linear", "llama_tied", "mistral", "mistral_window", "qwen2")
 
 
@@ -142,7 +151,8 @@ def make_checkpoint(out: Path, variant: str, seed: int = 0) -> Path:
     if variant.startswith("opt"):
         cfg = opt_config(vocab, variant)
     else:
-        cfg = family_config(vocab, variant) if variant in FAMILY_VARIANTS else llama_config(vocab, variant)
+        cfg = (family_config(vocab, variant) if variant in FAMILY_VARIANTS + MOE_VARIANTS
+               else llama_config(vocab, variant))
     return save_random_model(out, cfg, torch.float32, seed, adjust=lambda model: perturb_norms(model, seed))
 
 

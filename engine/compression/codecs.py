@@ -30,8 +30,13 @@ from engine.policy import WEIGHT_FORMATS
 _PARTS = ("data", "mins", "scales")
 
 
+ROUTERS = (".gate.weight", "router.weight", "shared_expert_gate.weight")  # a mixture's routers: kept as they are
+
+
 def is_linear_weight(name: str, t: torch.Tensor) -> bool:
-    return t.dim() == 2 and name.endswith(".weight") and "norm" not in name
+    """Whether a layer tensor is a Linear weight a codec compresses: 2-D, not a norm, not a router (a few rows,
+    read by every token, whose rounding would change which experts run)."""
+    return t.dim() == 2 and name.endswith(".weight") and "norm" not in name and not name.endswith(ROUTERS)
 
 
 _INT8_PARTS = ("q8", "q8scales")

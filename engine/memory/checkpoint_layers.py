@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint import CheckpointReader
-from engine.kernels.fuse import FUSED, fuse_projections
+from engine.kernels.fuse import fuse_projections, fused_groups
 from engine.memory.disk_read import ALIGN, SAFETENSORS_DTYPES, aligned_empty, aligned_size
 from engine.memory.span_read import OpenFiles, read_span
 
@@ -148,7 +148,7 @@ def _sources(name: str, fused: dict, spans: dict[str, Span]) -> tuple[Span, ...]
     base = name if name in fused else name.rsplit(".", 1)[0]
     if base in spans:
         return (spans[base],)
-    for group, parts in FUSED.items():
+    for group, parts in fused_groups(spans).items():
         for suffix in (".weight", ".bias"):
             if base == group + suffix:
                 return tuple(spans.get(p + suffix) or _zeros(spans[p + ".weight"].shape[0], fused[base].dtype)

@@ -25,16 +25,36 @@ STAGED_LAYERS = 2  # layers held while weights stream: the one computing and the
 
 
 def linear_shapes(model: ModelSpec) -> list[tuple[int, int]]:
-    """(out, in) of each Linear weight of one layer: q, k, v, o and the MLP (gate, up, down or fc1, fc2)."""
+    """(out, in) of each Linear weight of one layer: q, k, v, o and the MLP (gate, up, down or fc1, fc2), or a
+    mixture's experts (gate, up, down each), its router and its shared expert and gate."""
     h, f = model.hidden_size, model.ffn_size
     q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     mlp = [(f, h), (h, f)] if model.family == "opt" else [(f, h), (f, h), (h, f)]
+    if model.num_experts:
+        fe, fs = model.expert_ffn_size, model.shared_expert_ffn_size
+        shared = [(fs, h), (fs, h), (h, fs)] if fs else []
+        mlp = [(fe, h), (fe, h), (h, fe)] * model.num_experts + shared + router_shapes(model)
     return [(q, h), (kv, h), (kv, h), (h, q), *mlp]
 
 
+def router_shapes(model: ModelSpec) -> list[tuple[int, int]]:
+    """(out, in) of a mixture's routers: the experts' and the shared expert's gate (kept as they are by every
+    codec: engine/compression/codecs.py ROUTERS)."""
+    if not model.num_experts:
+        return []
+    return [(model.num_experts, model.hidden_size)] + ([(1, model.hidden_size)] if model.shared_expert_ffn_size else [])
+
+
 def linear_params(model: ModelSpec) -> int:
-    """P_lin = sum of out * in over one layer's Linear weights (elements): the GEMM work per token is 2 P_lin."""
+    """P_lin = sum of out * in over one layer's Linear weights (elements), what a layer stores."""
     return sum(o * i for o, i in linear_shapes(model))
+
+
+def active_linear_params(model: ModelSpec) -> int:
+    """The Linear parameters one token computes with in a layer: P_lin, less the experts a mixture's token does not
+    run (it runs `experts_per_token` of `num_experts`). The GEMM work per token is 2 x this."""
+    idle = model.num_experts - model.experts_per_token
+    return linear_params(model) - idle * 3 * model.hidden_size * model.expert_ffn_size
 
 
 def int4_row_bytes(n: int, group: int = GROUP) -> int:
@@ -74,9 +94,10 @@ def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool, weight_for
     dense = model.params_per_layer * dtype_bytes
     if not compressed:
         return dense
-    other = model.params_per_layer - linear_params(model)
+    compressed = linear_shapes(model)[: len(linear_shapes(model)) - len(router_shapes(model))]
+    other = model.params_per_layer - sum(o * i for o, i in compressed)
     size = {"int8": int8_bytes, "bf16": bf16_bytes}.get(weight_format, int4_bytes)
-    return sum(size(o, i) for o, i in linear_shapes(model)) + other * dtype_bytes
+    return sum(size(o, i) for o, i in compressed) + other * dtype_bytes
 
 
 def stored_layer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
@@ -90,6 +111,9 @@ def int4_kernel_layout_bytes(model: ModelSpec) -> int:
     h, f = model.hidden_size, model.ffn_size
     q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     mlp = [(f, h), (h, f)] if model.family == "opt" else [(2 * f, h), (h, f)]
+    if model.num_experts:
+        fe, fs = model.expert_ffn_size, model.shared_expert_ffn_size
+        mlp = [(2 * fe, h), (h, fe)] * model.num_experts + ([(2 * fs, h), (h, fs)] if fs else [])
     return sum(int4_bytes(-(-o // 16) * 16, i) for o, i in [(q + 2 * kv, h), (h, q), *mlp])
 
 

@@ -8,6 +8,8 @@ it is; the other families are its settings in the spec (engine/config_fields.py 
     rope_layers     which rotary table each layer uses: the global one, the sliding layers' own (Gemma 3), or
                     none (SmolLM3's NoPE layers); partial rotary and LongRoPE (Phi-3/4) are in the tables
     sliding_layers  which layers attend through the sliding window (Mistral: all; Gemma 2/3: alternating)
+    moe_layers      which layers have a mixture of experts in place of the MLP (Mixtral, Qwen-MoE:
+                    engine/models/experts.py)
     embed_scale, residual_scale, attn_scale, logit_divisor, final_softcap
                     Gemma's sqrt(hidden) embeddings and query scale, Granite's four multipliers, Gemma 2's logit cap
 
@@ -26,6 +28,7 @@ from engine.kernels.layer_ops import split_heads
 from engine.kernels.native import NativeKernels
 from engine.kernels.rope import cos_sin, inv_frequencies, longrope_cos_sin
 from engine.models import Family, StepContext, by_rows, head_weight
+from engine.models.experts import moe_block
 from engine.rope_spec import RopeSpec
 from engine.spec import ModelSpec
 
@@ -84,8 +87,8 @@ class LlamaModel(Family):
         # a new h: the layer's input may be stored elsewhere; x = the MLP's input, normed in the same pass
         h, x = kernels.add_rms_norm(h, a if scale == 1.0 else a.mul_(scale), norm, eps, in_place=False)
         if scale == 1.0:
-            return by_rows(lambda r, xr: r.add_(self._mlp(lw, xr)), h, self.mlp_width, x)
-        return by_rows(lambda r, xr: r.add_(self._mlp(lw, xr).mul_(scale)), h, self.mlp_width, x)
+            return by_rows(lambda r, xr: r.add_(self._ffn(lw, xr, i)), h, self.mlp_width, x)
+        return by_rows(lambda r, xr: r.add_(self._ffn(lw, xr, i).mul_(scale)), h, self.mlp_width, x)
 
     def _sandwich_block(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         """Gemma 2/3: each block's input and output normed, its normed output added to the residual."""
@@ -95,14 +98,14 @@ class LlamaModel(Family):
         norm = self._norm_weight(lw, "pre_feedforward_layernorm.weight", where)
         h, x = self.kernels.add_rms_norm(h, a, norm, eps, in_place=False)
         post = "post_feedforward_layernorm.weight"
-        return by_rows(lambda r, xr: r.add_(self._norm(self._mlp(lw, xr), lw, post, where)), h, self.mlp_width, x)
+        return by_rows(lambda r, xr: r.add_(self._norm(self._ffn(lw, xr, i), lw, post, where)), h, self.mlp_width, x)
 
     def _post_block(self, lw: LayerWeights, h: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         """OLMo 2: each block reads the residual as it is; its normed output is added."""
         where = f"layer {i}"
         h = h + self._norm(self._attention(lw, h.to(self.dtype), ctx, i), lw, "post_attention_layernorm.weight", where)
         post = "post_feedforward_layernorm.weight"
-        return by_rows(lambda r: r.add_(self._norm(self._mlp(lw, r.to(self.dtype)), lw, post, where)), h,
+        return by_rows(lambda r: r.add_(self._norm(self._ffn(lw, r.to(self.dtype), i), lw, post, where)), h,
                        self.mlp_width)
 
     def _attention(self, lw: LayerWeights, x: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
@@ -130,6 +133,10 @@ class LlamaModel(Family):
         if kind < 0:
             return split_heads(qkv, NH, KVH, D)
         return self.kernels.rope_qkv(qkv, ctx.rope[kind], NH, KVH, D)
+
+    def _ffn(self, lw: LayerWeights, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Layer i's feed-forward part: its MLP, or its mixture of experts (engine/models/experts.py)."""
+        return moe_block(self, lw, x) if self.spec.moe_layers[i] else self._mlp(lw, x)
 
     def _mlp(self, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         p, linear = "mlp.", self.kernels.linear

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.compression.int4 import PARAM_DTYPE, QTensor, QuantConfig
-from engine.kernels.fuse import FUSED, fuse_projections
+from engine.kernels.fuse import fuse_projections, fused_groups
 from engine.quantized import int4_formats
 from engine.quantized.config import INT4_METHODS
 from engine.quantized.layer import split_quantized
@@ -61,10 +61,10 @@ def _cat(parts: list[QTensor]) -> QTensor | None:
 
 
 def _fuse(qts: dict[str, QTensor]) -> dict[str, QTensor] | None:
-    """The QTensors with each group of FUSED concatenated, as fuse_projections does to dense weights; None where a
-    group is partly quantized."""
+    """The QTensors with each group of `fused_groups` concatenated, as fuse_projections does to dense weights; None
+    where a group is partly quantized."""
     out = dict(qts)
-    for fused, parts in FUSED.items():
+    for fused, parts in fused_groups(qts).items():
         names = [p + ".weight" for p in parts]
         present = [n in out for n in names]
         if all(present):

@@ -109,7 +109,7 @@ def test_both_config_layouts_give_the_same_spec():
 
 @pytest.mark.parametrize("config, message", [
     (dict(model_type="qwen3_next", layer_types=["linear_attention", "full_attention"]), "linear_attention"),
-    (dict(model_type="mixtral", num_local_experts=8), "mixture of experts"),
+    (dict(model_type="deepseek_v3", n_routed_experts=8), "mixture of experts"),
     (dict(model_type="llava", text_config={}), "text-only checkpoint"),
     (dict(model_type="bloom"), "supported: opt, llama"),
 ])

@@ -1,0 +1,58 @@
+"""A mixture of experts in place of a layer's MLP (Mixtral, Qwen2-MoE, Qwen3-MoE): a router scores every expert
+for each token, the token's top k run, and their outputs are summed weighted by the router.
+
+Tokens are grouped by expert: each expert that any token of the call chose runs once, as one GEMM (through the
+backend's Linear: dense, int8 or 4-bit weights alike) over the rows of the tokens that chose it, and its weighted
+output is added into theirs; no loop runs over tokens. Experts are taken in ascending order, so each token's sum is
+formed in the order the checkpoints' own code forms it (exact in float32)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.checkpoint import LayerWeights
+from engine.spec import ModelSpec
+
+
+def route(logits: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [N, E] -> (weights [N, k] float32, chosen experts [N, k]): the top k of a softmax over every
+    expert (renormalized to sum to 1 where `norm_topk_prob`), or a softmax over the top k logits."""
+    k = spec.experts_per_token
+    if spec.router == "topk":
+        top, chosen = torch.topk(logits.float(), k, dim=-1)
+        return torch.softmax(top, dim=-1), chosen
+    weights, chosen = torch.topk(torch.softmax(logits.float(), dim=-1), k, dim=-1)
+    if spec.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, chosen
+
+
+def mixture(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, expert) -> torch.Tensor:
+    """sum over each token's chosen experts e of weight * expert(e, rows): x [N, H], weights / chosen [N, k],
+    `expert(e, rows [n, H]) -> [n, H]` -> [N, H] in x's dtype."""
+    out = torch.zeros_like(x)
+    picked = chosen.t()  # [k, N]: as the reference's mask, rows of one expert ordered by rank, then token
+    for e in torch.unique(chosen).tolist():
+        rank, token = torch.where(picked == e)
+        y = expert(e, x[token]) * weights[token, rank, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out
+
+
+def moe_block(model, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+    """The mixture of a layer for rows x [*, H] (compute dtype) -> [*, H]: routed experts, plus the shared expert
+    gated by a sigmoid where the model has one."""
+    spec, linear, p = model.spec, model.kernels.linear, model.spec.moe_prefix
+    flat = x.reshape(-1, x.shape[-1])
+    weights, chosen = route(linear(flat, lw[p + "gate.weight"]), spec)
+
+    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+        name = f"{p}experts.{e}."
+        return linear(model._gate(linear(rows, lw[name + "gate_up_proj.weight"])), lw[name + spec.expert_down + ".weight"])
+
+    out = mixture(flat, weights, chosen, expert)
+    if spec.shared_expert_ffn_size:
+        shared = linear(model._gate(linear(flat, lw[p + "shared_expert.gate_up_proj.weight"])),
+                        lw[p + "shared_expert.down_proj.weight"])
+        out = out + torch.sigmoid(linear(flat, lw[p + "shared_expert_gate.weight"])) * shared
+    return out.view(x.shape)
