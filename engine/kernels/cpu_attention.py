@@ -17,7 +17,7 @@ import math
 import torch
 
 from engine.compression.int4 import QTensor, dequantize, dequantize_transposed
-from engine.kernels.attention import attend, cap_scores
+from engine.kernels.attention import ScoreRule, attend, cap_scores, fold_sinks
 
 CacheTensor = torch.Tensor | QTensor
 CHUNK_BYTES = 4 << 20  # float32 bytes per chunk buffer: fastest here at B = 1 and B = 8 (64-1024 slots)
@@ -57,11 +57,11 @@ def chunk_t(x: CacheTensor, t0: int, t1: int, buf: torch.Tensor, scratch: torch.
     return chunk.mT  # [B, KVH, D, Tc]
 
 
-def fold_chunk(state, qg, kt, vt, allowed, softcap=None):
+def fold_chunk(state, qg, kt, vt, allowed, rule=None):
     """One online-softmax step. qg [B, KVH, g, D] (scaled), kt/vt [B, KVH, D, Tc], allowed [B, 1, 1, Tc]; scores
-    soft-capped by `softcap` where given."""
+    soft-capped where the score `rule` says."""
     run_max, denom, o = state  # [B, KVH, g, 1], [B, KVH, g, 1], [B, KVH, g, D]
-    a = cap_scores(torch.matmul(qg, kt), softcap)  # [B, KVH, g, Tc]
+    a = cap_scores(torch.matmul(qg, kt), rule)  # [B, KVH, g, Tc]
     a.masked_fill_(~allowed, -math.inf)
     m_new = torch.maximum(run_max, a.amax(-1, keepdim=True))
     shift = torch.where(torch.isinf(m_new), 0.0, m_new)  # all masked so far: keep exp() finite
@@ -74,7 +74,7 @@ def fold_chunk(state, qg, kt, vt, allowed, softcap=None):
 
 def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor,
                      scale: float | None = None, chunk: int | None = None, buffers: ChunkBuffers | None = None,
-                     softcap: float | None = None):
+                     rule: ScoreRule | None = None):
     """softmax(scale * q K^T, masked) V for one query per row, chunk by chunk along T, in float32.
 
     q [B, NH, 1, D]; k, v [B, KVH, T, D] tensors or QTensors (grouped along D); mask [B, 1, 1, T] bool
@@ -85,15 +85,16 @@ def decode_attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torc
     scale = 1 / math.sqrt(D) if scale is None else scale
     qg = q.reshape(B, KVH, NH // KVH, D).float() * scale  # [B, KVH, g, D]
     state = (qg.new_full((*qg.shape[:3], 1), -math.inf), qg.new_zeros((*qg.shape[:3], 1)), torch.zeros_like(qg))
-    _, denom, o = fold_cache(state, qg, k, v, mask, chunk, buffers, softcap)
+    state = fold_sinks(state, rule.sink_rows(KVH, 1) if rule is not None else None)
+    _, denom, o = fold_cache(state, qg, k, v, mask, chunk, buffers, rule)
     return (o / denom).reshape(B, NH, 1, D).to(q.dtype)
 
 
 def fold_cache(state, qg: torch.Tensor, k: CacheTensor, v: CacheTensor, allowed: torch.Tensor,
-               chunk: int | None = None, buffers: ChunkBuffers | None = None, softcap: float | None = None):
+               chunk: int | None = None, buffers: ChunkBuffers | None = None, rule: ScoreRule | None = None):
     """Fold every slot of k, v [B, KVH, T, D] (tensors or QTensors) into the online-softmax state of scaled
     queries qg [B, KVH, n, D], chunk by chunk (None: auto_chunk); allowed [B, 1, n or 1, T] bool; scores
-    soft-capped by `softcap` where given."""
+    soft-capped where the score `rule` says (its sinks are folded by the caller, once)."""
     B, KVH, _, D = qg.shape
     T = k.shape[2]
     buffers = buffers or ChunkBuffers()
@@ -104,16 +105,16 @@ def fold_cache(state, qg: torch.Tensor, k: CacheTensor, v: CacheTensor, allowed:
         t1 = min(t0 + chunk, T)
         kt = chunk_t(k, t0, t1, buffers.k, buffers.scratch)
         vt = chunk_t(v, t0, t1, buffers.v, buffers.scratch)
-        state = fold_chunk(state, qg, kt, vt, allowed[..., t0:t1], softcap)
+        state = fold_chunk(state, qg, kt, vt, allowed[..., t0:t1], rule)
     return state
 
 
 def attention(q: torch.Tensor, k: CacheTensor, v: CacheTensor, mask: torch.Tensor, scale=None, chunk=None,
-              softcap: float | None = None):
+              rule: ScoreRule | None = None):
     """Dispatch: one query -> chunked decode_attention; a prefill over a QTensor cache -> dequantize, then SDPA
-    (scores soft-capped by `softcap` where given)."""
+    (under the score `rule` where given)."""
     if q.shape[2] == 1:
-        return decode_attention(q, k, v, mask, scale, chunk, softcap=softcap)
+        return decode_attention(q, k, v, mask, scale, chunk, rule=rule)
     if isinstance(k, QTensor):
         k, v = dequantize(k, dtype=q.dtype), dequantize(v, dtype=q.dtype)
-    return attend(q, k, v, mask, scale, softcap)
+    return attend(q, k, v, mask, scale, rule)

@@ -18,13 +18,13 @@ import torch
 
 from engine.compression.int4 import QTensor
 from engine.kernels import decode_choice, own_attention, prefill_choice
-from engine.kernels.attention import cap_scores
+from engine.kernels.attention import ScoreRule, cap_scores, fold_sinks
 from engine.kernels.cpu_attention import fold_cache
 
 SCORE_BYTES = 64 << 20  # float32 scores of the shared part computed at once (rows are taken in groups to fit)
 
 
-def shared_state(qg: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, softcap: float | None = None):
+def shared_state(qg: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, rule: ScoreRule | None = None):
     """Online-softmax state of scaled queries qg [B, KVH, n, D] over the shared K/V [1, KVH, P, D]: running max
     [B, KVH, n, 1], sum of exponentials [B, KVH, n, 1] and weighted values [B, KVH, n, D], float32. Every row's
     queries of a KV head form one [B * n, D] x [D, P] product."""
@@ -35,7 +35,7 @@ def shared_state(qg: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, softcap: 
     for b0 in range(0, B, rows):
         q = qg[b0 : b0 + rows]
         r = q.shape[0]
-        a = cap_scores(torch.matmul(q.transpose(0, 1).reshape(KVH, r * n, D), kT), softcap)  # [KVH, r n, P]
+        a = cap_scores(torch.matmul(q.transpose(0, 1).reshape(KVH, r * n, D), kT), rule)  # [KVH, r n, P]
         m = a.amax(-1, keepdim=True)
         p = a.sub_(m).exp_()
         parts.append([x.view(KVH, r, n, -1).transpose(0, 1) for x in (m, p.sum(-1, keepdim=True), torch.matmul(p, v))])
@@ -44,17 +44,19 @@ def shared_state(qg: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, softcap: 
 
 def shared_prefix_attention(q: torch.Tensor, k, v, mask: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor],
                             scale: float | None = None, chunk: int | None = None,
-                            softcap: float | None = None) -> torch.Tensor:
-    """softmax over [shared keys ; the row's own keys (masked)] of scale * q k (soft-capped by `softcap` where
-    given; the own kernels have no cap), times the values -> [B, NH, S, D] in q's dtype. `shared` is (K, V)
-    [1, KVH, P, D]; the own part is walked in chunks of slots (None: auto)."""
+                            rule: ScoreRule | None = None) -> torch.Tensor:
+    """softmax over [shared keys ; the row's own keys (masked)] of scale * q k (under the score `rule` where given:
+    the own kernels know none), times the values -> [B, NH, S, D] in q's dtype. `shared` is (K, V) [1, KVH, P, D];
+    the own part is walked in chunks of slots (None: auto)."""
     B, NH, S, D = q.shape
     KVH, T = shared[0].shape[1], k.shape[2]
     g = NH // KVH
     scale = 1 / math.sqrt(D) if scale is None else scale
     qg = q.reshape(B, KVH, g * S, D).float() * scale  # query row j * S + s: head j of the group, position s
-    state = shared_state(qg, *shared, softcap)
-    own = softcap is None  # the own kernels compute uncapped scores
+    state = shared_state(qg, *shared, rule)
+    own = rule is None  # the own kernels know no score rule
+    if rule is not None:
+        state = fold_sinks(state, rule.sink_rows(KVH, S))
     if own and S > 1 and own_prefill(q, k):
         m, denom, o = state
         return own_attention.prefill_attention(q, k, v, mask, scale, (m.squeeze(-1), denom.squeeze(-1), o))
@@ -62,7 +64,7 @@ def shared_prefix_attention(q: torch.Tensor, k, v, mask: torch.Tensor, shared: t
         _, denom, o = fold_own(state, qg, k, v, mask.reshape(B, T))
     else:
         allowed = mask.unsqueeze(2).expand(B, 1, g, S, T).reshape(B, 1, g * S, T)
-        _, denom, o = fold_cache(state, qg, k, v, allowed, chunk, softcap=softcap)
+        _, denom, o = fold_cache(state, qg, k, v, allowed, chunk, rule=rule)
     return (o / denom).reshape(B, NH, S, D).to(q.dtype)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.kernels.attention import attend, prefill_mask
+from engine.kernels.attention import ScoreRule, attend, prefill_mask
 from engine.kernels.shared_attention import shared_prefix_attention
 from engine.loop.row_state import RowState
 from engine.models import StepContext
@@ -30,14 +30,14 @@ class RefillKV:
         self.kv, self.rows, self.attention = kv, rows, attention or attend
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None, *, device: str,
-               phase: str, softcap: float | None = None):
+               phase: str, rule: ScoreRule | None = None):
         assert phase == "prefill", phase  # a refill's pass is its rows' prefill, whatever the batch's phase
         self.kv.store_rows(layer, k_new, v_new, start, self.rows, device)
         if self.kv.prefix is not None:
             return shared_prefix_attention(q, k_new, v_new, mask, self.kv.prefix.kv(layer, device), scale,
-                                           softcap=softcap)
-        if softcap is not None:  # the backend's prefill kernel has no cap
-            return attend(q, k_new, v_new, mask, scale, softcap)
+                                           rule=rule)
+        if rule is not None:  # the backend's prefill kernel knows no score rule
+            return attend(q, k_new, v_new, mask, scale, rule)
         return self.attention(q, k_new, v_new, mask, scale)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.attention import attend, prefill_mask
+from engine.kernels.attention import ScoreRule, attend, prefill_mask
 from engine.loop.prompt_logprobs import prompt_logprobs
 from engine.models import StepContext
 
@@ -66,11 +66,11 @@ class SharedPrefix:
         self.hidden, self.where = model.layer(w, h, self.contexts[dev], i), dev
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None, *, device: str,
-               phase: str, softcap: float | None = None):
+               phase: str, rule: ScoreRule | None = None):
         """The prefix's own prefill: keep its K/V [1, KVH, P, D] on its tier and attend over them as computed."""
         self.devices.copy_into(self.k[layer], k_new, device, self.home)
         self.devices.copy_into(self.v[layer], v_new, device, self.home)
-        return attend(q, k_new, v_new, mask, scale, softcap)
+        return attend(q, k_new, v_new, mask, scale, rule)
 
     def kv(self, layer: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefix's K, V of `layer` on compute device `device`."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from engine.compression.int4 import QTensor
-from engine.kernels.attention import attend
+from engine.kernels.attention import ScoreRule, attend
 from engine.kernels.cpu_attention import attention
 from engine.kernels.shared_attention import shared_prefix_attention
 from engine.memory.offload import scratch_tensor
@@ -177,41 +177,41 @@ class PlacedKV:
         self._queued: list = []  # prefill stores in flight: (event, [(cache slice, pinned staging)])
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None, *, device: str,
-               phase: str, softcap: float | None = None):
+               phase: str, rule: ScoreRule | None = None):
         """Store the new K/V [B, KVH, S, D] computed on `device` at slot `start` and attend q [B, NH, S, D] (scores
-        soft-capped by `softcap` where given: the caches' and the backend's own kernels, which have no cap, are
+        under the score `rule` where given: the caches' and the backend's own kernels, which know none, are
         passed by)."""
         decode = phase == "decode"
         if decode and self._queued:  # prefill's queued stores land before the host reads the cache
             self._land(keep=0)
         if self.prefix is not None:
-            return self._attend_with_prefix(layer, q, k_new, v_new, start, mask, scale, device, decode, softcap)
-        if not decode and self.prefill_attention is not None and softcap is None:
+            return self._attend_with_prefix(layer, q, k_new, v_new, start, mask, scale, device, decode, rule)
+        if not decode and self.prefill_attention is not None and rule is None:
             return self._prefill(layer, q, k_new, v_new, start, mask, scale, device)
-        if len(self.segments) == 1 and self.segments[0][0] == device and softcap is None:
+        if len(self.segments) == 1 and self.segments[0][0] == device and rule is None:
             return self.segments[0][2].attend(layer, q, k_new, v_new, start, mask, scale)
-        outs = [self._attend_segment(seg, layer, q, k_new, v_new, start, mask, scale, device, decode, softcap)
+        outs = [self._attend_segment(seg, layer, q, k_new, v_new, start, mask, scale, device, decode, rule)
                 for seg in self.segments]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def _attend_segment(self, seg, layer, q, k_new, v_new, start, mask, scale, dev: str, decode: bool, softcap):
+    def _attend_segment(self, seg, layer, q, k_new, v_new, start, mask, scale, dev: str, decode: bool, rule):
         tier, rows, cache = seg
         home, mv = ("cpu" if tier == "disk" else tier), self.devices.move
         if not decode:  # prefill: every key is new, so attend on the compute device and only store
             self._store(seg, layer, k_new, v_new, start, dev)
-            return attend(q[rows], k_new[rows], v_new[rows], mask[rows], scale, softcap)
+            return attend(q[rows], k_new[rows], v_new[rows], mask[rows], scale, rule)
         k_home, v_home = mv(k_new[rows], dev, home), mv(v_new[rows], dev, home)
         where = home if self.cpu_attention else dev
-        if where == home and softcap is None:
+        if where == home and rule is None:
             o = cache.attend(layer, mv(q[rows], dev, home), k_home, v_home, start, mv(mask[rows], dev, home), scale)
             return mv(o, home, dev)
         k_all, v_all = cache.update(layer, k_home, v_home, start)
         if where == home:
-            o = attention(mv(q[rows], dev, home), k_all, v_all, mv(mask[rows], dev, home), scale, softcap=softcap)
+            o = attention(mv(q[rows], dev, home), k_all, v_all, mv(mask[rows], dev, home), scale, rule=rule)
             return mv(o, home, dev)
-        return attention(q[rows], *self._fetch([k_all, v_all], home, dev), mask[rows], scale, softcap=softcap)
+        return attention(q[rows], *self._fetch([k_all, v_all], home, dev), mask[rows], scale, rule=rule)
 
-    def _attend_with_prefix(self, layer, q, k_new, v_new, start, mask, scale, dev: str, decode: bool, softcap):
+    def _attend_with_prefix(self, layer, q, k_new, v_new, start, mask, scale, dev: str, decode: bool, rule):
         """Attention over the block's shared prefix and each row's own slots (engine/kernels/shared_attention.py).
         A prefill stores its new K/V and attends over them on the compute device; a decode attends per segment
         where `_attend_segment` would, the prefix's K/V brought there."""
@@ -219,19 +219,19 @@ class PlacedKV:
         if not decode:
             for seg in self.segments:
                 self._store(seg, layer, k_new, v_new, start, dev)
-            return shared_prefix_attention(q, k_new, v_new, mask, shared(layer, dev), scale, softcap=softcap)
+            return shared_prefix_attention(q, k_new, v_new, mask, shared(layer, dev), scale, rule=rule)
         outs, mv = [], self.devices.move
         for tier, rows, cache in self.segments:
             home = "cpu" if tier == "disk" else tier
             k_all, v_all = cache.update(layer, mv(k_new[rows], dev, home), mv(v_new[rows], dev, home), start)
             if self.cpu_attention or home == dev:
                 o = shared_prefix_attention(mv(q[rows], dev, home), k_all, v_all, mv(mask[rows], dev, home),
-                                            shared(layer, home), scale, softcap=softcap)
+                                            shared(layer, home), scale, rule=rule)
                 outs.append(mv(o, home, dev))
             else:
                 k_all, v_all = self._fetch([k_all, v_all], home, dev)
                 outs.append(shared_prefix_attention(q[rows], k_all, v_all, mask[rows], shared(layer, dev), scale,
-                                                    softcap=softcap))
+                                                    rule=rule))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _prefill(self, layer, q, k_new, v_new, start, mask, scale, dev: str):

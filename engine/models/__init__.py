@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from engine import trace
 from engine.compression.qlinear import QWeight
+from engine.kernels.attention import ScoreRule
 from engine.kernels.native import NativeKernels
 from engine.spec import ModelSpec
 
@@ -47,13 +48,13 @@ class StepContext:
         assert self.phase in PHASES, self.phase
 
     def attend(self, layer: int, q, k_new, v_new, scale: float | None = None, sliding: bool = False,
-               softcap: float | None = None) -> torch.Tensor:
+               rule: ScoreRule | None = None) -> torch.Tensor:
         """Store this step's K/V [B, KVH, S, D] of `layer` in the cache and attend q [B, NH, S, D] -> [B, NH, S, D],
-        through the sliding window's mask where `sliding`, the scores soft-capped by `softcap` where given."""
+        through the sliding window's mask where `sliding`, under the score `rule` where the model has one."""
         mask = self.window_mask if sliding else self.mask
         with trace.scope(trace.ATTENTION):
             return self.cache.attend(layer, q, k_new, v_new, self.start, mask, scale, device=self.device,
-                                     phase=self.phase, softcap=softcap)
+                                     phase=self.phase, rule=rule)
 
 
 CHUNK_BYTES = 16 << 20  # the widest row-local temporary a chunk of rows may take (see by_rows)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.checkpoint import LayerWeights, require
-from engine.kernels.attention import window_mask
+from engine.kernels.attention import ScoreRule, window_mask
 from engine.kernels.layer_ops import split_heads
 from engine.kernels.native import NativeKernels
 from engine.kernels.rope import cos_sin, inv_frequencies, longrope_cos_sin
@@ -114,9 +114,16 @@ class LlamaModel(Family):
         p, linear = "self_attn.", self.kernels.linear
         qkv = linear(x, lw[p + "qkv_proj.weight"], lw.get(p + "qkv_proj.bias"))  # [B, S, (NH + 2 KVH) D]
         q, k, v = self._heads(lw, qkv, ctx, i)  # [B, NH | KVH, S, D], q and k normed and rotated where the model does
-        o = ctx.attend(i, q, k, v, self.spec.attn_scale, self.spec.sliding_layers[i], self.spec.attn_softcap)
+        o = ctx.attend(i, q, k, v, self.spec.attn_scale, self.spec.sliding_layers[i], self._rule(lw))
         o = o.transpose(1, 2).reshape(B, S, NH * D)
         return linear(o, lw[p + "o_proj.weight"], lw.get(p + "o_proj.bias"))
+
+    def _rule(self, lw: LayerWeights) -> ScoreRule | None:
+        """The layer's score rule: Gemma 2's cap, gpt-oss's sinks; None for a model with neither."""
+        sinks = lw.get("self_attn.sinks")
+        if sinks is None and self.spec.attn_softcap is None:
+            return None
+        return ScoreRule(self.spec.attn_softcap, sinks)
 
     def _heads(self, lw: LayerWeights, qkv: torch.Tensor, ctx: StepContext, i: int):
         """qkv [B, S, (NH + 2 KVH) D] -> q [B, NH, S, D], k, v [B, KVH, S, D]: q and k normed in place in qkv where
