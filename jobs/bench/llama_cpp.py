@@ -33,6 +33,7 @@ from pathlib import Path
 
 import click
 
+from engine.dtypes import cpu_info
 from jobs.bench import whole_process as wp
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,12 @@ MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context holds
 LOAD_MODES = ("mmap", "none")
 BATCH, UBATCH = 2048, 512  # llama.cpp's defaults of -b (tokens per llama_decode call) and -ub (per graph)
 ATTEMPTS = 3  # runs of llama-batched-bench until every expected result line was printed
+# where llama.cpp's AMX kernels (its own layout of Q4_0/Q8_0 weights, used where the CPU has amx_int8) crash, as its
+# issue 20824 reports of some machines (measured here: a SIGSEGV in ggml_backend_amx_mul_mat at the first Q4_0 or
+# Q8_0 matmul, on an AMX Xeon; bf16 runs), the build without them still repacks Q4_0 for AVX-512
+AMX_CRASH = ("llama.cpp's AMX kernels crash on some CPUs (ggml-org/llama.cpp#20824): build DIR without them, the "
+             f"cmake line of {SETUP_SCRIPT} with CMAKE_C_FLAGS and CMAKE_CXX_FLAGS '-mno-amx-tile -mno-amx-int8 "
+             "-mno-amx-bf16' (docs/BENCHMARKS.md, Qwen3 and Gemma 3 against llama.cpp)")
 COLUMNS = ("pp", "tg", "pl", "n_kv", "t_pp", "s_pp", "t_tg", "s_tg", "t", "s")  # its table: PP .. S t/s
 _NUM = r"\s*(-?(?:[\d.]+|nan|inf))\s*"
 ROW = re.compile(r"^\|" + r"\|".join([_NUM] * len(COLUMNS)) + r"\|\s*$", re.M)
@@ -204,7 +211,7 @@ def run_batched_bench(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, g
     argv = bench_command(tools, gguf, rows, prompt_len, gen_len, threads, load_mode)
     for attempt in range(1, ATTEMPTS + 1):
         with tempfile.TemporaryDirectory(prefix="flexbatch-llama-cpp-") as tmp:
-            done = wp.run_process(argv, threads, Path(tmp))
+            done = _run_batched_process(argv, threads, Path(tmp))
         results = parse_results(done["stdout"])
         if not (left := missing_rows(results, rows, prompt_len, gen_len)):
             break
@@ -218,6 +225,16 @@ def run_batched_bench(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, g
             "cpu_seconds": None, "tokens_per_cpu_s": None, "phase_seconds": {"prefill": prefill, "decode": decode},
             "peak_rss_bytes": done["peak_rss_bytes"], "process_seconds": done["seconds"], "attempts": attempt,
             "results": results, "command": argv}
+
+
+def _run_batched_process(argv: list[str], threads: int, workdir: Path) -> dict:
+    """wp.run_process, a crash on a CPU with AMX naming its known cause and the build that avoids it."""
+    try:
+        return wp.run_process(argv, threads, workdir)
+    except click.ClickException as e:
+        if " exited -11:" in e.message and "amx_int8" in (cpu_info("flags") or "").split():
+            raise click.ClickException(f"{e.message}\n{AMX_CRASH}") from None
+        raise
 
 
 class LlamaCppLine:

@@ -94,6 +94,20 @@ def test_tokens_per_s_count_g_tokens_per_row_over_prefill_and_decode_seconds_ret
         line.run(32)
 
 
+def test_a_crash_on_an_amx_cpu_names_the_build_without_llama_cpps_amx_kernels(tmp_path, monkeypatch):
+    def crashing(argv, threads, workdir, env=None):
+        raise click.ClickException("`llama-batched-bench ...` exited -11: ")
+
+    monkeypatch.setattr(wp, "run_process", crashing)
+    monkeypatch.setattr(lc, "cpu_info", lambda field: "avx512f amx_tile amx_int8")
+    line = lc.LlamaCppLine(tools(tmp_path), tmp_path / "Q4_0.gguf", 64, 4, 2)
+    with pytest.raises(click.ClickException, match="-mno-amx-int8"):
+        line.run(8)
+    monkeypatch.setattr(lc, "cpu_info", lambda field: "avx2 avx512f")
+    with pytest.raises(click.ClickException, match="exited -11: $"):
+        line.run(8)
+
+
 def test_a_missing_build_is_a_one_line_error_naming_the_setup_script(tmp_path):
     assert lc.llama_cpp_tools(None) is None
     with pytest.raises(click.UsageError, match=f"{lc.SETUP_SCRIPT} {tmp_path / 'nowhere'}") as err:
