@@ -78,6 +78,8 @@ def _default_kind(cfg: dict, i: int) -> str:
         slides = (i + 1) % cfg.get("sliding_window_pattern", 6) != 0
     elif model_type == "smollm3":
         slides = cfg.get("use_sliding_window", False) and not _uses_rope(cfg, i)
+    elif model_type == "gpt_oss":
+        slides = (i + 1) % 2 != 0
     elif model_type in ("olmo2", "granite", "gemma"):
         slides = False
     else:  # Mistral, Phi-3: every layer
@@ -103,6 +105,8 @@ def rope_spec(params: dict, cfg: dict) -> RopeSpec:
                                      "original_max_position_embeddings") if params.get(k) is not None}
     if rope_type == "longrope":
         kwargs.update(_longrope(params, cfg))
+    if rope_type == "yarn":
+        kwargs.update(_yarn(params, cfg))
     return RopeSpec(theta=float(params["rope_theta"]), rope_type=rope_type, partial=float(partial), **kwargs)
 
 
@@ -119,6 +123,25 @@ def _longrope(params: dict, cfg: dict) -> dict:
     return dict(original_max_position_embeddings=int(original), factor=float(factor), attention_factor=float(scale),
                 short_factor=tuple(map(float, params["short_factor"])),
                 long_factor=tuple(map(float, params["long_factor"])))
+
+
+def _yarn(params: dict, cfg: dict) -> dict:
+    """YaRN's factor (the context's growth unless given), its band and its cos/sin scale (0.1 ln(factor) + 1, or the
+    ratio of two such scales where the config gives mscale and mscale_all_dim)."""
+    original = (params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+                or cfg["max_position_embeddings"])
+    factor = params.get("factor") or cfg["max_position_embeddings"] / original
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    scale = params.get("attention_factor")
+    if scale is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        scale = mscale(m) / mscale(m_all) if m and m_all else mscale()
+    return dict(original_max_position_embeddings=int(original), factor=float(factor), attention_factor=float(scale),
+                beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+                truncate=bool(params.get("truncate", True)))
 
 
 def _uses_rope(cfg: dict, i: int) -> bool:
@@ -198,10 +221,19 @@ def _qwen_moe(cfg: dict) -> dict:
                 shared_expert_ffn_size=cfg.get("shared_expert_intermediate_size") or 0, moe_layers=_moe_layers(cfg))
 
 
+def _gpt_oss(cfg: dict) -> dict:
+    """gpt-oss: a softmax over the top k of a biased router; biased experts with a clamped SwiGLU; attention biases
+    and per-head sinks (read from the weights); alternating sliding / full layers; YaRN."""
+    return dict(num_experts=cfg["num_local_experts"], experts_per_token=cfg["num_experts_per_tok"],
+                expert_ffn_size=cfg["intermediate_size"], router="topk", router_name="router", expert_bias=True,
+                attn_sinks=True,
+                gate_limit=float(cfg.get("swiglu_limit", 7.0)), gate_alpha=float(cfg.get("swiglu_alpha", 1.702)))
+
+
 def _smollm3(cfg: dict) -> dict:
     return dict(rope_layers=tuple(0 if _uses_rope(cfg, i) else -1 for i in range(cfg["num_hidden_layers"])))
 
 
 _FAMILY = {"qwen2": _qwen2, "qwen3": _qwen3, "mixtral": _mixtral, "qwen2_moe": lambda c: _qwen2(c) | _qwen_moe(c),
-           "qwen3_moe": lambda c: _qwen3(c) | _qwen_moe(c), "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3,
+           "qwen3_moe": lambda c: _qwen3(c) | _qwen_moe(c), "gpt_oss": _gpt_oss, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3,
            "olmo2": _olmo2, "granite": _granite, "smollm3": _smollm3}

@@ -7,14 +7,16 @@ from dataclasses import dataclass
 
 from engine.errors import UnsupportedModelError
 
-ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """Rotary embedding settings (`rope_type` default / linear / llama3 / longrope). `partial` is the share of
+    """Rotary embedding settings (`rope_type` default / linear / llama3 / longrope / yarn). `partial` is the share of
     each head's dimensions that rotate (the rest pass through); longrope's `short_factor` / `long_factor` divide
-    the frequencies below / from `original_max_position_embeddings`, and `attention_factor` scales cos and sin."""
+    the frequencies below / from `original_max_position_embeddings`; yarn blends interpolated (/ factor) and kept
+    frequencies over the dimensions between `beta_fast` and `beta_slow` rotations (bounds rounded out where
+    `truncate`); `attention_factor` scales cos and sin."""
 
     theta: float = 10000.0
     rope_type: str = "default"
@@ -26,6 +28,9 @@ class RopeSpec:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:

@@ -17,7 +17,7 @@ ACTIVATION_NAMES = ("relu", "silu", "gelu", "gelu_pytorch_tanh")  # engine/model
 OPT_TYPES = ("opt",)
 # the rotary decoder families (engine/models/llama.py and the families built on it, engine/models/__init__.py)
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
-               "smollm3", "mixtral", "qwen2_moe", "qwen3_moe")
+               "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 SUPPORTED_TYPES = OPT_TYPES + LLAMA_TYPES
 BLOCKS = ("pre", "sandwich", "post")  # where a layer's norms sit around attention and the MLP (ModelSpec.block)
 QK_NORMS = (None, "head", "proj")  # RMSNorm of q and k before RoPE: none, over each head, over the projection
@@ -77,6 +77,13 @@ class ModelSpec:
     moe_layers: tuple[bool, ...] = ()  # () : every layer when num_experts
     moe_prefix: str = "mlp."
     expert_down: str = "down_proj"  # an expert's down projection (Mixtral: w2)
+    router_name: str = "gate"  # the router's weight (and bias) under moe_prefix (gpt-oss: router)
+    expert_bias: bool = False  # the router and every expert projection have biases (gpt-oss)
+    attn_sinks: bool = False  # each layer has a sink logit per head, `self_attn.sinks` (gpt-oss)
+    # gpt-oss's gate, where `gate_limit` is set: gate clamped from above and up to +-limit, then
+    # (up + 1) * gate * sigmoid(gate_alpha * gate)
+    gate_limit: float | None = None
+    gate_alpha: float = 1.0
     # OPT
     word_embed_proj_dim: int | None = None
     do_layer_norm_before: bool = True
@@ -136,9 +143,12 @@ class ModelSpec:
         norms = {"pre": 2, "sandwich": 4, "post": 2}[self.block] * h
         qk = {None: 0, "head": 2 * d, "proj": q + kv}[self.qk_norm]
         if self.num_experts:  # the widest layer: a mixture's (every expert, the router, the shared expert)
-            mlp = max(mlp, self.num_experts * (3 * h * self.expert_ffn_size + h) + 3 * h * self.shared_expert_ffn_size
-                      + (h if self.shared_expert_ffn_size else 0))
-        return attn + (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0) + mlp + norms + qk
+            fe, e = self.expert_ffn_size, self.num_experts
+            biases = e * (2 * fe + h) + e if self.expert_bias else 0
+            mlp = max(mlp, e * (3 * h * fe + h) + 3 * h * self.shared_expert_ffn_size
+                      + (h if self.shared_expert_ffn_size else 0) + biases)
+        sinks = self.num_heads if self.attn_sinks else 0
+        return attn + (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0) + mlp + norms + qk + sinks
 
     def layer_bytes(self, bytes_per_param: float = 2.0) -> float:
         return self.params_per_layer * bytes_per_param
@@ -232,7 +242,7 @@ def unsupported_reason(cfg: dict) -> str:
     if kinds:
         return f" (its layers of kind {', '.join(kinds)} are not built)"
     if any(k in cfg for k in ("num_local_experts", "num_experts", "n_routed_experts")):
-        return " (a mixture of experts of a kind not built; built: mixtral, qwen2_moe, qwen3_moe)"
+        return " (a mixture of experts of a kind not built; built: mixtral, qwen2_moe, qwen3_moe, gpt_oss)"
     if "text_config" in cfg:
         return (" (a multimodal checkpoint: its language model is read for "
                 f"{', '.join(LANGUAGE_MODELS)} only; pass a text-only checkpoint of the language model)")

@@ -121,6 +121,9 @@ def family_config(vocab: int, variant: str):
     if variant == "qwen2_moe":  # 8 experts, top 1 not renormalized, a shared expert; layer 1 a dense MLP
         return tf.Qwen2MoeConfig(num_experts=8, num_experts_per_tok=1, moe_intermediate_size=48, norm_topk_prob=False,
                                  shared_expert_intermediate_size=80, mlp_only_layers=[1], **base)
+    if variant == "gpt_oss":  # 8 experts, top 3 of a biased router, sinks, sliding / full layers, YaRN
+        return tf.GptOssConfig(num_local_experts=8, num_experts_per_tok=3, head_dim=16, sliding_window=5,
+                               swiglu_limit=1.5, **base)
     if variant == "smollm3":  # layer 1 is a NoPE layer
         return tf.SmolLM3Config(no_rope_layer_interval=2, **base)
     raise ValueError(variant)
@@ -137,7 +140,7 @@ def opt_config(vocab: int, variant: str):
 
 
 FAMILY_VARIANTS = ("qwen3", "qwen3_window", "gemma3", "gemma3_vision", "gemma2", "gemma", "phi3", "olmo2", "granite", "smollm3")
-MOE_VARIANTS = ("mixtral", "qwen3_moe", "qwen2_moe")
+MOE_VARIANTS = ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss")
 VARIANTS = ("opt", "opt350m", "llama_gqa_llama3", "llama_linear", "llama_tied", "mistral", "mistral_window", "qwen2")
 
 
@@ -157,9 +160,9 @@ def make_checkpoint(out: Path, variant: str, seed: int = 0) -> Path:
 
 
 def perturb_norms(model, seed: int) -> None:
-    """Norm weights and biases start at 1 and 0; random values make a wrong norm or bias path visible."""
+    """Norm weights, biases and attention sinks start at 1 and 0; random values make a wrong path visible."""
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith(".bias"):
+            if "norm" in name or name.endswith((".bias", "_bias", ".sinks")):
                 p.add_(torch.randn(p.shape, generator=g) * 0.1)

@@ -145,3 +145,45 @@ def _quant_config(method: str, kw: dict) -> dict:
                 "version": "gemm", "modules_to_not_convert": None}
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
             "weight_block_size": list(kw["weight_block_size"])}
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def mxfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stacked weight [E, in, out] as gpt-oss publishes it in MXFP4: blocks [E, out, in / 32, 16] uint8 (two e2m1
+    codes a byte, the low nibble first) and e8m0 scales [E, out, in / 32] uint8, each block's scale the power of
+    two that brings its largest magnitude to at most 6, each value rounded to the nearest e2m1 value."""
+    t = w.float().transpose(1, 2)  # [E, out, in]
+    groups = t.reshape(*t.shape[:2], -1, 32)
+    top = groups.abs().amax(-1).clamp(min=2.0**-120)
+    exponent = torch.ceil(torch.log2(top / 6.0))
+    scaled = groups / torch.ldexp(torch.ones_like(exponent), exponent.int())[..., None]
+    codes = (scaled.abs()[..., None] - E2M1).abs().argmin(-1) + 8 * (scaled < 0)  # sign in the nibble's top bit
+    codes = codes.to(torch.uint8).reshape(*groups.shape[:3], 16, 2)
+    return codes[..., 0] | (codes[..., 1] << 4), (exponent + 127).to(torch.uint8)
+
+
+def make_mxfp4_gpt_oss(root: Path) -> Path:
+    """A tiny random gpt-oss checkpoint with its experts in MXFP4 (every other tensor as saved, float32) and the
+    `quantization_config` gpt-oss publishes."""
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    config = GptOssConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, vocab_size=320, max_position_embeddings=128,
+                          num_local_experts=4, num_experts_per_tok=2, sliding_window=6, swiglu_limit=1.5,
+                          initializer_range=0.2, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    out = root / "mxfp4"
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    make_tokenizer(out)
+    state = load_file(out / "model.safetensors")
+    for name in [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        state[name + "_blocks"], state[name + "_scales"] = mxfp4_quantize(state.pop(name))
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                                       "model.layers.*.mlp.router",
+                                                                                       "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out

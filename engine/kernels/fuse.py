@@ -32,10 +32,33 @@ def fused_groups(names) -> dict[str, tuple[str, ...]]:
     return groups
 
 
+STACKED = re.compile(r"^(.*experts\.)(gate_up_proj|down_proj)(_bias)?$")  # gpt-oss: every expert in one tensor
+
+
+def unstack_experts(lw: LayerWeights) -> LayerWeights:
+    """A layer's experts stored stacked (gpt-oss: `experts.gate_up_proj` [E, in, 2F] with gate and up interleaved
+    along its last dimension, `experts.down_proj` [E, F, in], biases [E, out]) as one Linear weight [out, in] and
+    bias per expert, `experts.{e}.gate_up_proj` (gate rows, then up rows) and `experts.{e}.down_proj`."""
+    out = {}
+    for name, t in lw.items():
+        m = STACKED.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, proj, bias = m.groups()
+        for e in range(t.shape[0]):
+            x = t[e] if bias else t[e].T  # [out] or [out, in]
+            if proj == "gate_up_proj":
+                x = torch.cat([x[0::2], x[1::2]])
+            out[f"{prefix}{e}.{proj}.{'bias' if bias else 'weight'}"] = x.contiguous()
+    return out
+
+
 def fuse_projections(lw: LayerWeights) -> LayerWeights:
-    """A layer's weights with each group of `fused_groups` present concatenated (other tensors as they are)."""
-    out = dict(lw)
-    for fused, parts in fused_groups(lw).items():
+    """A layer's weights with each group of `fused_groups` present concatenated, stacked experts unstacked (other
+    tensors as they are)."""
+    out = unstack_experts(lw)
+    for fused, parts in fused_groups(out).items():
         if not all(p + ".weight" in lw for p in parts):
             continue
         for suffix in (".weight", ".bias"):

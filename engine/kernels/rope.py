@@ -23,7 +23,25 @@ def inv_frequencies(rope: RopeSpec, head_dim: int, long: bool = False) -> torch.
         return inv_freq / rope.factor
     if rope.rope_type == "llama3":
         return _llama3_scale(inv_freq, rope)
+    if rope.rope_type == "yarn":
+        return _yarn_scale(rope.theta**exponents, rope, dim)
     return inv_freq
+
+
+def _yarn_scale(powers: torch.Tensor, rope: RopeSpec, dim: int) -> torch.Tensor:
+    """YaRN: frequencies that turn fewer than `beta_slow` times over the original context are divided by `factor`,
+    those that turn more than `beta_fast` times are kept, and the band between is blended linearly by dimension.
+    `powers` are theta^(2i / dim), the inverse of the plain frequencies."""
+    def dim_of(turns: float) -> float:  # the dimension whose frequency turns `turns` times over the original context
+        return dim * math.log(rope.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = dim_of(rope.beta_fast), dim_of(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low if high != low else 0.001)).clamp(0, 1)
+    kept = 1 - ramp
+    return 1.0 / (rope.factor * powers) * (1 - kept) + 1.0 / powers * kept
 
 
 def _llama3_scale(inv_freq: torch.Tensor, rope: RopeSpec) -> torch.Tensor:

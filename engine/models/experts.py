@@ -1,5 +1,5 @@
-"""A mixture of experts in place of a layer's MLP (Mixtral, Qwen2-MoE, Qwen3-MoE): a router scores every expert
-for each token, the token's top k run, and their outputs are summed weighted by the router.
+"""A mixture of experts in place of a layer's MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss): a router scores every
+expert for each token, the token's top k run, and their outputs are summed weighted by the router.
 
 Tokens are grouped by expert: each expert that any token of the call chose runs once, as one GEMM (through the
 backend's Linear: dense, int8 or 4-bit weights alike) over the rows of the tokens that chose it, and its weighted
@@ -44,11 +44,13 @@ def moe_block(model, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
     gated by a sigmoid where the model has one."""
     spec, linear, p = model.spec, model.kernels.linear, model.spec.moe_prefix
     flat = x.reshape(-1, x.shape[-1])
-    weights, chosen = route(linear(flat, lw[p + "gate.weight"]), spec)
+    router = p + spec.router_name
+    weights, chosen = route(linear(flat, lw[router + ".weight"], lw.get(router + ".bias")), spec)
 
     def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
-        name = f"{p}experts.{e}."
-        return linear(model._gate(linear(rows, lw[name + "gate_up_proj.weight"])), lw[name + spec.expert_down + ".weight"])
+        up, down = f"{p}experts.{e}.gate_up_proj", f"{p}experts.{e}.{spec.expert_down}"
+        gated = model._gate(linear(rows, lw[up + ".weight"], lw.get(up + ".bias")))
+        return linear(gated, lw[down + ".weight"], lw.get(down + ".bias"))
 
     out = mixture(flat, weights, chosen, expert)
     if spec.shared_expert_ffn_size:

@@ -151,7 +151,10 @@ class LlamaModel(Family):
         return linear(self._gate(gate_up), lw[p + "down_proj.weight"], lw.get(p + "down_proj.bias"))
 
     def _gate(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """act(gate) * up [*, F]: the fused kernel for SiLU (Llama's), PyTorch for the other activations."""
+        """act(gate) * up [*, F]: the fused kernel for SiLU (Llama's), PyTorch for the other activations and for
+        gpt-oss's clamped form."""
+        if self.spec.gate_limit is not None:
+            return clamped_swiglu(gate_up, self.spec.gate_limit, self.spec.gate_alpha)
         if self.spec.activation == "silu":
             return self.kernels.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
@@ -164,3 +167,12 @@ class LlamaModel(Family):
             logits = logits / self.spec.logit_divisor
         cap = self.spec.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    """gpt-oss's gate: gate_up [*, 2F] (gate, then up) -> (up + 1) * gate * sigmoid(alpha * gate) [*, F], the gate
+    clamped from above and up to [-limit, limit]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))

@@ -12,13 +12,14 @@ from engine.errors import UnsupportedModelError
 
 SUPPORTED = ("gptq (bits=4, checkpoint_format gptq or gptq_v2, pack_dtype int32, any group size, desc_act)",
              "awq (bits=4, version gemm, zero_point=true)",
-             "fp8 (e4m3 weights, float weight_scale_inv per block or per tensor, dynamic activations)")
+             "fp8 (e4m3 weights, float weight_scale_inv per block or per tensor, dynamic activations)",
+             "mxfp4 (gpt-oss's experts: e2m1 values in blocks of 32 with e8m0 scales)")
 INT4_METHODS = ("gptq", "awq")
 
 
 @dataclass(frozen=True)
 class QuantFormat:
-    """A checkpoint's quantization: `method` ("gptq", "awq", "fp8"), the int4 methods' `group_size` (-1: one group
+    """A checkpoint's quantization: `method` ("gptq", "awq", "fp8", "mxfp4"), the int4 methods' `group_size` (-1: one group
     per row) and GPTQ's zero offset (`zero_offset` 1 for checkpoint_format gptq, which stores zero - 1), FP8's
     `block` (rows, cols) of one scale, or None for one scale per tensor."""
 
@@ -44,6 +45,8 @@ def checkpoint_quantization(cfg: dict, where: str | Path = "config.json") -> Qua
         return _awq(qc, where)
     if method == "fp8":
         return _fp8(qc, where)
+    if method == "mxfp4":
+        return QuantFormat("mxfp4", 4, 32)
     _refuse(where, f"quant_method {qc.get('quant_method')!r} is not supported")
 
 

@@ -1,8 +1,9 @@
-"""Mixtures of experts (Mixtral, Qwen3-MoE, Qwen2-MoE with its shared expert): greedy float32 tokens equal
-transformers' `generate` token for token, batched and one row at a time, with weights on disk and with a shared
-prefix; teacher-forced log-probabilities within 1e-4 of the reference forward; 4-bit and int8 experts (routers kept
-as they are) within the Llama family's tolerance for those formats; each expert runs once per call, over the rows
-of the tokens that chose it."""
+"""Mixtures of experts (Mixtral, Qwen3-MoE, Qwen2-MoE with its shared expert, gpt-oss with its sinks, biases,
+clamped SwiGLU and YaRN, and gpt-oss's MXFP4 checkpoints): greedy float32 tokens equal transformers' `generate`
+token for token, batched and one row at a time, with weights on disk and with a shared prefix; teacher-forced
+log-probabilities within 1e-4 of the reference forward; 4-bit and int8 experts (routers kept as they are) within
+the Llama family's tolerance for those formats; each expert runs once per call, over the rows of the tokens that
+chose it."""
 
 import pytest
 import torch
@@ -88,7 +89,7 @@ def test_experts_are_stored_compressed_and_routers_are_not(checkpoint, variant, 
                          offload_dir=tmp_path)
     stored = load_file(next(tmp_path.rglob("layer_0000.safetensors")))
     p = engine.spec.moe_prefix
-    assert f"{p}experts.0.gate_up_proj.weight.data" in stored and f"{p}gate.weight" in stored
+    assert f"{p}experts.0.gate_up_proj.weight.data" in stored and f"{p}{engine.spec.router_name}.weight" in stored
     engine.weights.close()
 
 
@@ -111,3 +112,25 @@ def test_each_expert_runs_once_over_the_tokens_that_chose_it():
     assert torch.allclose(got, want, atol=1e-6)
     assert [e for e, _ in calls] == sorted(set(chosen.flatten().tolist()))  # each chosen expert once, ascending
     assert sum(n for _, n in calls) == 20 * 3  # every (token, choice) once
+
+
+def test_an_mxfp4_gpt_oss_checkpoint_matches_transformers_dequantizing_loader(tmp_path):
+    """gpt-oss's experts as published in MXFP4 (e2m1 blocks of 32, e8m0 scales): dequantized one layer at a time,
+    the values transformers' own MXFP4 loader gives (dequantize=True, its CPU path), and its greedy tokens."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    from engine.quantized.mxfp4 import dense
+    from tests.quantized_checkpoints import make_mxfp4_gpt_oss
+
+    model_dir = make_mxfp4_gpt_oss(tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=Mxfp4Config(dequantize=True),
+                                               dtype=torch.float32).eval()
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        ours = dense(f.get_tensor("model.layers.0.mlp.experts.gate_up_proj_blocks"),
+                     f.get_tensor("model.layers.0.mlp.experts.gate_up_proj_scales"), torch.float32, "gate_up_proj")
+    assert torch.equal(ours, ref.model.layers[0].mlp.experts.gate_up_proj.data)
+    engine = Engine.load(model_dir, dtype="float32")
+    assert engine.spec.quantization.method == "mxfp4"
+    expected = [hf_greedy(ref, engine.tokenizer, p, MAX_NEW, engine.eos_ids) for p in PROMPTS]
+    assert [c.token_ids for c in engine.generate(_reqs(PROMPTS))] == expected

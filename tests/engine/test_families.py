@@ -118,3 +118,21 @@ def test_what_is_not_built_is_refused_naming_it(tmp_path, config, message):
     with pytest.raises(UnsupportedModelError, match=message) as e:
         load_model_spec(tmp_path)
     assert repr(config["model_type"]) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_yarn_frequencies_and_scale_are_transformers(truncate):
+    """YaRN as Qwen3's long-context configs and gpt-oss set it: the same frequencies, bit for bit, and cos/sin
+    scale as transformers' own rule."""
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from engine.kernels.rope import inv_frequencies
+
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6,
+            "truncate": truncate}
+    cfg = Qwen3Config(head_dim=128, max_position_embeddings=131072, rope_parameters=rope)
+    want, scale = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    spec = spec_from_config(json.loads(cfg.to_json_string()))
+    assert torch.equal(inv_frequencies(spec.rope, spec.head_dim), want)
+    assert spec.rope.attention_factor == scale

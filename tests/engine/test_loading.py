@@ -68,9 +68,9 @@ def test_unknown_model_type_is_named(tmp_path):
 def test_unsupported_rope_scaling_is_named(tmp_path):
     d = make_checkpoint(tmp_path / "m", "llama_tied")
     cfg = json.loads((d / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match="'yarn'"):
+    with pytest.raises(UnsupportedModelError, match="'dynamic'"):
         load_model_spec(d)
 
 

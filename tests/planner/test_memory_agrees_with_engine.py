@@ -92,7 +92,7 @@ def check_home_bytes(tmp_path, tiny_llama_dir, policy, dtype="float32"):
         eng.weights.close()
 
 
-@pytest.mark.parametrize("variant", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("variant", ["mixtral", "qwen3_moe", "gpt_oss"])
 @pytest.mark.parametrize("policy", [POLICIES[0], POLICIES[2], POLICIES[3]], ids=["cpu", "compressed-disk", "int8"])
 def test_a_mixtures_bytes_match_the_engine(tmp_path, checkpoint, variant, policy):
     """Every expert is stored (all of them count, compressed or not), its router stays as it is."""
