@@ -28,8 +28,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def chat_checkpoint(tmp_path_factory):
-    """`chat_checkpoint(style)` builds (once per session) a tiny random checkpoint with a real chat template:
-    "llama3", "qwen2" or "mistral" (tests/chat_checkpoints.py)."""
+    """`chat_checkpoint(style)` builds (once per session) a tiny random checkpoint with a real chat template, one of
+    tests/chat_checkpoints.py CHAT_STYLES (Llama 3, Qwen2, Mistral, Qwen3, Gemma 2, Gemma 3, Phi-3.5, SmolLM3)."""
     from tests.chat_checkpoints import make_chat_checkpoint
 
     made = {}
