@@ -1,15 +1,15 @@
 """`flexbatch.run(model=..., input=..., output=..., **options)`: one job, the same code path as `flexbatch run`
-(the command builds its `RunConfig` with `run_config` and runs it with `run_job`)."""
+(the command builds its `RunConfig` with `run_config`, checks it with `prepare_job` and runs it with
+`run_prepared`)."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 
 from engine.request import SamplingParams, check_context
-from engine.spec import load_model_spec
 from pipeline.errors import ConfigError
-from pipeline.execution.driver import run_job
-from pipeline.job import JobSummary, RunConfig
+from pipeline.execution.driver import run_prepared
+from pipeline.job import JobSummary, RunConfig, prepare_job
 
 SAMPLING_OPTIONS = tuple(f.name for f in fields(SamplingParams))
 JOB_OPTIONS = tuple(f.name for f in fields(RunConfig) if f.name not in ("model", "input", "output"))
@@ -38,6 +38,6 @@ def run(model, input, output, **options) -> JobSummary:
     that an earlier call left unfinished; returns the job summary. Errors in the options, input, model or
     output folder raise a `FlexbatchError` subclass before any model loads; so does a max_new_tokens that leaves
     no room for a prompt in the model's context (which would fail every row)."""
-    config = run_config(model, input, output, **options)
-    check_context(config.params, load_model_spec(config.model).max_position_embeddings)
-    return run_job(config)
+    job = prepare_job(run_config(model, input, output, **options))  # the inputs, then the model's config
+    check_context(job.config.params, job.spec.max_position_embeddings)
+    return run_prepared(job)

@@ -77,12 +77,17 @@ class WorkerPool:
 
 
 def run_job(config: RunConfig, pool: WorkerPool | None = None) -> JobSummary:
-    """Check the job, lock the output folder and check it (once: as it is now that no other run can change it),
-    start the engines (or take `pool`'s), complete every shard not yet committed, write `_SUCCESS`."""
-    job = prepare_job(config)
-    lock = lock_output(config.output)
+    """Check the job (`prepare_job`) and run it (`run_prepared`)."""
+    return run_prepared(prepare_job(config), pool)
+
+
+def run_prepared(job: JobSetup, pool: WorkerPool | None = None) -> JobSummary:
+    """Run a job `prepare_job` checked: lock the output folder and check it (once: as it is now that no other run
+    can change it), start the engines (or take `pool`'s), complete every shard not yet committed, write
+    `_SUCCESS`."""
+    lock = lock_output(job.config.output)
     try:
-        output = check_output(job.folder, job.record, config.overwrite)
+        output = check_output(job.folder, job.record, job.config.overwrite)
         return _run_locked(job, output, lock, pool)
     finally:
         lock.release()
