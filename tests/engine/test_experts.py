@@ -1,9 +1,8 @@
 """Mixtures of experts (Mixtral, Qwen3-MoE, Qwen2-MoE with its shared expert, gpt-oss with its sinks, biases,
-clamped SwiGLU and YaRN, and gpt-oss's MXFP4 checkpoints): greedy float32 tokens equal transformers' `generate`
-token for token, batched and one row at a time, with weights on disk and with a shared prefix; teacher-forced
-log-probabilities within 1e-4 of the reference forward; 4-bit and int8 experts (routers kept as they are) within
-the Llama family's tolerance for those formats; each expert runs once per call, over the rows of the tokens that
-chose it."""
+clamped SwiGLU and YaRN, and gpt-oss's MXFP4 checkpoints): token-exact with transformers as every family is
+(tests/engine/test_families.py runs its greedy, teacher-forced and disk / shared-prefix checks on them too);
+4-bit and int8 experts (routers kept as they are) within the Llama family's tolerance for those formats; each
+expert runs once per call, over the rows of the tokens that chose it."""
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from engine.request import Request, SamplingParams
 from engine.spec import spec_from_config
 from tests.checkpoints import MOE_VARIANTS
 from tests.engine.loop.test_shared_prefix import ROWS
-from tests.engine.reference import PROMPTS, hf_greedy, hf_logits, hf_model
+from tests.engine.reference import PROMPTS, hf_greedy
 from tests.engine.teacher_forcing import continuation_logprobs
 
 MAX_NEW = 12
@@ -24,43 +23,6 @@ MAX_NEW = 12
 
 def _reqs(prompts, max_new=MAX_NEW):
     return [Request(str(i), p, SamplingParams(max_new_tokens=max_new)) for i, p in enumerate(prompts)]
-
-
-@pytest.mark.parametrize("variant", MOE_VARIANTS)
-def test_greedy_fp32_matches_transformers(checkpoint, variant):
-    model_dir = checkpoint(variant)
-    engine = Engine.load(model_dir, dtype="float32")
-    ref = hf_model(model_dir)
-    expected = [hf_greedy(ref, engine.tokenizer, p, MAX_NEW, engine.eos_ids) for p in PROMPTS]
-    for batch_size in (len(PROMPTS), 1):
-        assert [c.token_ids for c in engine.generate(_reqs(PROMPTS), batch_size=batch_size)] == expected
-    assert any(len(e) == MAX_NEW for e in expected), "reference stopped early everywhere: test too weak"
-
-
-@pytest.mark.parametrize("variant", MOE_VARIANTS)
-def test_teacher_forced_logprobs_match_the_reference_forward(checkpoint, variant):
-    model_dir = checkpoint(variant)
-    engine = Engine.load(model_dir, dtype="float32")
-    text, n = ROWS[3], 32
-    ids = engine.tokenizer(text)["input_ids"]
-    got = continuation_logprobs(engine, [text], prefix_tokens=n)[0]
-    logits = hf_logits(hf_model(model_dir), engine.tokenizer, engine.tokenizer.decode(ids[:n]), ids[n:])
-    expected = logits.log_softmax(-1).gather(-1, torch.tensor(ids[n:]).view(-1, 1)).view(-1)
-    assert torch.allclose(torch.tensor(got), expected, atol=1e-4), (got, expected.tolist())
-
-
-@pytest.mark.parametrize("variant", MOE_VARIANTS)
-def test_weights_on_disk_and_a_shared_prefix_keep_transformers_tokens(checkpoint, variant, tmp_path):
-    model_dir = checkpoint(variant)
-    engine = Engine.load(model_dir, dtype="float32", policy=Policy(gbs=3, num_gb=2, weight_cpu=0.0),
-                         offload_dir=tmp_path)
-    ref = hf_model(model_dir)
-    expected = [hf_greedy(ref, engine.tokenizer, p, 8, engine.eos_ids) for p in ROWS]
-    assert [c.token_ids for c in engine.generate(_reqs(ROWS, 8))] == expected
-    assert "disk" in engine.weights.placement
-    shared = engine.schedule_counts["shared_tokens"]
-    assert shared > 0 if engine.spec.sliding_window is None else shared == 0, engine.schedule_counts
-    engine.weights.close()
 
 
 def _format_error(checkpoint, variant: str, fmt: str) -> float:

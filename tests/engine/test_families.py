@@ -13,7 +13,7 @@ from engine.errors import UnsupportedModelError
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
 from engine.spec import load_model_spec, spec_from_config
-from tests.checkpoints import FAMILY_VARIANTS
+from tests.checkpoints import FAMILY_VARIANTS, MOE_VARIANTS
 from tests.engine.loop.test_shared_prefix import ROWS
 from tests.engine.reference import PROMPTS, hf_greedy, hf_logits, hf_model
 from tests.engine.teacher_forcing import continuation_logprobs
@@ -25,7 +25,7 @@ def _reqs(prompts, max_new=MAX_NEW):
     return [Request(str(i), p, SamplingParams(max_new_tokens=max_new)) for i, p in enumerate(prompts)]
 
 
-@pytest.mark.parametrize("variant", FAMILY_VARIANTS)
+@pytest.mark.parametrize("variant", FAMILY_VARIANTS + MOE_VARIANTS)
 def test_greedy_fp32_matches_transformers(checkpoint, variant):
     model_dir = checkpoint(variant)
     engine = Engine.load(model_dir, dtype="float32")
@@ -37,7 +37,7 @@ def test_greedy_fp32_matches_transformers(checkpoint, variant):
     assert any(len(e) == MAX_NEW for e in expected), "reference stopped early everywhere: test too weak"
 
 
-@pytest.mark.parametrize("variant", FAMILY_VARIANTS)
+@pytest.mark.parametrize("variant", FAMILY_VARIANTS + MOE_VARIANTS)
 def test_teacher_forced_logprobs_match_the_reference_forward(checkpoint, variant):
     """Log-probabilities through prefill and every decode step within 1e-4 of transformers' forward: sensitive to
     what tokens are not (a random model's argmax can survive a wrong score cap or a wrong norm)."""
@@ -52,7 +52,7 @@ def test_teacher_forced_logprobs_match_the_reference_forward(checkpoint, variant
     assert len(ids) > n + 8 and torch.allclose(torch.tensor(got), expected, atol=1e-4), (got, expected.tolist())
 
 
-@pytest.mark.parametrize("variant", FAMILY_VARIANTS)
+@pytest.mark.parametrize("variant", FAMILY_VARIANTS + MOE_VARIANTS)
 def test_weights_on_disk_and_a_shared_prefix_keep_transformers_tokens(checkpoint, variant, tmp_path):
     """Layers read from disk at every step, blocks of 3 x 2 rows that share a ~60-token prefix (computed once where
     no sliding window is shorter than the rows: a row would stop seeing the prefix's first tokens)."""
