@@ -1,6 +1,7 @@
-"""What the engine benchmark runs on: random-weight checkpoints of the Llama, OPT, Qwen3 and Gemma 3 families (built
-once with `transformers` + `save_pretrained`, then cached), prompts of an exact token length, the model-FLOP count
-of a run, and the process memory and machine facts that go with each figure."""
+"""What the engine benchmark runs on: random-weight checkpoints of the Llama, OPT, Qwen3 and Gemma 3 families and of
+the Mixtral and Qwen3-MoE mixtures of experts (built once with `transformers` + `save_pretrained`, then cached),
+prompts of an exact token length, the model-FLOP count of a run, and the process memory and machine facts that go
+with each figure."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from engine.cache_root import CACHE_ROOT
 from engine.dtypes import cpu_info
+from engine.memory.footprint import active_linear_params
 from engine.spec import ModelSpec
 from jobs.bench.sharded_checkpoint import checkpoint_bytes, write_sharded_random
 
@@ -25,7 +27,9 @@ UNK = "<unk>"
 
 FLOPS_FORMULA = (
     "per row: 2 * P_lin * (P + G - 1) + 2 * V * H * G + 4 * L * H_q * A, where P_lin = L * (2*H*H_q + 2*H*H_kv "
-    "+ 3*H*F) are the Linear weights of the layers (embeddings and norms excluded), P + G - 1 the tokens run "
+    "+ 3*H*F) are the Linear weights of the layers (embeddings and norms excluded; in a mixture of experts's "
+    "layer, 3*H*F is the router's H*E, the shared expert's 3*H*F_shared and the k chosen experts' 3*H*F_e each: "
+    "the weights one token runs through), P + G - 1 the tokens run "
     "through the layers (the prompt, then one per decode step), 2 * V * H * G the LM head on the last position "
     "of each step, and A = P*(P+1)/2 + sum_{t=1..G-1} (P + t) the causal query-key pairs (QK^T and AV, 2 flops "
     "each per query dimension)")
@@ -79,7 +83,8 @@ class Preset:
         return out
 
 
-FAMILY_CONFIGS = {"llama": "LlamaConfig", "opt": "OPTConfig", "qwen3": "Qwen3Config", "gemma3": "Gemma3TextConfig"}
+FAMILY_CONFIGS = {"llama": "LlamaConfig", "opt": "OPTConfig", "qwen3": "Qwen3Config", "gemma3": "Gemma3TextConfig",
+                  "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig"}
 
 
 # tiny has 10 layers because weights 4x the CPU budget must still leave room for two staged layers and the
@@ -104,6 +109,19 @@ PRESETS = {
                          config_fields=(("head_dim", 128), ("rope_theta", 1e6))),
     "gemma3-100m": Preset(1024, 4096, 6, 4, 1, 32000, family="gemma3",
                           config_fields=(("head_dim", 256), ("sliding_window", 512), ("query_pre_attn_scalar", 256))),
+    # mixtures of experts at the same hidden size and depth, their layers shaped as the released models' are, untied
+    # head as theirs (bench workloads --llama-cpp; a few times a memory limit in bench engine --memory-limit):
+    # Mixtral 8x7B's (8 experts of FFN 3.5 x hidden, top 2 by a softmax over the top 2 logits, head_dim 128 with 4
+    # query heads per KV head, RoPE base 1e6): 0.79 G weights (1.58 GB in bf16), 0.20 G run per token; Qwen3-30B-A3B's
+    # (64 experts here of its 128, FFN 0.375 x hidden each, top 8 renormalized, 16 query heads of head_dim 128 over 2
+    # KV heads, q/k norms; the dense FFN of 3 x hidden is never used: every layer is a mixture): 0.71 G weights (1.42
+    # GB), 0.18 G run per token
+    "mixtral-800m": Preset(1024, 3584, 8, 8, 2, 32000, tie_word_embeddings=False, family="mixtral",
+                           config_fields=(("num_local_experts", 8), ("num_experts_per_tok", 2), ("rope_theta", 1e6))),
+    "qwen3moe-700m": Preset(1024, 3072, 8, 16, 2, 32000, tie_word_embeddings=False, family="qwen3_moe",
+                            config_fields=(("head_dim", 128), ("num_experts", 64), ("num_experts_per_tok", 8),
+                                           ("moe_intermediate_size", 384), ("norm_topk_prob", True),
+                                           ("rope_theta", 1e6))),
 }
 STREAM_ABOVE_BYTES = 4 << 30  # a checkpoint larger than this is written a shard at a time, not built in memory
 
@@ -167,10 +185,13 @@ def prompt_text(ids: list[int]) -> str:
 
 
 def linear_params(spec: ModelSpec) -> int:
-    """Weights of the Linear layers of all transformer layers (what the per-token GEMMs read)."""
+    """Weights of the Linear layers of all transformer layers that one token runs through (what its GEMMs read): in
+    a mixture's layer the router, the shared expert and `experts_per_token` experts, not every expert."""
     h, f = spec.hidden_size, spec.ffn_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    return spec.num_layers * (2 * h * q + 2 * h * kv + 3 * h * f)
+    attention = 2 * h * q + 2 * h * kv
+    mixture = active_linear_params(spec) - attention if spec.num_experts else 0
+    return sum(attention + (mixture if moe else 3 * h * f) for moe in spec.moe_layers)
 
 
 def model_flops(spec: ModelSpec, prompt_len: int, gen_len: int, rows: int) -> dict[str, float]:
@@ -185,10 +206,26 @@ def model_flops(spec: ModelSpec, prompt_len: int, gen_len: int, rows: int) -> di
 
 
 def layer_gemm_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
-    """The (out, in) shapes of one layer's Linear weights: q, k, v, o, gate, up, down."""
-    h, f = spec.hidden_size, spec.ffn_size
+    """The (out, in) shapes of one layer's Linear weights: q, k, v, o, gate, up, down (of one expert in a mixture)."""
+    h, f = spec.hidden_size, spec.expert_ffn_size if spec.num_experts else spec.ffn_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     return [(q, h), (kv, h), (kv, h), (h, q), (f, h), (f, h), (h, f)]
+
+
+def layer_gemms(spec: ModelSpec, rows: int) -> list[tuple[int, int, int, int]]:
+    """The GEMMs of one layer for `rows` tokens as (rows, out, in, how many distinct weights): q, k, v, o and the
+    MLP's gate, up and down over every row; in a mixture, the router and shared expert over every row and each
+    expert's gate, up and down over its share of the rows, rows * experts_per_token / num_experts rounded up (as
+    random routing spreads them), for every expert."""
+    h = spec.hidden_size
+    shapes = layer_gemm_shapes(spec)
+    if not spec.num_experts:
+        return [(rows, n, k, 1) for n, k in shapes]
+    e, fs = spec.num_experts, spec.shared_expert_ffn_size
+    per_expert = -(-rows * spec.experts_per_token // e)
+    shared = [(rows, fs, h, 1), (rows, fs, h, 1), (rows, h, fs, 1), (rows, 1, h, 1)] if fs else []
+    return ([(rows, n, k, 1) for n, k in shapes[:4]] + [(rows, e, h, 1)] + shared
+            + [(per_expert, n, k, e) for n, k in shapes[4:]])
 
 
 def _status_kib(field: str) -> int:

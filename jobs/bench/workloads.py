@@ -137,19 +137,22 @@ def gemm_peak_gflops(spec, dtype: torch.dtype, rows: int = 1024) -> float:
 
 
 def layer_gemm_gflops(spec, dtype: torch.dtype, rows: int) -> float:
-    """GEMM FLOP/s of the layers' Linear shapes (q, k, v, o, gate, up, down) at `rows` rows, through as many
-    distinct weights as the model's layers hold, one layer after another: the rate a decode step of `rows` rows
-    could reach in its projections, its weights coming from memory rather than a cache that one shape's would
-    fit in (median of 3 passes after one)."""
-    shapes = bm.layer_gemm_shapes(spec)
-    xs = {k: torch.randn(rows, k).to(dtype) for _, k in shapes}
-    weights = [torch.randn(n, k).to(dtype) for _ in range(spec.num_layers) for n, k in shapes]
+    """GEMM FLOP/s of the layers' Linear shapes (q, k, v, o, gate, up, down; in a mixture the router and each
+    expert over its even share of the rows: models.layer_gemms) at `rows` rows, through as many distinct weights as
+    the model's layers hold, one layer after another: the rate a decode step of `rows` rows could reach in its
+    projections, its weights coming from memory rather than a cache that one shape's would fit in (median of 3
+    passes after one)."""
+    gemms = bm.layer_gemms(spec, rows)
+    xs = {(m, k): torch.randn(m, k).to(dtype) for m, _, k, _ in gemms}
+    work = [(xs[m, k], torch.randn(n, k).to(dtype)) for _ in range(spec.num_layers) for m, n, k, count in gemms
+            for _ in range(count)]
 
     def one_pass():
-        for w in weights:
-            F.linear(xs[w.shape[1]], w)
+        for x, w in work:
+            F.linear(x, w)
 
-    return 2 * rows * spec.num_layers * sum(n * k for n, k in shapes) / median_seconds(one_pass, 3) / 1e9
+    flops = 2 * spec.num_layers * sum(m * n * k * count for m, n, k, count in gemms)
+    return flops / median_seconds(one_pass, 3) / 1e9
 
 
 def phase_fractions(spec, prompts, G: int, runs: list[dict], peak: float, decode_rate: float) -> dict:
