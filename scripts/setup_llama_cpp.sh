@@ -4,7 +4,13 @@
 # `convert_hf_to_gguf.py` and for training the SentencePiece tokenizer the converter accepts. Everything goes
 # into DIR, never into the project's .venv.
 #
-#   scripts/setup_llama_cpp.sh [DIR]      # default .llama-cpp; rerunning on an existing DIR only tops it up
+#   scripts/setup_llama_cpp.sh [--no-amx] [DIR]   # default .llama-cpp; rerunning on an existing DIR only tops it up
+#
+# --no-amx       compile without llama.cpp's AMX kernels (-mno-amx-tile -mno-amx-int8 -mno-amx-bf16 beside
+#                GGML_NATIVE's -march=native, so AVX-512, AVX512-BF16 and VNNI stay): on some Xeons with AMX they
+#                crash at the first Q4_0 or Q8_0 matmul (SIGSEGV in ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824);
+#                without them Q4_0 is still repacked for AVX-512, and bf16 never used AMX. Rerunning on a DIR
+#                with or without it reconfigures and rebuilds to match. Its cmake flags are printed at the end.
 #
 # DIR/src        the unpacked sdist (vendor/llama.cpp: CMake sources, convert_hf_to_gguf.py, gguf-py)
 # DIR/build/bin  llama-batched-bench, llama-quantize (static: no shared libraries to find at run time)
@@ -15,9 +21,16 @@
 # build and the venv 739 s; 1.4 GB (venv 1.2 GB, src 0.2 GB, build 78 MB). It prints both at the end.
 #
 # Then: flexbatch bench workloads --preset 100m --llama-cpp DIR ...
+# (a crash of llama-batched-bench on a CPU with amx_int8 names --no-amx: jobs/bench/llama_cpp.py AMX_CRASH)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+NO_AMX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+EXTRA_FLAGS=""
+if [[ "${1:-}" == "--no-amx" ]]; then
+    EXTRA_FLAGS=$NO_AMX_FLAGS
+    shift
+fi
 DIR=${1:-.llama-cpp}
 PYTHON=${PYTHON:-python3}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
@@ -34,8 +47,10 @@ if [[ ! -f "$SRC/CMakeLists.txt" ]]; then
     rm -rf "$DIR/dl"
 fi
 
-# Only the two tools; no curl/OpenSSL (no downloads), tests, examples, server or unified binary.
+# Only the two tools; no curl/OpenSSL (no downloads), tests, examples, server or unified binary. The C/C++ flags are
+# always given, empty or not, so that a rerun builds what its options say.
 cmake -S "$SRC" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+    -DCMAKE_C_FLAGS="$EXTRA_FLAGS" -DCMAKE_CXX_FLAGS="$EXTRA_FLAGS" \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_SUBPROCESS=OFF >/dev/null
 cmake --build "$DIR/build" -j "$JOBS" --target llama-batched-bench llama-quantize
@@ -50,4 +65,5 @@ echo "$SRC/gguf-py" > "$SITE/llama-cpp-gguf-py.pth"
 
 "$DIR/venv/bin/python" -c 'import gguf, sentencepiece, torch, transformers; print("convert venv: torch", torch.__version__, "transformers", transformers.__version__)'
 "$DIR/build/bin/llama-batched-bench" --version 2>&1 | head -2
+echo "cmake C/C++ flags: ${EXTRA_FLAGS:-none beyond GGML_NATIVE}"
 echo "built $DIR in $(( $(date +%s) - start )) s; it takes $(du -sh "$DIR" | cut -f1) on disk"

@@ -40,8 +40,10 @@ log = logging.getLogger(__name__)
 SETUP_SCRIPT = "scripts/setup_llama_cpp.sh"
 FORMATS = {"bf16": "", "Q8_0": " int8", "Q4_0": " int4"}  # GGUF type -> the flexbatch line (suffix) of its width
 # a config's model_type -> the class convert_hf_to_gguf.py converts (its Qwen3 and Gemma 3 converters, as its Llama
-# one, take the vocabulary from a SentencePiece tokenizer.model where the folder has one)
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+# one, take the vocabulary from a SentencePiece tokenizer.model where the folder has one; Mixtral's is its Llama
+# converter, which stacks each layer's experts into one tensor per projection, as its Qwen2-MoE one does for Qwen3-MoE)
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                 "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context holds
 # how llama.cpp loads the GGUF (its -lm): "mmap", its default, maps the file and also keeps repacked copies of the
 # weights its kernels reorder (at 7B in Q4_0: 3.9 GB mapped beside 3.7 GB repacked); "none" reads the file into
@@ -52,9 +54,9 @@ ATTEMPTS = 3  # runs of llama-batched-bench until every expected result line was
 # where llama.cpp's AMX kernels (its own layout of Q4_0/Q8_0 weights, used where the CPU has amx_int8) crash, as its
 # issue 20824 reports of some machines (measured here: a SIGSEGV in ggml_backend_amx_mul_mat at the first Q4_0 or
 # Q8_0 matmul, on an AMX Xeon; bf16 runs), the build without them still repacks Q4_0 for AVX-512
-AMX_CRASH = ("llama.cpp's AMX kernels crash on some CPUs (ggml-org/llama.cpp#20824): build DIR without them, the "
-             f"cmake line of {SETUP_SCRIPT} with CMAKE_C_FLAGS and CMAKE_CXX_FLAGS '-mno-amx-tile -mno-amx-int8 "
-             "-mno-amx-bf16' (docs/BENCHMARKS.md, Qwen3 and Gemma 3 against llama.cpp)")
+AMX_CRASH = ("llama.cpp's AMX kernels crash on some CPUs (ggml-org/llama.cpp#20824): build DIR without them, "
+             f"{SETUP_SCRIPT} --no-amx DIR (CMAKE_C_FLAGS and CMAKE_CXX_FLAGS '-mno-amx-tile -mno-amx-int8 "
+             "-mno-amx-bf16'; docs/BENCHMARKS.md, Qwen3 and Gemma 3 against llama.cpp)")
 COLUMNS = ("pp", "tg", "pl", "n_kv", "t_pp", "s_pp", "t_tg", "s_tg", "t", "s")  # its table: PP .. S t/s
 _NUM = r"\s*(-?(?:[\d.]+|nan|inf))\s*"
 ROW = re.compile(r"^\|" + r"\|".join([_NUM] * len(COLUMNS)) + r"\|\s*$", re.M)

@@ -101,7 +101,7 @@ def test_a_crash_on_an_amx_cpu_names_the_build_without_llama_cpps_amx_kernels(tm
     monkeypatch.setattr(wp, "run_process", crashing)
     monkeypatch.setattr(lc, "cpu_info", lambda field: "avx512f amx_tile amx_int8")
     line = lc.LlamaCppLine(tools(tmp_path), tmp_path / "Q4_0.gguf", 64, 4, 2)
-    with pytest.raises(click.ClickException, match="-mno-amx-int8"):
+    with pytest.raises(click.ClickException, match="setup_llama_cpp.sh --no-amx DIR"):
         line.run(8)
     monkeypatch.setattr(lc, "cpu_info", lambda field: "avx2 avx512f")
     with pytest.raises(click.ClickException, match="exited -11: $"):
