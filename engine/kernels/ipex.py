@@ -215,13 +215,13 @@ class IpexKernels(NativeKernels):
         packed = pack_layer(stored, meta, self.int4, dense=True)
         return stored if packed is None else packed
 
-    def ready(self, stored, meta, codec, device):
+    def ready(self, stored, meta, codec, device, buffers=None):
         """On the CPU, 4-bit weights read from disk (or kept for another device) are packed for the int4 GEMM
         as they are loaded, in place of being dequantized; dense ones are used as they are."""
         if device != "cpu" or codec is None or not self.int4 or codec.format != "int4":
-            return super().ready(stored, meta, codec, device)
+            return super().ready(stored, meta, codec, device, buffers)
         packed = pack_layer(stored, meta, self.int4, dense=False)
-        return (packed, None) if packed is not None else super().ready(stored, meta, codec, device)
+        return (packed, None) if packed is not None else super().ready(stored, meta, codec, device, buffers)
 
     def rope_tables(self, inv_freq, positions, dtype):
         """A float32 table [P, D] of (sin, cos) of p * inv_freq for positions p < P, and positions [B, S]."""

@@ -128,15 +128,19 @@ class NativeKernels:
         return device == "cpu" and not packed and all(w.fast is not None for w in plain.values()
                                                       if isinstance(w, QWeight))
 
-    def ready(self, stored: LayerWeights, meta, codec, device: str) -> tuple[LayerWeights, dict | None]:
+    def ready(self, stored: LayerWeights, meta, codec, device: str,
+              buffers: dict | None = None) -> tuple[LayerWeights, dict | None]:
         """A layer's weights on compute `device`, ready for `linear`, and the codec buffers they occupy
         (handed back when the next layer is taken). On the CPU, compressed weights become QLinears (the
-        compressed kernel, or a dense copy made in those buffers on first need); elsewhere they are dequantized."""
+        compressed kernel, or a dense copy made in those buffers on first need); elsewhere they are dequantized.
+        Part of a layer read later (a routed expert) is readied into its layer's `buffers`, then held by it."""
         if codec is None:
             return stored, None
-        buffers = codec.acquire()
+        own = buffers is None
+        buffers = codec.acquire() if own else buffers
+        held = buffers if own else None
         if device != "cpu":
-            return codec.decode(stored, meta, buffers), buffers
+            return codec.decode(stored, meta, buffers), held
         plain, packed = codec.split(stored, meta)
         out = dict(plain)
         for name, w in [*packed.items(), *((n, t) for n, t in plain.items() if isinstance(t, QWeight))]:
@@ -145,7 +149,7 @@ class NativeKernels:
             out[name] = QLinear(q, partial(codec.dense, name, kept, buffers))
             if q.fast is None:  # dense at every row count: dequantize now (in the prefetch thread)
                 out[name].dense()
-        return out, buffers
+        return out, held
 
 
 class AtenKernels(NativeKernels):

@@ -260,3 +260,19 @@ def _fill(files: OpenFiles, dest: torch.Tensor, span: Span) -> int:
     nread = read_span(files, span.file, span.offset, raw, head, span.nbytes)
     dest.copy_(raw[head : head + span.nbytes].view(span.dtype))
     return nread
+
+
+def file_plan(path: Path, meta: dict[str, str] | None) -> LayerPlan:
+    """The plan of a layer stored as one safetensors file of its own (an offload copy, engine/memory/offload.py):
+    each tensor is one span of the file, read in place."""
+    spans = tensor_spans(path)
+    stored = {name: (s.dtype, s.shape) for name, s in spans.items()}
+    pieces, size = _lay_out(stored, {name: (s,) for name, s in spans.items()})
+    return LayerPlan(pieces, *_reads(pieces), meta, aligned_size(size))
+
+
+def sub_plan(plan: LayerPlan, names: set[str]) -> LayerPlan:
+    """The plan of the pieces of `plan` named in `names` alone, laid out in a buffer of their own."""
+    kept = [p for p in plan.pieces if p.name in names]
+    pieces, size = _lay_out({p.name: (p.dtype, p.shape) for p in kept}, {p.name: p.spans for p in kept})
+    return LayerPlan(pieces, *_reads(pieces), plan.meta, aligned_size(size))

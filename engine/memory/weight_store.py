@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -20,9 +21,10 @@ from safetensors.torch import load_file
 from engine.checkpoint import CheckpointReader, LayerWeights
 from engine.compression.qlinear import kernel_layout_bytes
 from engine.kernels.native import NativeKernels
-from engine.memory.checkpoint_layers import checkpoint_plans, read_layer
+from engine.memory.checkpoint_layers import LayerPlan, checkpoint_plans, file_plan, read_layer
 from engine.memory.converted import encode_layer, keep_layer, layer_folder, layer_identity, read_kept
 from engine.memory.disk_read import DirectReader, memory_room_bytes, reads_direct
+from engine.memory.expert_reads import StreamedExperts, split_experts
 from engine.memory.heap import release_freed_memory
 from engine.memory.offload import layer_path, stored_layer, write_layer
 from engine.memory.tiers import Devices, tensor_bytes
@@ -168,6 +170,15 @@ class WeightStore:
         disk = sum(n for n, t in zip(self.layer_bytes, self.placement) if t == "disk")
         self.direct = DirectReader() if disk and reads_direct(disk, room) else None  # else page-cached reads
         self._buffers = DirectReader()  # a checkpoint layer's buffers when reads go through the page cache
+        # mixture layers on disk that compute on the CPU: the trunk read with the layer, each expert once routed
+        spec = reader.spec
+        self.streamed = {i: split_experts(self.plans.get(i) or file_plan(self.files[i], self.meta[i]), spec.moe_prefix)
+                         for i, tier in enumerate(self.placement)
+                         if tier == "disk" and spec.moe_layers[i] and self._cpu_only[i]}
+        self._moe_prefix = spec.moe_prefix
+        self._expert_buffers = DirectReader()
+        self._expert_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-experts",
+                                               initializer=torch.set_num_threads, initargs=(1,))
         if disk:
             log.info("disk tier: %d MiB read %s%s", disk >> 20, "with O_DIRECT" if self.direct else "buffered",
                      f"; layers {layer_ranges(sorted(self.plans))} from the checkpoint's own files" if self.plans
@@ -214,16 +225,11 @@ class WeightStore:
         """Layer i ready to compute on `device` (read from disk if needed, moved, then decompressed there), and
         the staging set and codec buffers it occupies until it is handed back."""
         tier, disk_buf = self.placement[i], None
+        if i in self.streamed:
+            return self._load_trunk(i)
         if tier == "disk" and i in self.plans:
-            pool = self.direct or self._buffers
-            buf = pool.buffer(self.plans[i].buffer_bytes)
-            try:
-                stored, nread = read_layer(self.plans[i], buf, direct=self.direct is not None)
-            except BaseException:
-                pool.release(buf)
-                raise
-            src, disk_buf = "cpu", (pool, buf)
-            self.devices.links.add("disk", "cpu", nread)
+            stored, disk_buf = self._read_plan(self.plans[i], self.direct or self._buffers)
+            src = "cpu"
         elif tier == "disk" and self.direct is not None:
             (stored, buf), src = self.direct.read(self.files[i]), "cpu"
             disk_buf = self.direct, buf
@@ -240,7 +246,40 @@ class WeightStore:
         else:
             moved = {k: self.devices.move(v, src, device) for k, v in stored.items()}
         weights, buffers = self.kernels.ready(moved, self.meta[i], self.codec, device)
-        return weights, (staging, buffers, disk_buf)
+        return weights, (staging, buffers, disk_buf, None)
+
+    def _load_trunk(self, i: int) -> tuple[StreamedExperts, tuple]:
+        """Streamed mixture layer i ready on the CPU: its trunk read now, each expert once the router chose it
+        (engine/memory/expert_reads.py), readied into the layer's codec buffers."""
+        stored, disk_buf = self._read_plan(self.streamed[i][0], self.direct or self._buffers)
+        weights, buffers = self.kernels.ready(stored, self.meta[i], self.codec, "cpu")
+        layer = StreamedExperts(weights, self._moe_prefix, partial(self._read_expert, i, buffers), self._expert_pool)
+        return layer, (None, buffers, disk_buf, layer)
+
+    def _read_expert(self, i: int, buffers: dict | None, e: int) -> tuple[LayerWeights, tuple]:
+        """Expert e of streamed layer i, read (in the experts' reader thread) and readied; and its buffer."""
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            stored, (pool, buf) = self._read_plan(self.streamed[i][1][e], self._expert_buffers)
+            try:
+                weights, _ = self.kernels.ready(stored, self.meta[i], self.codec, "cpu", buffers)
+            except BaseException:
+                pool.release(buf)
+                raise
+            self.load_s += time.perf_counter() - t0
+            return weights, (pool, buf)
+
+    def _read_plan(self, plan: LayerPlan, pool: DirectReader) -> tuple[LayerWeights, tuple]:
+        """The tensors `plan` reads from disk, views of a buffer from `pool`; and (pool, buffer), to release once
+        they are unused."""
+        buf = pool.buffer(plan.buffer_bytes)
+        try:
+            stored, nread = read_layer(plan, buf, direct=self.direct is not None)
+        except BaseException:
+            pool.release(buf)
+            raise
+        self.devices.links.add("disk", "cpu", nread)
+        return stored, (pool, buf)
 
     def _slot(self, staging: dict, name: str, like: torch.Tensor) -> torch.Tensor:
         """The staging buffer for tensor `name` on the GPU, made on first use (every layer has the same shapes)."""
@@ -289,7 +328,11 @@ class WeightStore:
 
     def _hand_back(self, held: tuple) -> None:
         """A layer's staging set, decompression buffers and disk buffer, free for the next layer."""
-        staging, buffers, disk_buf = held
+        staging, buffers, disk_buf, streamed = held
+        if streamed is not None:  # its expert reads end before their buffers and the codec's are reused
+            self.weight_wait_s += streamed.waited_s
+            for pool, buf in streamed.release():
+                pool.release(buf)
         if disk_buf is not None:  # the layer's tensors were views of it
             pool, buf = disk_buf
             pool.release(buf)
@@ -325,4 +368,5 @@ class WeightStore:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._expert_pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()

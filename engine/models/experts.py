@@ -46,6 +46,8 @@ def moe_block(model, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1])
     router = p + spec.router_name
     weights, chosen = route(linear(flat, lw[router + ".weight"], lw.get(router + ".bias")), spec)
+    if read_ahead := getattr(lw, "read_ahead", None):  # experts read from disk once routed (memory/expert_reads.py)
+        read_ahead(torch.unique(chosen).tolist())
 
     def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
         up, down = f"{p}experts.{e}.gate_up_proj", f"{p}experts.{e}.{spec.expert_down}"

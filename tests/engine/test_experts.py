@@ -96,3 +96,69 @@ def test_an_mxfp4_gpt_oss_checkpoint_matches_transformers_dequantizing_loader(tm
     assert engine.spec.quantization.method == "mxfp4"
     expected = [hf_greedy(ref, engine.tokenizer, p, MAX_NEW, engine.eos_ids) for p in PROMPTS]
     assert [c.token_ids for c in engine.generate(_reqs(PROMPTS))] == expected
+
+
+@pytest.mark.parametrize("variant,fmt", [("qwen2_moe", None), ("qwen3_moe", "int4")])
+def test_a_mixture_on_disk_reads_its_trunk_and_only_the_experts_its_tokens_chose(checkpoint, variant, fmt, tmp_path,
+                                                                                 monkeypatch):
+    """One row: each decode step routes one token, so a layer on disk reads its trunk and the top-k experts that
+    token chose (each expert once), not the layer; the tokens stay those of the weights in memory."""
+    import engine.models.experts as experts
+
+    distinct = []
+
+    def counting_route(logits, spec):
+        weights, chosen = route(logits, spec)
+        distinct.append(len(torch.unique(chosen)))
+        return weights, chosen
+
+    model_dir = checkpoint(variant)
+    packed = {"compress_weight": True, "weight_format": fmt} if fmt else {}
+    expected = Engine.load(model_dir, dtype="float32", policy=Policy(**packed)).generate(_reqs(PROMPTS[:1]))
+    engine = Engine.load(model_dir, dtype="float32", policy=Policy(weight_cpu=0.0, **packed), offload_dir=tmp_path)
+    store = engine.weights
+    moe = [i for i, m in enumerate(engine.spec.moe_layers) if m]
+    assert sorted(store.streamed) == moe and set(store.placement) == {"disk"}
+    monkeypatch.setattr(experts, "route", counting_route)
+    before = engine.devices.links.moved.get("disk->cpu", 0)
+    got = engine.generate(_reqs(PROMPTS[:1]))
+    moved = engine.devices.links.moved["disk->cpu"] - before
+
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    steps = len(distinct) // len(moe)
+    per_step = sum(store.streamed[i][0].stored_bytes if i in store.streamed else store.layer_bytes[i]
+                   for i in range(engine.spec.num_layers))
+    expert = store.streamed[moe[0]][1][0].stored_bytes
+    reads = steps * per_step + sum(distinct) * expert
+    first = store.streamed[0][0].stored_bytes if 0 in store.streamed else store.layer_bytes[0]
+    assert moved in (reads, reads + first), (moved, reads)  # + layer 0 read ahead for a step that did not come
+    k, every = engine.spec.experts_per_token, len(store.streamed[moe[0]][1])
+    assert distinct[-1] == k < every and moved < steps * sum(store.layer_bytes)
+
+
+def test_streamed_experts_are_read_once_in_routed_order_and_held_until_released():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.memory.expert_reads import StreamedExperts
+
+    calls = []
+
+    def read(e):
+        calls.append(e)
+        if e == 3:
+            raise OSError("expert 3: short read")
+        return {f"mlp.experts.{e}.down_proj.weight": torch.full((1,), float(e))}, f"buffer {e}"
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        layer = StreamedExperts({"mlp.gate.weight": torch.zeros(1)}, "mlp.", read, pool)
+        layer.read_ahead([1, 4])
+        layer.read_ahead([0, 4])  # another GPU batch of the block: expert 4 is not read again
+        assert layer["mlp.experts.4.down_proj.weight"].item() == 4.0
+        assert layer.get("mlp.experts.4.down_proj.bias") is None and layer.get("mlp.experts.0.gate_up_proj.bias") is None
+        with pytest.raises(KeyError):
+            layer["mlp.shared_expert.down_proj.weight"]
+        layer.read_ahead([3])
+        with pytest.raises(OSError, match="expert 3"):
+            layer["mlp.experts.3.down_proj.weight"]
+        held = layer.release()
+    assert calls == [1, 4, 0, 3] and sorted(held) == ["buffer 0", "buffer 1", "buffer 4"] and not layer
