@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 
 from engine.kernels.rates import MIN_PACK_GAIN, MIN_PACK_PARAMS, ROWS
 from engine.memory.disk_read import reads_direct
+from engine.memory.expert_reads import streams_experts
 from engine.memory.footprint import (
     active_linear_params,
     kv_slot_bytes,
     linear_params,
     linear_shapes,
+    routed_layer_bytes,
     stored_layer_bytes,
 )
 from engine.memory.weight_store import globals_tier, head_in_int8
@@ -130,11 +132,13 @@ def priced(moves: list[tuple[Affine, str, str]], rates: dict[str, float]) -> dic
     return out
 
 
-def weight_moves(blk: Block, device: str) -> list[tuple[Affine, str, str]]:
+def weight_moves(blk: Block, phase: str, device: str) -> list[tuple[Affine, str, str]]:
     """The layer's weights brought to its compute device, once per step for the whole block:
-    W * weight_<tier> bytes from each tier."""
+    W * weight_<tier> bytes from each tier; from disk, a mixture whose experts stream reads only those the step's
+    tokens choose (`routed_layer_bytes`)."""
     W = blk.stored_layer_bytes
-    return [(Affine.frac(f"weight_{tier}", W), tier, device) for tier in TIERS]
+    routed = routed_layer_bytes(blk.model, blk.elem, blk.policy, blk.rows * tokens(blk.work, phase))
+    return [(Affine.frac(f"weight_{tier}", routed if tier == "disk" else W), tier, device) for tier in TIERS]
 
 
 def new_kv_bytes(blk: Block, phase: str) -> float:
@@ -345,15 +349,17 @@ def background_cpu_s(blk: Block, phase: str, device: str) -> Affine:
 def lazy_disk_weights(blk: Block, device: str) -> bool:
     """Disk layers read through the page cache are memory-mapped: their pages are read when first touched. For
     plain weights computed on the CPU that is the main thread's GEMM; otherwise the prefetch thread touches them
-    (moving or dequantizing). Layers read with O_DIRECT are read whole by the prefetch thread."""
-    return device == "cpu" and not blk.policy.compress_weight and not disk_reads_direct(blk)
+    (moving or dequantizing). Layers read with O_DIRECT, and mixture layers read by expert, are read by the
+    reader threads."""
+    return (device == "cpu" and not blk.policy.compress_weight and not disk_reads_direct(blk)
+            and not streams_experts(blk.model, blk.policy))
 
 
 def layer_chains(blk: Block, phase: str, device: str) -> dict[str, dict[str, Affine]]:
     """Per layer per step, seconds by channel of the three chains that overlap: the prefetch chain (weights),
     the main chain (compute, activations, the cache) and the store chain: a prefill computed on the GPU stores
     its new K/V to CPU memory on a side stream while the GPU computes on (nothing otherwise)."""
-    rates, weights = channel_rates(blk), weight_moves(blk, device)
+    rates, weights = channel_rates(blk), weight_moves(blk, phase, device)
     lazy = [m for m in weights if m[1] == "disk"] if lazy_disk_weights(blk, device) else []
     prefetch = priced([m for m in weights if not any(m is x for x in lazy)], rates)
     prefetch["compute"] = Affine(const=dequant_s(blk, phase, device))

@@ -13,6 +13,14 @@ import time
 from concurrent.futures import Executor, Future
 
 from engine.memory.checkpoint_layers import LayerPlan, sub_plan
+from engine.policy import Policy
+from engine.spec import ModelSpec
+
+
+def streams_experts(model: ModelSpec, policy: Policy) -> bool:
+    """Whether the mixture layers on the disk tier are read by expert: every layer computes on the CPU in both
+    phases (a layer moved to the GPU is read whole)."""
+    return bool(model.num_experts) and policy.prefill_device == "cpu" and policy.decode_device == "cpu"
 
 
 def expert_of(name: str, prefix: str) -> int | None:

@@ -13,6 +13,7 @@ import torch
 
 from engine.compression.int4 import DEFAULT_CONFIG, PARAM_DTYPE
 from engine.kernels import int4_tiles, int8_rows, int8_tiles
+from engine.memory.expert_reads import streams_experts
 from engine.memory.weight_store import globals_tier, head_in_int8
 from engine.policy import Policy
 from engine.spec import ModelSpec
@@ -55,6 +56,32 @@ def active_linear_params(model: ModelSpec) -> int:
     run (it runs `experts_per_token` of `num_experts`). The GEMM work per token is 2 x this."""
     idle = model.num_experts - model.experts_per_token
     return linear_params(model) - idle * 3 * model.hidden_size * model.expert_ffn_size
+
+
+def expected_experts(model: ModelSpec, routed: int) -> float:
+    """The distinct experts of a mixture layer that `routed` tokens choose, each token `experts_per_token` of
+    `num_experts` with routing uniform: E * (1 - (1 - k/E)^routed). Skewed routing chooses fewer: this is what a
+    step reads at most, on average."""
+    E, k = model.num_experts, model.experts_per_token
+    return E * (1.0 - (1.0 - k / E) ** routed) if E else 0.0
+
+
+def expert_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
+    """One routed expert as `policy` stores it: its gate, up and down weights in the weight format (dense when not
+    compressed), and its biases dense where the model has them."""
+    h, f = model.hidden_size, model.expert_ffn_size
+    size = ({"int8": int8_bytes, "bf16": bf16_bytes}.get(policy.weight_format, int4_bytes) if policy.compress_weight
+            else lambda o, i: o * i * dtype_bytes)
+    return sum(size(o, i) for o, i in [(f, h), (f, h), (h, f)]) + (2 * f + h) * dtype_bytes * model.expert_bias
+
+
+def routed_layer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy, routed: int) -> float:
+    """What a step routing `routed` tokens reads of a disk layer: the whole stored layer, or, where experts
+    stream, the layer less the experts no token chose (`expected_experts`)."""
+    W = stored_layer_bytes(model, dtype_bytes, policy)
+    if not streams_experts(model, policy):
+        return W
+    return W - (model.num_experts - expected_experts(model, routed)) * expert_bytes(model, dtype_bytes, policy)
 
 
 def int4_row_bytes(n: int, group: int = GROUP) -> int:

@@ -24,7 +24,7 @@ from engine.kernels.native import NativeKernels
 from engine.memory.checkpoint_layers import LayerPlan, checkpoint_plans, file_plan, read_layer
 from engine.memory.converted import encode_layer, keep_layer, layer_folder, layer_identity, read_kept
 from engine.memory.disk_read import DirectReader, memory_room_bytes, reads_direct
-from engine.memory.expert_reads import StreamedExperts, split_experts
+from engine.memory.expert_reads import StreamedExperts, split_experts, streams_experts
 from engine.memory.heap import release_freed_memory
 from engine.memory.offload import layer_path, stored_layer, write_layer
 from engine.memory.tiers import Devices, tensor_bytes
@@ -171,10 +171,9 @@ class WeightStore:
         self.direct = DirectReader() if disk and reads_direct(disk, room) else None  # else page-cached reads
         self._buffers = DirectReader()  # a checkpoint layer's buffers when reads go through the page cache
         # mixture layers on disk that compute on the CPU: the trunk read with the layer, each expert once routed
-        spec = reader.spec
+        spec, streams = reader.spec, streams_experts(reader.spec, policy)
         self.streamed = {i: split_experts(self.plans.get(i) or file_plan(self.files[i], self.meta[i]), spec.moe_prefix)
-                         for i, tier in enumerate(self.placement)
-                         if tier == "disk" and spec.moe_layers[i] and self._cpu_only[i]}
+                         for i, tier in enumerate(self.placement) if streams and tier == "disk" and spec.moe_layers[i]}
         self._moe_prefix = spec.moe_prefix
         self._expert_buffers = DirectReader()
         self._expert_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-experts",

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine.engine import Engine
+from engine.memory.footprint import routed_layer_bytes
 from engine.models.experts import mixture, route
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
@@ -134,6 +135,8 @@ def test_a_mixture_on_disk_reads_its_trunk_and_only_the_experts_its_tokens_chose
     assert moved in (reads, reads + first), (moved, reads)  # + layer 0 read ahead for a step that did not come
     k, every = engine.spec.experts_per_token, len(store.streamed[moe[0]][1])
     assert distinct[-1] == k < every and moved < steps * sum(store.layer_bytes)
+    # the planner prices a one-token step's read of a mixture layer as the engine reads it
+    assert routed_layer_bytes(engine.spec, 4, engine.policy, 1) == store.streamed[moe[0]][0].stored_bytes + k * expert
 
 
 def test_streamed_experts_are_read_once_in_routed_order_and_held_until_released():
