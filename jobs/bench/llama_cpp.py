@@ -44,6 +44,19 @@ FORMATS = {"bf16": "", "Q8_0": " int8", "Q4_0": " int4"}  # GGUF type -> the fle
 # converter, which stacks each layer's experts into one tensor per projection, as its Qwen2-MoE one does for Qwen3-MoE)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                  "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+# the converter classes that read only a BPE tokenizer they know by hash (Qwen2-MoE's, which converts Qwen3-MoE):
+# for these model types the converter runs with its set_vocab taking the SentencePiece tokenizer.model, as its dense
+# Qwen converter does first; every tensor and setting is converted by its own code unchanged
+SPM_FIRST = {"qwen3_moe": ("conversion.qwen", "Qwen2MoeModel")}
+# argv: convert_hf_to_gguf.py, the module and class of SPM_FIRST, then the converter's own arguments
+CONVERT_SPM_FIRST = r"""
+import importlib, pathlib, runpy, sys
+script, module, name = sys.argv[1:4]
+sys.path.insert(0, str(pathlib.Path(script).parent))
+getattr(importlib.import_module(module), name).set_vocab = lambda self: self._set_vocab_sentencepiece()
+sys.argv = [script, *sys.argv[4:]]
+runpy.run_path(script, run_name="__main__")
+"""
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context holds
 # how llama.cpp loads the GGUF (its -lm): "mmap", its default, maps the file and also keeps repacked copies of the
 # weights its kernels reorder (at 7B in Q4_0: 3.9 GB mapped beside 3.7 GB repacked); "none" reads the file into
@@ -168,8 +181,9 @@ def _convert_bf16(tools: LlamaCpp, model_dir: Path, bf16: Path) -> None:
                       .split()[-1])
         assert trained == vocab, f"SentencePiece trained {trained} pieces, not {vocab}"
         partial = bf16.with_suffix(".partial")
-        _run([tools.python, tools.convert_script, hf, "--outtype", "bf16", "--outfile", partial],
-             "convert_hf_to_gguf.py")
+        spm_first = SPM_FIRST.get(config["model_type"])
+        script = ["-c", CONVERT_SPM_FIRST, tools.convert_script, *spm_first] if spm_first else [tools.convert_script]
+        _run([tools.python, *script, hf, "--outtype", "bf16", "--outfile", partial], "convert_hf_to_gguf.py")
         partial.rename(bf16)
 
 

@@ -217,3 +217,28 @@ def test_a_config_without_architectures_is_converted_as_its_model_type(tmp_path,
     lc._convert_bf16(tools(tmp_path / "build"), model_dir, tmp_path / "bf16.gguf")
     assert seen["config"]["architectures"] == ["LlamaForCausalLM"] and seen["config"]["vocab_size"] == 64
     assert seen["files"] == ["config.json", "model.safetensors"] and (tmp_path / "bf16.gguf").read_text() == "gguf"
+
+
+def test_a_qwen3_moe_checkpoint_is_converted_with_the_sentencepiece_vocabulary_tried_first(tmp_path, monkeypatch):
+    """The converter's Qwen2-MoE class (Qwen3-MoE's) reads only BPE tokenizers it knows by hash: it runs through a
+    driver that has it read the SentencePiece model first, as the dense Qwen converter does; other types run the
+    converter as it is."""
+    calls = []
+
+    def fake_run(argv, what):
+        if what == "training SentencePiece":
+            return "64\n"
+        calls.append([str(a) for a in argv])
+        Path(argv[argv.index("--outfile") + 1]).write_text("gguf")
+        return ""
+
+    monkeypatch.setattr(lc, "_run", fake_run)
+    build = tools(tmp_path / "build")
+    for model_type in ("qwen3_moe", "mixtral"):
+        model_dir = tmp_path / model_type
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps({"model_type": model_type, "vocab_size": 64}))
+        lc._convert_bf16(build, model_dir, tmp_path / f"{model_type}.gguf")
+    qwen, mixtral = calls
+    assert qwen[1:6] == ["-c", lc.CONVERT_SPM_FIRST, str(build.convert_script), "conversion.qwen", "Qwen2MoeModel"]
+    assert Path(qwen[6]).name == "qwen3_moe" and mixtral[1] == str(build.convert_script)
