@@ -22,9 +22,12 @@ import socket
 import time
 from pathlib import Path
 
+from engine.atomic_files import STALE_S, writer_gone
+from engine.kept_files import INT, TEXT, parse
+
 log = logging.getLogger(__name__)
+RECORD_SHAPE = {"bytes": INT, "sha256": TEXT}  # engine/kept_files.py
 RECORD = "flexbatch_kernels.json"
-STALE_S = 86400  # a temporary folder this old is a dead build's, on any host
 
 
 def work_folder(final: Path) -> Path:
@@ -41,9 +44,9 @@ def write_record(library: Path) -> None:
 def unsound(library: Path) -> str | None:
     """Why the library at `library` must not be loaded (it does not match its record, or has none), or None."""
     try:
-        record = json.loads((library.parent / RECORD).read_text())
-        size, digest = int(record["bytes"]), str(record["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
+        record, problem = parse((library.parent / RECORD).read_text(), RECORD_SHAPE, "the record")
+        size, digest = record["bytes"], record["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):  # missing, not text, or not of its shape (`problem`)
         return "has no readable record of its build (size and SHA-256)"
     actual = library.stat().st_size
     if actual != size:
@@ -78,19 +81,12 @@ def _dead_build(folder: Path) -> bool:
     owner = folder.name.rsplit(".tmp", 1)[1]
     pid, _, host = owner.partition("@")
     try:
-        if time.time() - folder.stat().st_mtime > STALE_S:
-            return True
+        mtime = folder.stat().st_mtime
     except OSError:
         return False
-    if (host and host != socket.gethostname()) or not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
+    if not pid.isdigit():
+        return time.time() - mtime > STALE_S
+    return writer_gone(int(pid), host or socket.gethostname(), mtime)  # no host: an older build's, of this host
 
 
 def _sha256(path: Path) -> str:

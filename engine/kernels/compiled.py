@@ -120,6 +120,7 @@ def load(build_if_missing: bool = True):
     if NAME in sys.modules:  # built in this process (build() imports what it built)
         return sys.modules[NAME]
     folder = build_dir()
+    sweep_dead_builds(folder.parent)  # what builds killed before their rename left, at each process's first load
     target = folder / f"{NAME}.so"
     if target.exists() and (why := unsound(target)):
         log.warning("the kernel library %s %s; %s", target, why,
@@ -139,12 +140,11 @@ def load(build_if_missing: bool = True):
 def build():
     """Compile the sources into build_dir()/flexbatch_kernels.so (objects per instruction set, then the
     bindings against torch), record its size and SHA-256 beside it, and import it. Atomic: a finished build is
-    renamed into place, so a concurrent loader never sees half a build; what dead builds left is removed first."""
+    renamed into place, so a concurrent loader never sees half a build (what dead builds left is removed by `load`)."""
     cxx = compiler()
     if cxx is None:
         raise BuildError("no C++ compiler found (install g++, or set CXX)")
     final = build_dir()
-    sweep_dead_builds(final.parent)
     work = work_folder(final)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

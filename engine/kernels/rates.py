@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import platform
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,10 +27,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine.atomic_files import sweep, write_atomic
 from engine.cache_root import CACHE_ROOT
 from engine.compression.int4 import DEFAULT_CONFIG, dequantize, quantize
 from engine.compression.int8 import dequantize_int8, quantize_int8
 from engine.dtypes import cpu_info
+from engine.kept_files import INT, NUMBER, TEXT, Table, read_kept
 from engine.kernels import compiled, int4_tiles, int8_rows, int8_tiles, onednn_dense
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ MIN_PACK_GAIN = 1.1  # geometric-mean speed-up over ROWS that a reordered dense 
 VERSION = 5  # of the kernels measured and the entries' form: entries of another version are measured again
 MAX_AGE_S = 30 * 86400
 DEFAULT_PATH = CACHE_ROOT / "kernel_rates.json"
+# the file: {key: entry}, each entry's figures as `cached` stamps them and the measurements return them
+RATES_SHAPE = Table({"max_rows": INT, "kernel": TEXT, "timings": [Table(NUMBER)], "measured_at": NUMBER,
+                     "load_average": NUMBER, "cpus": NUMBER})
 _lock = threading.Lock()
 _memo: dict[tuple[Path, str], int] = {}
 
@@ -207,17 +211,15 @@ def _complete(entry: dict) -> bool:
 
 
 def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    """The cached entries, {} where the file is missing, unreadable or not of RATES_SHAPE (then set aside: every
+    entry is measured again). What killed writers left beside it is removed at the first read of a process."""
+    sweep(path.parent, once=True)
+    return read_kept(path, RATES_SHAPE, "the kernel rates") or {}
 
 
 def _write(path: Path, table: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            json.dump(table, f, indent=1)
-        os.replace(f.name, path)
+        write_atomic(path, json.dumps(table, indent=1).encode())
     except OSError as e:  # a read-only home still runs, measuring again next time
         log.warning("could not cache kernel rates in %s: %s", path, e)

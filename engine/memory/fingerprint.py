@@ -17,10 +17,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engine.memory.offload import write_atomic
+from engine.atomic_files import write_atomic
+from engine.kept_files import INT, TEXT, Table, read_kept
 
 log = logging.getLogger(__name__)
 TABLE = "fingerprints.json"  # in the offload folder: {absolute path: {"stat": [...], "sha256": ...}}
+TABLE_SHAPE = Table({"stat": [INT], "sha256": TEXT})  # engine/kept_files.py
 
 
 def checkpoint_fingerprint(model_dir: Path, table_dir: Path) -> str:
@@ -40,7 +42,7 @@ def file_digests(files: list[Path], table_path: Path) -> dict[Path, str]:
     out, todo = {}, []
     for f in files:
         entry = table.get(str(f.resolve()))
-        if isinstance(entry, dict) and entry.get("stat") == _stat_key(f):
+        if entry is not None and entry.get("stat") == _stat_key(f) and "sha256" in entry:
             out[f] = entry["sha256"]
         else:
             todo.append(f)
@@ -71,11 +73,9 @@ def _hashed(path: Path) -> tuple[list[int], str]:
 
 
 def _read(path: Path) -> dict:
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):  # missing or torn: every file is hashed again
-        return {}
-    return table if isinstance(table, dict) else {}
+    """The table, {} where it is missing, unreadable or not of TABLE_SHAPE (then set aside): every file is hashed
+    again."""
+    return read_kept(path, TABLE_SHAPE, "the weight files' digests", "the weight files are hashed again") or {}
 
 
 def _write(path: Path, table: dict) -> None:
