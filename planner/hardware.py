@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from engine.atomic_files import write_atomic
+from engine.kept_files import BOOL, NUMBER, TEXT, Either, Table, parse
 from planner.errors import HardwareSpecError
 
 DEVICES = ("cpu", "gpu")
@@ -275,24 +277,51 @@ def _device(d: dict, name: str) -> DeviceSpec:
         raise HardwareSpecError(f"the {name} entry of a hardware spec: {e}") from None
 
 
+_TABLE = Either([NUMBER], [[NUMBER]])  # one curve, or one per width
+DEVICE_SHAPE = {name: NUMBER for name in ("memory_bytes", "attention_bf16_bytes_per_s", "attention_4bit_bytes_per_s",
+                                          "dequant_bytes_per_s", "elementwise_bytes_per_s", "layer_call_s",
+                                          "step_call_s", "dequant_call_s", "cache_codec_call_s", "disk_layer_call_s",
+                                          "split_call_s", "cache_bytes", "attention_f32_bytes_per_s")} | {
+    "matmul_rows": [NUMBER], "matmul_widths": [NUMBER], "attention_prefill_lens": [NUMBER],
+    "attention_prefill_gflop_per_s": [NUMBER], "matmul_gflop_per_s": _TABLE, "matmul_hot_gflop_per_s": _TABLE,
+    "matmul_f32_gflop_per_s": _TABLE, "kernel_gflop_per_s": Table(_TABLE), "dense_reorder_gain": Table(_TABLE)}
+# the JSON kinds of a spec file's fields (engine/kept_files.py); the dataclasses then check the values
+HARDWARE_SHAPE = {"name": TEXT, "cpu": DEVICE_SHAPE, "gpu": Either(None, DEVICE_SHAPE),
+                  "sources": {"machine": TEXT, "measured_at": TEXT, "load_average": NUMBER, "cpus": NUMBER},
+                  "memory_limit_binds": BOOL, "memory_room_bytes": Either(None, NUMBER),
+                  "h2d_bytes_per_s": Either(None, NUMBER), "d2h_bytes_per_s": Either(None, NUMBER)} | {
+    name: NUMBER for name in ("disk_read_bytes_per_s", "disk_write_bytes_per_s", "disk_bytes", "page_cache_bytes_per_s",
+                              "cpu_background_overlap", "cpu_run_scale")}
+
+
+def read_spec_text(text: str, what: str = "the spec") -> HardwareSpec:
+    """A spec from the text of a spec file: HardwareSpecError where it is not JSON, not of HARDWARE_SHAPE, or has a
+    bad or missing figure."""
+    value, problem = parse(text, HARDWARE_SHAPE, what)
+    if problem:
+        raise HardwareSpecError(problem)
+    return HardwareSpec.from_dict(value)
+
+
 def load_hardware(path: str | Path) -> HardwareSpec:
-    """Read a spec written by `save_hardware` or by hand."""
+    """Read a spec written by `save_hardware` or by hand; HardwareSpecError naming the file and the fix where it is
+    missing, not JSON, of another shape or has a bad figure."""
     p = Path(path).expanduser()
+    fix = "run `flexbatch profile` or pass a file from infra/hardware/"
     if not p.is_file():
-        raise HardwareSpecError(f"hardware spec {str(p)!r} does not exist; run `flexbatch profile` or pass a "
-                                "file from infra/hardware/")
+        raise HardwareSpecError(f"hardware spec {str(p)!r} does not exist; {fix}")
     try:
-        return HardwareSpec.from_dict(json.loads(p.read_text()))
-    except json.JSONDecodeError as e:
-        raise HardwareSpecError(f"hardware spec {str(p)!r} is not valid JSON: {e}") from None
+        return read_spec_text(p.read_text(), "the spec")
+    except (OSError, UnicodeDecodeError) as e:
+        raise HardwareSpecError(f"hardware spec {str(p)!r} cannot be read ({e}); {fix}") from None
+    except HardwareSpecError as e:
+        raise HardwareSpecError(f"hardware spec {str(p)!r} cannot be used: {e}; {fix}") from None
 
 
 def save_hardware(spec: HardwareSpec, path: str | Path) -> Path:
     """Write atomically (a temporary name, then rename), so a reader never sees half a file."""
     p = Path(path).expanduser()
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
     stored = {k: v for k, v in spec.to_dict().items() if k not in PROCESS_FIELDS}
-    tmp.write_text(json.dumps(stored, indent=1) + "\n")
-    tmp.replace(p)
+    write_atomic(p, (json.dumps(stored, indent=1) + "\n").encode())
     return p

@@ -15,7 +15,6 @@ import logging
 import os
 import platform
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,16 +23,18 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save, save_file
 
+from engine.atomic_files import sweep, temp_path
 from engine.cache_root import CACHE_ROOT
 from engine.compression.int4 import dequantize, quantize
 from engine.dtypes import cpu_info, resolve_dtype
+from engine.kept_files import read_kept
 from engine.kernels import compiled
 from engine.kernels.attention import attend, prefill_mask
 from engine.kernels.rates import ROWS as KERNEL_ROWS
 from engine.kernels.rates import busier_then, shape_timings
 from engine.memory.disk_read import DirectReader
 from planner.errors import HardwareSpecError
-from planner.hardware import DeviceSpec, HardwareSpec, load_hardware, save_hardware
+from planner.hardware import HARDWARE_SHAPE, DeviceSpec, HardwareSpec, save_hardware
 from planner.microbench import attention_report, best_seconds, dequant_timings, median_seconds
 from planner.overhead_probe import call_seconds, elementwise_bytes_per_s
 from planner.plausibility import implausible
@@ -46,6 +47,7 @@ MATMUL_WIDTHS = (128, 512, 2048)
 MATMUL_SHAPE = (2048, 2048)  # dequantization probe
 PREFILL_LENS = (32, 128, 512)
 DISK_PROBE_BYTES = 128 << 20
+SETTLE_S = 600.0  # the most a profile spends measuring again an implausible first measurement (`profile_this_machine`)
 PROFILE_VERSION = 16  # a cached profile of another version is measured again
 
 
@@ -222,9 +224,11 @@ def disk_rates(folder: Path) -> dict[str, float]:
     reads a disk tier the page cache keeps: safetensors maps the file and its pages are faulted in at first
     touch, timed as load + copy less a copy from memory."""
     folder.mkdir(parents=True, exist_ok=True)
+    sweep(folder)  # the probes of a profile killed while measuring (128 MiB each)
     data = save({"probe": torch.frombuffer(bytearray(os.urandom(1 << 20) * (DISK_PROBE_BYTES >> 20)),
                                            dtype=torch.uint8)})
-    fd, name = tempfile.mkstemp(prefix="flexbatch-disk-probe-", suffix=".safetensors", dir=folder)
+    name = str(temp_path(folder / "flexbatch-disk-probe.safetensors"))
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         t0 = time.perf_counter()
         os.write(fd, data)
@@ -245,7 +249,7 @@ def disk_rates(folder: Path) -> dict[str, float]:
 def page_touch_bytes_per_s(folder: Path, width: int = 1024) -> float:
     """Bytes/s of reading a page-cached disk layer as the engine does: a GEMM over a weight just mapped by
     safetensors' `load_file` (its pages faulted in at first touch) less the same GEMM over the weight in memory."""
-    path = folder / f"flexbatch-touch-probe-{os.getpid()}.safetensors"
+    path = temp_path(folder / "flexbatch-touch-probe.safetensors")
     w = torch.randn(3 * width, width).to(torch.bfloat16)
     save_file({"w": w}, str(path))
     try:
@@ -286,27 +290,33 @@ def background_overlap(dtype: torch.dtype, width: int = 512) -> float:
     return max(-3.0, min(1.0, (t_gemm + t_background - t_both) / t_background))
 
 
-def profile_this_machine(offload_dir: Path | None = None, dtype: str = "auto",
-                         refresh_kernels: bool = False) -> HardwareSpec:
+def profile_this_machine(offload_dir: Path | None = None, dtype: str = "auto", refresh_kernels: bool = False,
+                         settle_s: float | None = None) -> HardwareSpec:
     """This machine measured (`measure_this_machine`), and measured once more, the kernels' figures too, when the
-    first profile is implausible (`implausible`). A second implausible profile raises HardwareSpecError naming the
-    bad figure and the fix rather than being kept with a warning: its rates are off by orders of magnitude (OpenMP's
-    team waiting for a thread another process descheduled), so any plan priced from them is arbitrary, a cached copy
-    would mislead every later run, and a run under the same contention is as slowed as the profile was; measuring on
-    a quieter machine or with fewer threads fixes both."""
+    first profile is implausible (`implausible`: rates off by orders of magnitude, OpenMP's team waiting for a
+    thread another process descheduled) and took under half of `settle_s` (SETTLE_S by default), so that both
+    measurements end within it. A profile that does not settle (implausible again, or no time left to measure it
+    again) is kept with a warning naming the bad figure and the fix, and marked so (its sources' "implausible"):
+    the run goes on, priced from what was measured, rather than measuring without end on a machine that stays busy,
+    and later runs use it as it is until `flexbatch profile` measures it again."""
+    settle_s = SETTLE_S if settle_s is None else settle_s
+    started = time.monotonic()
     spec = measure_this_machine(offload_dir, dtype, refresh_kernels)
     why = implausible(spec)
     if why is None:
         return spec
-    log.warning("the profile just measured is implausible (%s); measuring it again", why)
-    spec = measure_this_machine(offload_dir, dtype, refresh_kernels=True)
-    why = implausible(spec)
-    if why is not None:
-        raise HardwareSpecError(
-            f"this machine's profile was implausible twice: {why}; another process probably held a core while "
-            f"{torch.get_num_threads()} threads measured it. Run `flexbatch profile` when the machine is quieter, "
-            "or run with fewer threads (OMP_NUM_THREADS=1; a profile is kept per thread count)")
-    return spec
+    took = time.monotonic() - started
+    if took < settle_s / 2:
+        log.warning("the profile just measured is implausible (%s); measuring it again", why)
+        spec = measure_this_machine(offload_dir, dtype, refresh_kernels=True)
+        why = implausible(spec)
+        if why is None:
+            return spec
+    log.warning("this machine's profile is implausible (%s) after %.0f s of measuring; it is kept as measured, so "
+                "plans may be far from the best: another process probably held a core while %d threads measured it. "
+                "Run `flexbatch profile` when the machine is quieter, or with fewer threads (OMP_NUM_THREADS=1; a "
+                "profile is kept per thread count)", why, time.monotonic() - started, torch.get_num_threads())
+    return dataclasses.replace(spec, sources={**spec.sources, "implausible": why})
 
 
 def measure_this_machine(offload_dir: Path | None = None, dtype: str = "auto",
@@ -367,29 +377,42 @@ def load_or_profile(path: Path | None = None, refresh: bool = False) -> Hardware
     one measured while the machine was busier is used as it is, with a note (measuring it again takes minutes
     inside the user's run; `flexbatch profile` does it when asked)."""
     path = Path(path or DEFAULT_CACHE)
+    sweep(path.parent, once=True)  # a profile killed while it was written
     key = machine_key()
     keyed = keyed_copy(path, key)
     cached = []
     for candidate in (keyed, path):
-        if candidate.is_file() and not refresh:
-            try:
-                spec = load_hardware(candidate)
-            except HardwareSpecError as e:
-                log.info("passing over %s: %s", candidate, e)
-                continue
-            if spec.sources.get("machine") == key:
-                cached.append(spec)
+        if not refresh and (spec := _read_cached(candidate)) is not None and spec.sources.get("machine") == key:
+            cached.append(spec)
     newest = max(cached, key=lambda spec: str(spec.sources.get("measured_at", "")), default=None)  # ISO 8601, UTC
     if newest is None:
         log.info("no cached profile for %s; profiling this machine", key)
     elif (why := implausible(newest)) is None:
         note_busier(newest)
         return newest
+    elif "implausible" in newest.sources:  # kept as measured by a profile that did not settle
+        log.warning("the cached profile of this machine is implausible (%s), kept so after a bounded try; "
+                    "`flexbatch profile` measures it again", why)
+        return newest
     else:
         log.info("the cached profile is implausible (%s); profiling this machine", why)
     spec = profile_this_machine()
     save_hardware(spec, keyed)
     return spec
+
+
+def _read_cached(path: Path) -> HardwareSpec | None:
+    """The profile cached at `path`, or None: where it is missing, where it is not JSON of a spec's shape (set aside
+    and measured again, engine/kept_files.py), and where this version cannot use its figures (another version's,
+    or a bad figure: passed over, and measured again)."""
+    value = read_kept(path, HARDWARE_SHAPE, "the cached profile", "this machine is profiled again")
+    if value is None:
+        return None
+    try:
+        return HardwareSpec.from_dict(value)
+    except HardwareSpecError as e:
+        log.info("passing over %s: %s", path, e)
+        return None
 
 
 _noted: set[str] = set()  # when the profiles noted by `note_busier` were measured

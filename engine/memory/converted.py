@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
+from engine.atomic_files import sweep
 from engine.checkpoint import CheckpointReader
 from engine.kernels.fuse import LAYOUT, fuse_projections
 from engine.memory.fingerprint import checkpoint_fingerprint
-from engine.memory.offload import layer_path, offload_root, write_layer
+from engine.memory.offload import layer_path, offload_root, unwritable, write_layer
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,16 @@ def layer_identity(reader: CheckpointReader, dtype: torch.dtype, codec, offload_
 
 
 def layer_folder(identity: dict, offload_dir: str | Path | None) -> Path:
-    """The folder of the layers of `identity` under the offload folder (made if missing): a checkpoint whose
-    bytes changed, however its files' names, sizes and times read, gets a new folder."""
+    """The folder of the layers of `identity` under the offload folder (made if missing; ConfigError naming it and
+    the fix where it cannot be): a checkpoint whose bytes changed, however its files' names, sizes and times read,
+    gets a new folder."""
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     folder = offload_root(offload_dir) / key
-    folder.mkdir(exist_ok=True)
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as e:
+        raise unwritable(folder, e) from None
+    sweep(folder, once=True)  # the temporaries of conversions killed before their rename
     return folder
 
 

@@ -20,17 +20,46 @@ from pathlib import Path
 
 import torch
 
+from engine.atomic_files import sweep, write_atomic
 from engine.cache_root import CACHE_ROOT
+from engine.errors import ConfigError
+from engine.kept_files import INT, TEXT, parse
 
 log = logging.getLogger(__name__)
 DEFAULT_OFFLOAD_DIR = CACHE_ROOT / "offload"
 
 
 def offload_root(offload_dir: str | Path | None) -> Path:
-    """The offload folder (made if missing, private to its owner when flexbatch makes it)."""
-    root = Path(offload_dir or DEFAULT_OFFLOAD_DIR)
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """The offload folder (made if missing, private to its owner when flexbatch makes it); ConfigError naming it
+    and the fix where it cannot be made (a file of that name, a read-only or another user's parent)."""
+    root = Path(offload_dir or DEFAULT_OFFLOAD_DIR).expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        raise unwritable(root, e) from None
     return root
+
+
+def checked_offload_root(offload_dir: str | Path | None) -> Path:
+    """The offload folder, made if missing and checked for writing (a file made and removed in it), before any work
+    is done: ConfigError naming the folder and the fix where it cannot be written."""
+    root = offload_root(offload_dir)
+    sweep(root)  # what killed writers left: the weight files' digests (engine/memory/fingerprint.py)
+    try:
+        fd, name = tempfile.mkstemp(prefix=".write-check-", dir=root)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise unwritable(root, e) from None
+    return root
+
+
+def unwritable(folder: Path, e: OSError) -> ConfigError:
+    """The one-line error of an offload folder (or a folder in it) that cannot be made or written."""
+    why = "it is a file" if folder.is_file() else e.strerror or e
+    return ConfigError(f"the offload folder {folder} cannot be written ({why}); give --offload-dir a "
+                       "folder this user may write, or make it writable (it holds disk-tier weights and scratch "
+                       "files)")
 
 
 def scratch_tensor(offload_dir: str | Path | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -77,6 +106,9 @@ def scratch_file(offload_dir: str | Path | None, direct: bool = False) -> int:
 # with wrong weights and no error. Which layers a run puts on disk depends on its policy, so each layer stands alone; two
 # processes converting the same model at once each write their own temporary and rename the same content.
 
+RECORD_SHAPE = {"bytes": INT, "sha256": TEXT, "layer": INT, "model": TEXT, "format": TEXT, "dtype": TEXT}
+
+
 def layer_path(folder: Path, i: int) -> Path:
     return folder / f"layer_{i:04d}.safetensors"
 
@@ -88,7 +120,10 @@ def stored_layer(folder: Path, i: int, identity: dict | None = None) -> dict | N
 
     path, record_path = layer_path(folder, i), folder / f"layer_{i:04d}.json"
     try:
-        record = json.loads(record_path.read_text())
+        record, problem = parse(record_path.read_text(), RECORD_SHAPE, "the record")
+        if problem:
+            log.warning("%s: %s; rebuilding the layer", record_path, problem)
+            return None
         asked = {"layer": i, **(identity or {})}
         if wrong := {k: record.get(k) for k, v in asked.items() if record.get(k) != v}:
             log.warning("%s's record names %s, not %s; rebuilding it", path, _named(wrong), _named(asked))
@@ -124,17 +159,3 @@ def write_layer(folder: Path, i: int, tensors: dict[str, torch.Tensor], metadata
     record = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "layer": i, **(identity or {})}
     write_atomic(folder / f"layer_{i:04d}.json", json.dumps(record).encode())
     return path
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
