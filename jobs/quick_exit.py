@@ -6,7 +6,8 @@ process (docs/BENCHMARKS.md, start-up). `quick_exit` does what matters to anythi
 ends it: it shuts threads down as a normal exit does (the threading module's exit hooks first, which tell idle
 `concurrent.futures` workers to leave, then a join of every non-daemon thread; joining first would wait forever
 on an idle pool worker that something still references, e.g. a failed shard's traceback), runs the `atexit`
-handlers (logging's flush, Ray's shutdown, multiprocessing's and temporary folders' clean-up), flushes stdout and
+handlers but the wait for constraint compiles that ran past their limit (engine/loop/compile_jobs.py: `os._exit`
+ends their threads where they are) (logging's flush, Ray's shutdown, multiprocessing's and temporary folders' clean-up), flushes stdout and
 stderr, and calls `os._exit`.
 Every file the commands write is closed where it is written (`with` blocks, atomic renames), so nothing is left
 for the finalizers to flush."""
@@ -18,6 +19,8 @@ import os
 import sys
 import threading
 from typing import NoReturn
+
+from engine.loop.compile_jobs import leave_compiles_behind
 
 
 def exit_status(code) -> int:
@@ -33,6 +36,7 @@ def exit_status(code) -> int:
 def quick_exit(code=0) -> NoReturn:
     """End the process with `code` (as SystemExit reads it), skipping only the interpreter's teardown."""
     status = exit_status(code)
+    leave_compiles_behind()  # a compile past its limit ends with the process, not before it
     _shutdown_threads()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

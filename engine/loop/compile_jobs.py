@@ -7,8 +7,12 @@ process busy on the same cores slows the compile but does not use up its limit, 
 (a machine loaded far past its cores) is cut off by the clock at `wait_factor` times the limit, so nothing
 waits without end. A row that waits past the limit fails naming it, its thread is left to finish alone (its
 result dropped) and a fresh thread takes its place, and the constraint is remembered as too slow, so that later
-calls of this process fail it at once instead of compiling it again. A process that exits waits for the
-compiles still running: a thread still inside xgrammar's C++ when Python finalizes aborts the process."""
+calls of this process fail it at once instead of compiling it again.
+
+A compile left running never holds the `flexbatch` command's exit: the command ends without Python's teardown
+(jobs/quick_exit.py, `os._exit`), which ends the compile's thread where it is, so it calls `leave_compiles_behind`
+first. Only a process that ends through Python's teardown (a program calling `flexbatch.run`) waits for them at
+exit: a thread that returns from xgrammar's C++ while Python finalizes aborts the process."""
 
 from __future__ import annotations
 
@@ -145,6 +149,14 @@ def _own_cpu_clock() -> int | None:
 
 def _thread(target) -> None:
     threading.Thread(target=target, daemon=True, name="grammar-compile").start()
+
+
+def leave_compiles_behind() -> None:
+    """Let this process exit without waiting for the compiles still running: for a process about to end with
+    `os._exit` (no teardown under them)."""
+    atexit.unregister(_wait_for_compiles)
+    if _RUNNING:
+        log.info("leaving %d constraint compile(s) that ran past their limit unfinished", len(_RUNNING))
 
 
 @atexit.register

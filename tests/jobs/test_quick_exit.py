@@ -54,3 +54,20 @@ quick_exit(4)
 def test_an_idle_thread_pool_that_is_still_referenced_does_not_hold_the_exit():
     res = subprocess.run([sys.executable, "-c", IDLE_POOL], capture_output=True, text=True, timeout=60)
     assert res.returncode == 4 and res.stdout == "task ran\n"
+
+
+PAST_ITS_LIMIT = """
+import time
+from engine.loop.compile_jobs import CompileJobs
+from jobs.quick_exit import quick_exit
+jobs = CompileJobs(lambda key: time.sleep(60) or "compiled", 0.1, lambda s: "too slow", wait_factor=2)
+print(jobs.wait(jobs.submit(("regex", "slow"))), flush=True)
+quick_exit(5)
+"""
+
+
+def test_a_compile_past_its_limit_does_not_hold_the_exit():
+    """A constraint whose compile ran past its limit (its thread left running) ends with the process: before, the
+    exit waited for the compile (218 s for a schema of 8 strings of maxLength 8192)."""
+    res = subprocess.run([sys.executable, "-c", PAST_ITS_LIMIT], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 5 and res.stdout == "too slow\n"
