@@ -32,6 +32,7 @@ from pipeline.input.sample import InputSample, take_sample
 from pipeline.input.scoring import scoring_params
 from pipeline.output.folder import job_record
 from pipeline.plan.settings import EngineSettings
+from pipeline.preflight import check_before_run
 from pipeline.storage import Folder, file_identity, is_uri
 
 log = logging.getLogger(__name__)
@@ -235,6 +236,8 @@ def prepare_job(config: RunConfig) -> JobSetup:
     tokenizer = load_tokenizer(config.model)  # a tokenizer that is missing or needs the folder's code: refused before Ray
     if chat:
         check_chat_template(tokenizer, config.model)
+    check_before_run(config, config.params.guided, spec, tokenizer, config.model)  # hardware file, offload folder,
+    # the job-wide constraint: refused here, in one line, rather than in every shard or row
     sample = None
     if config.plan:  # read and tokenized here, once; the workers plan from it and reuse its token ids
         column = MESSAGES_COLUMN if chat else config.prompt_column

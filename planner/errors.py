@@ -27,7 +27,8 @@ class PlanInfeasible(PlannerError):
         super().__init__(
             f"no policy fits: the {tier} tier is short by {human(self.short_bytes)} (the leanest plan needs "
             f"{human(self.need_bytes)}, it has {human(self.have_bytes)}){'; ' + detail if detail else ''}; "
-            f"lower --num-prompts/--gen-len, or {fix}")
+            f"{fix}, or generate fewer tokens (a job's --max-new-tokens; --gen-len and --num-prompts of "
+            "`flexbatch plan`)")
 
     def __reduce__(self):
         """Pickled by its own arguments, so that it crosses process boundaries (a Ray actor's error)."""
