@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from engine.errors import InvalidParamsError
+from engine.kernels import compiled
 from engine.memory.footprint import global_bytes, layer_bytes
 from engine.policy import FRACTION_NAMES, Pins, Policy
 from engine.quantized.config import INT4_METHODS
@@ -256,6 +257,7 @@ def search(model: ModelSpec, hw: HardwareSpec, work: Workload, pins: Mapping | N
 
     When the choices are many (a GPU: up to 36 device pairs x CPU attention x compression), a first stage ranks every
     mode at two reference block shapes and the second enumerates every block shape for the best TOP_MODES."""
+    compiled.ops()  # the memory model asks which kernels run: a first run builds them here, timed as the build's own
     started, pins = time.perf_counter(), Pins(pins or {})
     if not hw.has_gpu and any(pins.get(f"{k}_gpu", 0) > 0 for k in KINDS):
         raise InvalidParamsError(f"{hw.name} has no GPU, but a gpu fraction is pinned above 0; pin it to 0")
