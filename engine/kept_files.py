@@ -6,7 +6,7 @@ FILE`) is checked against the same shape by its reader, which refuses it in one 
 
 A shape is written with Python values: `NUMBER`, `INT`, `TEXT`, `BOOL`, `ANY`; a list `[shape]` (every item of that
 shape); a dict `{"field": shape}` (an object whose fields, where present, have their shapes; fields it does not
-name are left to the reader); `Table(shape)` (an object of any keys, each value of `shape`); `Either(a, b, ...)`
+name are left to the reader; `Needed(shape)` a field that must be there); `Table(shape)` (an object of any keys, each value of `shape`); `Either(a, b, ...)`
 (any of them); `None` (JSON null)."""
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ class Table:
     """An object of any keys, each value of `value`."""
 
     value: object
+
+
+@dataclass(frozen=True)
+class Needed:
+    """A field of an object shape that must be present, of `shape`."""
+
+    shape: object
 
 
 class Either:
@@ -65,7 +72,12 @@ def shape_problem(value, shape, root: str = "the file") -> str | None:
             if isinstance(shape, Table):
                 stack.extend((v, shape.value, f"{where}[{json.dumps(k)}]") for k, v in value.items())
             else:
-                stack.extend((value[k], s, f"{where}.{k}" if where else k) for k, s in shape.items() if k in value)
+                for k, s in shape.items():
+                    field_name = f"{where}.{k}" if where else k
+                    if k in value:
+                        stack.append((value[k], s.shape if isinstance(s, Needed) else s, field_name))
+                    elif isinstance(s, Needed):
+                        return f"{field_name} is missing"
     return None
 
 

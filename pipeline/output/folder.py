@@ -18,6 +18,7 @@ import json
 import logging
 from dataclasses import dataclass
 
+from engine.kept_files import INT, NUMBER, TEXT, Needed, shape_problem
 from pipeline.errors import OutputFolderError
 from pipeline.output.lock import LEASE_FILE, LOCK_FILE
 from pipeline.storage import Folder, temp_target
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 
 JOB_FILE = "_job.json"
 MANIFEST_FILE = "_manifest.jsonl"
+# a manifest line as the driver writes it (pipeline/execution/driver.py `_commit`), what resuming reads of it
+COMMIT_SHAPE = {"part": Needed(TEXT), "bytes": Needed(INT), "sha256": TEXT, "seconds": NUMBER} | {
+    name: Needed(INT) for name in ("rows", "error_rows", "prompt_tokens", "completion_tokens")} | {
+    name: INT for name in ("shared_tokens", "saved_tokens")}
 SUCCESS_FILE = "_SUCCESS"
 JOB_FILES = (JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, LOCK_FILE, LEASE_FILE)
 
@@ -165,7 +170,17 @@ def read_manifest(where: Folder, job_hash: str) -> dict[str, dict]:
 def manifest_records(where: Folder, job_hash: str) -> dict[str, dict]:
     """The manifest lines of the job with config hash `job_hash`, by part name (the last line of a part wins),
     unchecked."""
-    return {str(r.get("part")): r for r in _manifest_lines(where, warn=True) if r.get("config_hash") == job_hash}
+    records = {}
+    for r in _manifest_lines(where, warn=True):
+        if r.get("config_hash") != job_hash:
+            continue
+        problem = shape_problem(r, COMMIT_SHAPE, "the line")
+        if problem:
+            log.warning("%s holds a line of this job that is not a commit record (%s); ignored, its shard is redone",
+                        where.child(MANIFEST_FILE), problem)
+            continue
+        records[r["part"]] = r
+    return records
 
 
 def _manifest_lines(folder: Folder, warn: bool):

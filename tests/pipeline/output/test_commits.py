@@ -52,6 +52,21 @@ def test_a_part_corrupted_in_place_is_redone_on_resume(finished_job, tmp_path):
     assert verify_output(config.output).ok
 
 
+@pytest.mark.parametrize("change", [{"rows": None}, {"rows": "2"}, {"completion_tokens": [3]}, {"part": 1}])
+def test_a_manifest_line_of_the_wrong_shape_is_redone_on_resume_not_a_traceback(finished_job, tmp_path, change):
+    config, summary = finished_job
+    manifest = tmp_path / "out" / "_manifest.jsonl"
+    lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+    for key, value in change.items():
+        if value is None:
+            del lines[1][key]
+        else:
+            lines[1][key] = value
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    again = run_job(config)
+    assert again.ok and again.skipped_shards == 2 and again.rows == 6
+
+
 def test_verify_accepts_a_finished_job_and_names_a_lost_or_duplicated_row(finished_job, tmp_path):
     config, summary = finished_job
     good = verify_output(config.output)
