@@ -14,13 +14,15 @@ _FLAGS = {"choice": "--choice", "regex": "--regex", "json_schema": "--json-schem
 
 
 def check_before_run(settings: EngineSettings, guided: Guided | None, spec: ModelSpec, tokenizer, model) -> None:
-    """The settings' hardware spec file (when the job plans), offload folder (made if missing and written to) and
-    the job-wide constraint `guided` (compiled once for the model's tokenizer, within its time limit)."""
+    """The settings' hardware spec file (when the job plans), offload folder (made if missing and written to, where
+    the engines run on this machine) and the job-wide constraint `guided` (compiled once for the model's tokenizer,
+    within its time limit)."""
     if settings.plan and settings.hardware is not None:
         from planner.hardware import load_hardware
 
         load_hardware(settings.hardware)  # HardwareSpecError naming the file and the fix
-    checked_offload_root(settings.offload_dir)
+    if not settings.use_ray or settings.address is None:  # the engines run on this machine; a cluster's nodes
+        checked_offload_root(settings.offload_dir)  # each check their own where their engine starts
     if guided is not None:
         check_job_constraint(guided, spec, tokenizer, model)
 
