@@ -29,13 +29,29 @@ def route(logits: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, torch.Te
 
 def mixture(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, expert) -> torch.Tensor:
     """sum over each token's chosen experts e of weight * expert(e, rows): x [N, H], weights / chosen [N, k],
-    `expert(e, rows [n, H]) -> [n, H]` -> [N, H] in x's dtype."""
-    out = torch.zeros_like(x)
-    picked = chosen.t()  # [k, N]: as the reference's mask, rows of one expert ordered by rank, then token
-    for e in torch.unique(chosen).tolist():
-        rank, token = torch.where(picked == e)
-        y = expert(e, x[token]) * weights[token, rank, None]
-        out.index_add_(0, token, y.to(out.dtype))
+    `expert(e, rows [n, H]) -> [n, H]` -> [N, H] in x's dtype.
+
+    The (token, choice) slots are grouped by expert with one sort, and the rows gathered once: each expert's rows
+    are one slice, ordered by rank, then token, as the reference's mask orders them. Each weighted output lands
+    in its slot, and each token's sum is formed over its experts in ascending order, as the reference's
+    index_add over the experts forms it (exact in float32)."""
+    N, k = chosen.shape
+    slots = chosen.t().reshape(-1)  # slot r * N + t: token t's rank-r choice
+    order = torch.argsort(slots, stable=True)
+    experts, counts = torch.unique_consecutive(slots[order], return_counts=True)
+    rows, scale = x[order % N], weights.t().reshape(-1)[order, None]
+    done = torch.empty_like(rows)
+    start = 0
+    for e, n in zip(experts.tolist(), counts.tolist()):
+        part = slice(start, start + n)
+        done[part] = expert(e, rows[part]) * scale[part]
+        start += n
+    by_slot = torch.empty_like(done)
+    by_slot[order] = done
+    by_slot = by_slot.view(k, N, -1)
+    ascending, tokens, out = chosen.argsort(dim=1), torch.arange(N), torch.zeros_like(x)
+    for j in range(k):
+        out += by_slot[ascending[:, j], tokens]
     return out
 
 
