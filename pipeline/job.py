@@ -289,6 +289,7 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
     and block sizes do not change the completions."""
     return {
         "model": str(config.model),
+        "model_files": model_identity(config.model),
         "input_files": [file_identity(f.path) for f in files],
         "prompt_column": config.prompt_column,
         "params": _params_record(config.params),
@@ -303,6 +304,16 @@ def _job_config(config: RunConfig, files: tuple[InputFile, ...], chat: bool) -> 
         **({"chat": True} if chat else {}),  # likewise: plain-prompt jobs keep their hashes
         **({"format": files[0].format} if files and files[0].format != "parquet" else {}),
     }
+
+
+MODEL_FILES = (".safetensors", ".json", ".jinja", ".model", ".tiktoken", ".txt")  # weights, config, tokenizer
+
+
+def model_identity(model: Path) -> list[dict]:
+    """The checkpoint's files the completions depend on (weights, config, tokenizer, chat template), each by path,
+    size and mtime as an input file is: a checkpoint replaced or changed in place at the same path makes another
+    job, whose output the folder of the old one refuses, instead of reporting the old completions as done."""
+    return [file_identity(f) for f in sorted(Path(model).iterdir()) if f.is_file() and f.suffix in MODEL_FILES]
 
 
 def _params_record(params: SamplingParams) -> dict:

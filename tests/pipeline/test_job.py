@@ -113,6 +113,23 @@ def test_another_jobs_output_is_refused_before_loading_then_overwritten(tmp_path
     assert read_rows(tmp_path / "out" / "a.parquet")[0]["completion_tokens"] == 3
 
 
+def test_a_checkpoint_changed_in_place_is_another_job(tmp_path, tiny_llama_dir, monkeypatch):
+    """The same command after the weights at the model's path were replaced: the folder of the old completions
+    refuses the new job (naming what changed), instead of reporting its rows as done."""
+    import shutil
+
+    model = shutil.copytree(tiny_llama_dir, tmp_path / "model")
+    write_parquet(tmp_path / "in" / "a.parquet", prompt=["hello"])
+    config = _config(tmp_path, model, params=SamplingParams(max_new_tokens=2))
+    run_job(config)
+    weights = next(model.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes() + b" ")  # another checkpoint at the same path
+    with monkeypatch.context() as m:
+        m.setattr(Engine, "load", lambda *a, **k: pytest.fail("loaded"))
+        with pytest.raises(OutputFolderError, match=r"another job's output .*\['model_files'\]"):
+            run_job(config)
+
+
 def test_a_planned_job_with_a_split_pinned_without_its_layer_is_checked_and_recorded(tmp_path, tiny_llama_dir):
     """With planning, pins need not make a whole policy (the search picks a pinned split's layer): the job's checks
     and its record read the pins, not a policy built from them."""
