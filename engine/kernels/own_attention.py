@@ -17,8 +17,10 @@ in place: rows must be contiguous), mask [B, T] bool shared by the n rows; state
 float32. D must be a multiple of 16 up to 256 (`supports`); elsewhere the caller keeps the PyTorch path.
 
 Prefill attention (`prefill_attention`, bf16 only) runs as flash attention does: blocks of 64 query rows (the g
-heads of a KV head at 64 / g positions) against blocks of 64 keys, K and V packed once per (row, KV head) into the
-pairs vdpbf16ps multiplies, the online softmax in float32 between the two products."""
+heads of a KV head at 64 / g positions) against blocks of 64 keys, the online softmax in float32 between the two
+products. On AVX512-BF16 (attn_prefill_avx512.cpp) K and V are packed once per (row, KV head) into the pairs
+vdpbf16ps multiplies and the probabilities are rounded to bf16 before the product with V; on AVX2
+(attn_prefill_avx2.cpp) they are widened to float32 once and both products are float32 FMAs."""
 
 from __future__ import annotations
 
@@ -84,9 +86,9 @@ def decode_attention(q: torch.Tensor, k, v, mask: torch.Tensor, scale: float | N
 
 
 def supports_prefill(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the prefill kernel takes this query and K/V: bf16 on the CPU (its products are vdpbf16ps: an
-    instruction set without them, or float32, keeps SDPA), rows contiguous, a head size that is a multiple of 16
-    up to 256."""
+    """Whether the prefill kernel takes this query and K/V: bf16 on the CPU (float32 keeps SDPA), rows
+    contiguous, a head size that is a multiple of 16 up to 256, and a kernel for the chosen instruction set
+    (AVX-512 or AVX2)."""
     D = q.shape[-1]
     if not isinstance(k, torch.Tensor) or q.device.type != "cpu" or D % 16 or D > MAX_HEAD_DIM:
         return False
@@ -98,7 +100,7 @@ def supports_prefill(q: torch.Tensor, k: torch.Tensor) -> bool:
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                       scale: float | None = None, state=None) -> torch.Tensor:
     """softmax(scale * q K^T, masked) V for a prefill, blocked as flash attention is (64 query rows x 64 keys,
-    float32 online softmax, bf16 products): q [B, NH, S, D], k/v [B, KVH, T, D] bf16, mask [B, 1, S, T] bool ->
+    float32 online softmax): q [B, NH, S, D], k/v [B, KVH, T, D] bf16, mask [B, 1, S, T] bool ->
     [B, NH, S, D] bf16. A plain causal mask (S = T, no padding) is not read: the blocks above the diagonal are
     skipped. `state`: the (m, l, o) each query row starts from (another source's, e.g. a shared prefix: float32
     [B, KVH, g S], [B, KVH, g S], [B, KVH, g S, D], row j S + s for head j of the group at position s)."""

@@ -1,7 +1,8 @@
 """Which kernel runs a prefill's attention (queries over their own new K/V), by measured rate: PyTorch's SDPA
 (`engine/kernels/attention.py` `attend`) or the project's own blocked kernel (`engine/kernels/own_attention.py`,
-bf16 only). Both are exact attention up to rounding (the own kernel rounds the probabilities to bf16 before the
-product with V, as flash attention does; SDPA's bf16 path rounds more).
+bf16 only, AVX-512 and AVX2). Both are exact attention up to rounding (the own kernel on AVX-512 rounds the
+probabilities to bf16 before the product with V, as flash attention does; on AVX2 it keeps them in float32;
+SDPA's bf16 path rounds more).
 
 The choice is measured once per dtype and head shape, for the batch rounded up to a power of two (up to 8: the
 rate per query hardly changes beyond), on causal prompts of a few lengths (both kernels timed interleaved,

@@ -76,23 +76,25 @@ struct AttnKernels {
   const char* name;
   void (*decode_plain)(const AttnQuery* a, const PlainKv* kv);
   void (*decode_int4)(const AttnQuery* a, const Int4Kv* k, const Int4Kv* v);
-  void (*prefill_bf16)(const PrefillItem* p);  // null where the instruction set has no bf16 dot product
+  void (*prefill_bf16)(const PrefillItem* p);  // null where the instruction set has no prefill kernel
 };
 
 // Prefill blocks: query rows (position-major, the g heads of a position together) and keys.
 static inline int64_t prefill_rows(int64_t g) { return ((g > 64 ? g : 64 / g * g) + 7) / 8 * 8; }
 static const int64_t PREFILL_KEYS = 64;
 
-// Packed K and V of the whole item [t rounded up to 64][d] bf16 each, the block's queries [rows][d] bf16, scores
-// [rows][64] float32, probabilities [rows][64] bf16, output [rows][d] float32, max and sum [rows] float32.
+// Packed K and V of the whole item [t rounded up to 64][d] each, the block's queries [rows][d], scores [rows][64]
+// float32, probabilities [rows][64] bf16, output [rows][d] float32, max and sum [rows] float32: room for K, V and
+// the queries in float32 (the AVX2 kernel widens them; the AVX-512 one keeps bf16 and uses half of it).
 static inline int64_t prefill_scratch_bytes(int64_t g, int64_t t, int64_t d) {
   const int64_t tp = (t + 63) / 64 * 64 + 64, rows = prefill_rows(g);
-  return 2 * 2 * tp * d + 2 * rows * d + 4 * rows * 64 + 2 * rows * 64 + 4 * rows * d + 8 * rows + 256;
+  return 4 * 2 * tp * d + 4 * rows * d + 4 * rows * 64 + 2 * rows * 64 + 4 * rows * d + 8 * rows + 256;
 }
 
 const AttnKernels* avx512_attn();
 const AttnKernels* avx2_attn();
 void avx512_prefill_bf16(const PrefillItem* p);  // attn_prefill_avx512.cpp
+void avx2_prefill_bf16(const PrefillItem* p);    // attn_prefill_avx2.cpp
 void avx512_decode_int4(const AttnQuery* a, const Int4Kv* k, const Int4Kv* v);  // attn_int4_avx512.cpp
 
 // Slots rounded up for the scratch rows (static: each object file keeps its own copy, no shared weak symbol).

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "attn.h"
+#include "attn_avx2.h"
 #include "attn_int4.h"
-#include "simd_avx2.h"
 
 namespace flexbatch {
 namespace {
@@ -29,17 +29,6 @@ Scratch carve(const AttnQuery* a) {
   w.zero = w.pw + a->n * w.tp;
   memset(w.zero, 0, 4 * a->dp);
   return w;
-}
-
-// e^x, relative error ~1e-7 (Cephes' polynomial); 0 below -87.3 (and for -inf).
-inline __m256 exp_ps(__m256 x) {
-  const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  __m256 n, r;
-  const __m256 p = exp_poly<Lanes8>(x, &n, &r);
-  const __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
 // 8 slots at a time, for the 4-bit passes of attn_int4.h and the plain cache's scores: slots past the end read as
@@ -169,7 +158,7 @@ void decode_int4(const AttnQuery* a, const Int4Kv* k, const Int4Kv* v) {
   int4_values<Slots8>(a, v, w);
 }
 
-const AttnKernels table = {"avx2", decode_plain, decode_int4, nullptr};
+const AttnKernels table = {"avx2", decode_plain, decode_int4, avx2_prefill_bf16};
 
 }  // namespace
 

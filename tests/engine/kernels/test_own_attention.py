@@ -145,8 +145,9 @@ def test_greedy_fp32_with_own_decode_matches_transformers(greedy_fp32_matches_tr
 
 
 def prefill_isas():
-    """The instruction sets with the prefill kernel (AVX-512 BF16; AVX2 keeps SDPA)."""
-    return [isa for isa in isas() if isa == "avx512"]
+    """The instruction sets with the prefill kernel on this CPU (AVX-512 BF16 and AVX2; none where the kernels are
+    not built)."""
+    return isas()
 
 
 @pytest.mark.parametrize("isa", prefill_isas())
@@ -169,6 +170,21 @@ def test_prefill_equals_attention_in_float64(pinned, isa, heads, D, S, padded):
     assert own_attention.supports_prefill(q, k)
     got = own_attention.prefill_attention(q, k, v, mask)
     assert got.dtype == torch.bfloat16 and got.shape == q.shape
+    torch.testing.assert_close(got.double(), reference(q, k, v, mask), atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("isa", prefill_isas())
+def test_prefill_over_more_keys_than_queries_reads_the_mask(pinned, isa):
+    """Queries at the last S of T positions (a prompt continued over its earlier keys), left padding in one row: the
+    mask is read (no causal shortcut), keys in partial blocks of 64, g = 3 query heads per KV head."""
+    pinned(isa)
+    torch.manual_seed(11)
+    B, NH, KVH, S, T, D = 2, 6, 2, 45, 150, 48
+    q = torch.randn(B, NH, S, D).bfloat16()
+    k, v = (torch.randn(B, KVH, T, D).bfloat16() for _ in range(2))
+    mask = (torch.arange(T).view(1, T) <= torch.arange(T - S, T).view(S, 1)).expand(B, 1, S, T).clone()
+    mask[1, :, :, :60] = False
+    got = own_attention.prefill_attention(q, k, v, mask)
     torch.testing.assert_close(got.double(), reference(q, k, v, mask), atol=1e-2, rtol=0)
 
 
@@ -202,10 +218,10 @@ def test_bf16_generation_with_own_prefill_and_decode_is_close_to_sdpa(checkpoint
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_shared_prefix_prefill_by_the_own_kernel(own_prefill, padded):
+@pytest.mark.parametrize("isa", prefill_isas())
+def test_shared_prefix_prefill_by_the_own_kernel(pinned, own_prefill, isa, padded):
     """The prefill kernel started from the shared prefix's state equals attention over [prefix ; own tokens]."""
-    if not prefill_isas():
-        pytest.skip("no AVX512-BF16")
+    pinned(isa)
     torch.manual_seed(4)
     B, NH, KVH, S, P, D = 3, 8, 2, 70, 9, 32
     q, k, v = (torch.randn(B, h, S, D).bfloat16() for h in (NH, KVH, KVH))
