@@ -4,8 +4,10 @@ Each figure reuses the engine's own code paths where it has one (`planner.microb
 over bf16 and 4-bit caches, the 4-bit dequantization; `planner.overhead_probe`: the block executor), and records
 how it was measured in `sources`. The machine may be shared, so each figure is the best of a few timed calls
 after a warm-up (what the hardware can do; interference is what the benchmark then measures), and a profile whose
-rate tables are implausible (`implausible`) is measured again. The whole profile takes under a minute on an idle
-machine (minutes on a busy one)."""
+rate tables are implausible (`implausible`) is measured again, within a bound (`profile_this_machine`). The whole
+profile takes minutes on 2 cores, and far longer on a busy machine: on a 2-core AMX Xeon that other processes kept
+at a load average of 5 to 11 it had not finished after 25 minutes. The streamed GEMM tables dominate: each timed
+call cycles through 4x the last-level cache (1.9 GB where a virtual machine reports a 480 MiB cache)."""
 
 from __future__ import annotations
 
@@ -321,7 +323,7 @@ def profile_this_machine(offload_dir: Path | None = None, dtype: str = "auto", r
 
 def measure_this_machine(offload_dir: Path | None = None, dtype: str = "auto",
                          refresh_kernels: bool = False) -> HardwareSpec:
-    """Measure this machine (under a minute when it is idle); the compressed kernels' figures are taken from their
+    """Measure this machine (minutes on 2 cores); the compressed kernels' figures are taken from their
     cache when usable, unless `refresh_kernels`."""
     started, torch_dtype = time.perf_counter(), resolve_dtype(dtype)
     folder = Path(offload_dir or DEFAULT_CACHE.parent)
@@ -372,8 +374,9 @@ def load_or_profile(path: Path | None = None, refresh: bool = False) -> Hardware
     `path`, by default ~/.cache/flexbatch/hardware.json, or `path` itself as `flexbatch profile` writes it; the
     more recently measured where both match, so that `flexbatch profile` run again replaces what an earlier run
     measured), else a fresh profile, saved to the per-key copy only: `path` may be read by another flexbatch
-    version on this machine, which a profile of this version's form would stop. A cached file this version cannot
-    read (another version's) is passed over, and an implausible one (`implausible`) is measured again. A plausible
+    version on this machine, which a profile of this version's form would stop. A cached file of the wrong shape is
+    set aside (engine/kept_files.py), one this version cannot read (another version's) is passed over, and an
+    implausible one (`implausible`) is measured again, unless a profile that did not settle kept it so. A plausible
     one measured while the machine was busier is used as it is, with a note (measuring it again takes minutes
     inside the user's run; `flexbatch profile` does it when asked)."""
     path = Path(path or DEFAULT_CACHE)
