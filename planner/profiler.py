@@ -7,7 +7,7 @@ after a warm-up (what the hardware can do; interference is what the benchmark th
 rate tables are implausible (`implausible`) is measured again, within a bound (`profile_this_machine`). The whole
 profile takes minutes on 2 cores, and far longer on a busy machine: on a 2-core AMX Xeon that other processes kept
 at a load average of 5 to 11 it had not finished after 25 minutes. The streamed GEMM tables dominate: each timed
-call cycles through 4x the last-level cache (1.9 GB where a virtual machine reports a 480 MiB cache)."""
+call cycles through 4x the last-level cache (up to 2 GB where a virtual machine reports a 480 MiB cache)."""
 
 from __future__ import annotations
 
