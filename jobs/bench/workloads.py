@@ -7,7 +7,8 @@ set the compression targets (every row generates exactly G tokens; tokens/s coun
 
 and the three on which vLLM's CPU build was first measured against flexbatch (preset 100m, bfloat16 where the CPU
 has native bf16): short 96 x 64 generate 16, gen 32 x 64 generate 64, bulk 512 x 128 generate 32; the same three
-compare today's families with llama.cpp on the presets qwen3-100m and gemma3-100m (jobs/bench/models.py).
+compare today's families with llama.cpp on the presets qwen3-100m and gemma3-100m, and mixtures of experts on
+mixtral-800m and qwen3moe-700m (jobs/bench/models.py).
 
 Lines: flexbatch uncompressed in the run's dtype (with --backend aten also without oneDNN's reordered dense weights:
 the line "... aten"), with int4 and with int8 weights, and CTranslate2 (the `bench`
