@@ -51,15 +51,18 @@ def test_shards_read_exactly_their_rows(tmp_path):
         make_shards(inspect_inputs([a], "prompt"), shard_rows=0)
 
 
+COUNTS = {"rows": 1, "error_rows": 0, "prompt_tokens": 4, "completion_tokens": 2}  # a commit record's counts
+
+
 def test_manifest_ignores_a_torn_line_other_jobs_and_changed_parts(tmp_path):
     (tmp_path / "a.parquet").write_bytes(b"12345")
     (tmp_path / "b.parquet").write_bytes(b"123")
-    append_manifest(Folder(tmp_path), {"config_hash": "h", "part": "a.parquet", "bytes": 5, "rows": 1})
-    append_manifest(Folder(tmp_path), {"config_hash": "other", "part": "b.parquet", "bytes": 3, "rows": 1})
+    append_manifest(Folder(tmp_path), {"config_hash": "h", "part": "a.parquet", "bytes": 5, **COUNTS})
+    append_manifest(Folder(tmp_path), {"config_hash": "other", "part": "b.parquet", "bytes": 3, **COUNTS})
     with open(tmp_path / MANIFEST_FILE, "a") as f:
         f.write('{"config_hash": "h", "part": "b.parq')  # the driver died mid-line
     assert list(read_manifest(Folder(tmp_path), "h")) == ["a.parquet"]
-    append_manifest(Folder(tmp_path), {"config_hash": "h", "part": "b.parquet", "bytes": 3, "rows": 1})
+    append_manifest(Folder(tmp_path), {"config_hash": "h", "part": "b.parquet", "bytes": 3, **COUNTS})
     assert sorted(read_manifest(Folder(tmp_path), "h")) == ["a.parquet", "b.parquet"]
     (tmp_path / "a.parquet").write_bytes(b"1234")  # changed after it was committed: redone
     assert list(read_manifest(Folder(tmp_path), "h")) == ["b.parquet"]
