@@ -122,8 +122,11 @@ class WeightStore:
     loaded layer becomes ready to compute, and may keep a CPU layer that only computes on the CPU in their own
     packed form (accounted at its stored size).
 
-    `weight_wait_s` is the time the computing thread waited for a layer (a prefetch not yet done, or a load of
-    its own), `load_s` the time the prefetch thread spent loading: together they tell a run bound by the disk
+    A mixture layer on disk, where every layer computes on the CPU, is read by expert (`streamed`): its trunk as
+    a layer is, each expert once a token of the step chose it (engine/memory/expert_reads.py).
+
+    `weight_wait_s` is the time the computing thread waited for a layer or a routed expert (a prefetch not yet
+    done, or a load of its own), `load_s` the time the prefetch thread spent loading: together they tell a run bound by the disk
     from one bound by compute."""
 
     def __init__(self, reader: CheckpointReader, policy: Policy, devices: Devices, dtype: torch.dtype,
@@ -258,14 +261,12 @@ class WeightStore:
     def _read_expert(self, i: int, buffers: dict | None, e: int) -> tuple[LayerWeights, tuple]:
         """Expert e of streamed layer i, read (in the experts' reader thread) and readied; and its buffer."""
         with torch.inference_mode():
-            t0 = time.perf_counter()
             stored, (pool, buf) = self._read_plan(self.streamed[i][1][e], self._expert_buffers)
             try:
                 weights, _ = self.kernels.ready(stored, self.meta[i], self.codec, "cpu", buffers)
             except BaseException:
                 pool.release(buf)
                 raise
-            self.load_s += time.perf_counter() - t0
             return weights, (pool, buf)
 
     def _read_plan(self, plan: LayerPlan, pool: DirectReader) -> tuple[LayerWeights, tuple]:
