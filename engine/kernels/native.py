@@ -5,11 +5,12 @@ stored weights become ready to compute (dense tensors, compressed ones computed 
 backend's own packed form). The Policy, the block schedule, placement and the KV caches are the same for every
 backend.
 
-    native   PyTorch (the default): F.linear, or oneDNN's reordered weights where measured faster
-             (engine/kernels/onednn_dense.py), engine/kernels/rope.py, the caches' SDPA, the project's fused
-             norm / RoPE / SiLU kernels on the CPU (engine/kernels/layer_ops.py), prefill attention by SDPA or the
-             project's own kernel (engine/kernels/prefill_choice.py), and compressed weights
-             through engine/compression/qlinear.py (int4 / int8 kernels, or dequantize + GEMM, by measured rate)
+    native   PyTorch (the default): F.linear, or oneDNN's reordered weights where the CPU reorders them
+             (engine/kernels/onednn_dense.py, chosen by engine/kernels/gemm_choice.py), engine/kernels/rope.py,
+             the caches' SDPA, the project's fused norm / RoPE / SiLU kernels on the CPU
+             (engine/kernels/layer_ops.py), prefill attention by SDPA or the project's own kernel
+             (engine/kernels/prefill_choice.py), and compressed weights through engine/compression/qlinear.py
+             (int4 / int8 kernels, or dequantize + GEMM, by the rule of engine/kernels/gemm_choice.py)
     aten     native with every dense Linear through aten's F.linear as loaded (no reordered weights): the
              baseline the reordering is measured against
     ipex     Intel Extension for PyTorch kernels where they beat these (engine/kernels/ipex.py)
@@ -28,10 +29,10 @@ from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
-from engine.kernels import int4_tiles, int8_rows, int8_tiles, layer_ops, onednn_dense, prefill_choice, rates
+from engine.kernels import int4_tiles, int8_rows, int8_tiles, layer_ops, onednn_dense, prefill_choice
+from engine.kernels.gemm_choice import max_rows, packs_dense
 from engine.kernels.int4_tiles import Int4Tiles
 from engine.kernels.onednn_dense import OnednnWeight
-from engine.kernels.rates import max_rows
 from engine.kernels.rope import apply_rope, cos_sin
 
 
@@ -39,12 +40,12 @@ class NativeKernels:
     """Plain PyTorch kernels; every backend falls back to these off the CPU or where it has nothing better."""
 
     name = "native"
-    reorders_dense = True  # dense resident weights reordered for oneDNN where measured faster (rates.packs_dense)
+    reorders_dense = True  # dense resident weights reordered for oneDNN (gemm_choice.packs_dense)
 
     def prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                           scale: float | None = None) -> torch.Tensor:
         """Full attention of a prefill over its new K/V (q [B, NH, S, D], k/v [B, KVH, S, D], mask [B, 1, S, S]):
-        the project's own kernel where measured faster, else SDPA (engine/kernels/prefill_choice.py)."""
+        the project's own kernel or SDPA, by the rule of engine/kernels/prefill_choice.py."""
         return prefill_choice.prefill(q, k, v, mask, scale)
 
     def linear(self, x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -99,23 +100,24 @@ class NativeKernels:
     def pack_resident(self, stored: LayerWeights, meta: dict[str, str] | None, codec=None) -> LayerWeights:
         """A layer that stays in CPU memory and only ever computes on the CPU, in the form it is kept in
         (called once at load). Compressed weights become QWeights, 4-bit ones packed for the 4-bit kernel when
-        that was measured faster at some row count: the project's tiles (engine/kernels/int4_tiles.py) replace the
-        stored form (the dense path dequantizes the tiles), aten's layout is kept beside it;
-        dense ones are reordered for oneDNN where that was measured faster (engine/kernels/onednn_dense.py)."""
+        it computes them at some row count (engine/kernels/gemm_choice.py): the project's tiles
+        (engine/kernels/int4_tiles.py) replace the stored form (the dense path dequantizes the tiles), aten's
+        layout is kept beside it; dense ones are reordered for oneDNN where gemm_choice.packs_dense says
+        (engine/kernels/onednn_dense.py)."""
         if codec is None or meta is None:
-            return {name: onednn_dense.pack(w) if self.reorders_dense and rates.packs_dense(w) else w
+            return {name: onednn_dense.pack(w) if self.reorders_dense and packs_dense(w) else w
                     for name, w in stored.items()}
         plain, packed = codec.split(stored, meta)
         return plain | {name: qweight(w, codec.dtype, pack=True) for name, w in packed.items()}
 
     def pack_head(self, gw: LayerWeights, tied: bool) -> LayerWeights:
-        """The global weights, the LM head's reordered for oneDNN where that was measured faster, as a layer's
+        """The global weights, the LM head's reordered for oneDNN where gemm_choice.packs_dense says, as a layer's
         dense weights are (called once at load, for a head computed on the CPU). A head tied to the embeddings stays
         plain: the lookup needs the plain form, and a second copy would cost vocabulary x hidden more memory."""
         w = gw.get("lm_head.weight")
         if tied or not self.reorders_dense or not isinstance(w, torch.Tensor) or w.device.type != "cpu":
             return gw
-        return gw | {"lm_head.weight": onednn_dense.pack(w)} if rates.packs_dense(w) else gw
+        return gw | {"lm_head.weight": onednn_dense.pack(w)} if packs_dense(w) else gw
 
     def ready_in_place(self, stored: LayerWeights, meta, codec, device: str) -> bool:
         """Whether `ready` on `device` only wraps these stored weights (no copy, no dequantization): dense ones, or
@@ -169,8 +171,8 @@ def int8_head(gw: LayerWeights, tied: bool, dtype: torch.dtype) -> LayerWeights:
 def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:
     """A QTensor, Int8Weight or Bf16Weight as a QWeight, packed for its kernel where `pack` (done once, for weights
     kept in memory): int8 in the kernel's tiles (engine/kernels/int8_tiles.py), which replace the stored codes, or
-    else computed on its codes as they are (a layer read anew at every step); int4 is packed only where it was
-    measured faster somewhere."""
+    else computed on its codes as they are (a layer read anew at every step); int4 is packed only where its
+    kernel computes it at some row count."""
     if isinstance(w, Int8Weight):
         n, k = w.codes.shape
         rows = max_rows("int8", n, k, dtype)

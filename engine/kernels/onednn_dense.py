@@ -3,8 +3,8 @@
 aten's float32 GEMM goes through MKL's sgemm, which on some CPUs (measured: a 2-core AVX2 AMD EPYC) runs decode-sized
 calls at a fraction of the rate oneDNN reaches over a weight reordered once (`torch.ops.mkldnn._reorder_linear_weight`
 at load, then `_linear_pointwise` per call): 1.6-1.9x at 16 rows, 1.3-1.4x at 96, equal at a few thousand, slower
-at one row, per core. Which one a weight shape takes is measured once on the machine and cached with the compressed
-kernels' crossovers (`engine.kernels.rates.packs_dense`): a layer keeps only one form (the reordered one replaces
+at one row, per core. Which weights are reordered is a fixed rule (`engine.kernels.gemm_choice.packs_dense`: large
+float32 and bf16 weights, where the CPU reorders the dtype): a layer keeps only one form (the reordered one replaces
 the plain one, so nothing more is held), so the choice is for every row count at once."""
 
 from __future__ import annotations

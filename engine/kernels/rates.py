@@ -1,15 +1,19 @@
-"""Where the compressed kernels beat dequantize + dense GEMM on this machine (and where a dense weight reordered
-for oneDNN beats the plain one: format "onednn"), measured once per weight shape, format and compute dtype, and
-cached as JSON (~/.cache/flexbatch/kernel_rates.json) under a key of the machine (CPU model, a hash of its flags,
-torch version, thread count), so that a run measures only shapes it has not seen. `flexbatch profile` measures a few shapes at every row count through `shape_timings` and prices the
-planner's compressed GEMMs from the same entries: the profile and the crossovers are one measurement.
+"""The measured rates of the compressed kernels against dequantize + dense GEMM (and of a dense weight reordered for
+oneDNN against the plain one: format "onednn"), per weight shape, format and compute dtype, cached as JSON
+(~/.cache/flexbatch/kernel_rates.json) under a key of the machine (CPU model, a hash of its flags, torch version,
+thread count, the kernel build), so that a profile measures only shapes it has not seen. `flexbatch profile`
+measures a few shapes at every row count through `shape_timings` and prices the planner's GEMMs from them.
+
+These figures price the planner's paths and are the evidence the fixed choices are set from
+(engine/kernels/gemm_choice.py); they never decide which kernel a run takes, as a timing taken under the load of
+the moment would make two nodes (or a run and its resume) compute one row by different paths.
 
 For each row count of ROWS in turn, the compressed kernel's time is compared with the dense path's: one
 dequantization (as a layer is dequantized once per step) plus the GEMM over the dequantized weight. The
-largest row count at which the compressed kernel won is `max_rows` (calls of up to that many rows take it);
-0 means never. A cached entry is measured again when it is stale (older than MAX_AGE_S, or of another
-VERSION), implausible (a path that took less than half as long at more rows: a disturbed call), or was
-measured while the machine was busy (1-minute load average above the CPU count) and it is not now."""
+largest row count at which the compressed kernel won is `max_rows`; 0 means never. A cached entry is measured
+again when it is stale (older than MAX_AGE_S, or of another VERSION), implausible (a path that took less than
+half as long at more rows: a disturbed call), or was measured while the machine was busy (1-minute load average
+above the CPU count) and it is not now."""
 
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import platform
 import threading
@@ -37,8 +40,8 @@ from engine.kernels import compiled, int4_tiles, int8_rows, int8_tiles, onednn_d
 
 log = logging.getLogger(__name__)
 ROWS = (1, 4, 16, 64, 256, 1024)
-MIN_PACK_PARAMS = 1 << 20  # out * in of the smallest dense weight considered for reordering
-MIN_PACK_GAIN = 1.1  # geometric-mean speed-up over ROWS that a reordered dense weight must show
+MIN_PACK_PARAMS = 1 << 20  # out * in of the smallest dense weight reordered (engine/kernels/gemm_choice.py)
+MIN_PACK_GAIN = 1.1  # geometric-mean speed-up over ROWS at which the planner prices a dense weight reordered
 VERSION = 5  # of the kernels measured and the entries' form: entries of another version are measured again
 MAX_AGE_S = 30 * 86400
 DEFAULT_PATH = CACHE_ROOT / "kernel_rates.json"
@@ -50,9 +53,10 @@ _memo: dict[tuple[Path, str], int] = {}
 
 
 def machine_key() -> str:
-    """The CPU, torch, its threads now and the compiled kernels' instruction set: what a measurement holds for."""
+    """The CPU, torch, its threads now, and the compiled kernels' instruction set and build: what a measurement
+    holds for (a rebuilt kernel library is measured anew)."""
     mod = compiled.ops()
-    own = f"kernels {mod.isa()}" if mod is not None else "no kernels"
+    own = f"kernels {mod.isa()} build {compiled.build_key()}" if mod is not None else "no kernels"
     return f"{_cpu()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{own}"
 
 
@@ -111,26 +115,6 @@ def measure_max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, repeats: int 
             if losses == 2 and not every_row_count:
                 break
     return best, timings
-
-
-def packs_dense(w: torch.Tensor) -> bool:
-    """Whether dense weight `w` computes faster reordered for oneDNN (engine/kernels/onednn_dense.py) on this
-    machine: the geometric mean over ROWS of the plain GEMM's time over the reordered one's is at least
-    MIN_PACK_GAIN. Weights below MIN_PACK_PARAMS are left alone (the call costs more than the arithmetic), and so
-    is a dtype the CPU cannot reorder (bfloat16 needs AVX512-BW or AVX-NE-CONVERT)."""
-    if w.dim() != 2 or w.numel() < MIN_PACK_PARAMS or w.dtype not in (torch.float32, torch.bfloat16):
-        return False
-    try:
-        timings = shape_timings("onednn", w.shape[0], w.shape[1], w.dtype, every_row_count=True)["timings"]
-    except RuntimeError:  # the CPU cannot reorder this dtype
-        return False
-    gain = math.exp(sum(math.log(t["dense_s"] / t["fast_s"]) for t in timings) / len(timings))
-    return gain >= MIN_PACK_GAIN
-
-
-def max_rows(fmt: str, n: int, k: int, dtype: torch.dtype, path: Path | None = None) -> int:
-    """`max_rows` for this shape, from the cache or measured now (and cached)."""
-    return int(shape_timings(fmt, n, k, dtype, path=path)["max_rows"])
 
 
 def shape_timings(fmt: str, n: int, k: int, dtype: torch.dtype, every_row_count: bool = False,

@@ -1,5 +1,5 @@
 """Compressed weights computed on directly: the int4pack and int8 x int8 kernels against dequantize + GEMM,
-the per-row-count choice, its measured and cached crossover, and what the int8 format stores."""
+the per-row-count choice, the measured and cached crossover that prices it, and what the int8 format stores."""
 
 import json
 import time
@@ -10,7 +10,7 @@ import torch
 from engine.compression.codecs import WeightCodec
 from engine.compression.qlinear import QLinear, QWeight
 from engine.engine import Engine
-from engine.kernels import int4_tiles, int8_rows
+from engine.kernels import compiled, int4_tiles, int8_rows
 from engine.kernels import rates as kernel_rates
 from engine.kernels.native import NativeKernels
 from engine.policy import Policy
@@ -62,10 +62,10 @@ def test_rows_above_max_rows_take_the_dense_path(fmt, monkeypatch):
     assert again._dense is None
 
 
-def test_max_rows_is_measured_once_and_cached(tmp_path, monkeypatch):
+def test_a_crossover_is_measured_once_and_cached(tmp_path, monkeypatch):
     path = tmp_path / "rates.json"
     monkeypatch.setattr(kernel_rates, "measure_max_rows", lambda *a, **k: (16, TIMINGS))
-    assert kernel_rates.max_rows("int8", 64, 32, torch.float32, path) == 16
+    assert kernel_rates.shape_timings("int8", 64, 32, torch.float32, path=path)["max_rows"] == 16
     assert '"max_rows": 16' in path.read_text()
 
     def fail(*a):
@@ -73,7 +73,7 @@ def test_max_rows_is_measured_once_and_cached(tmp_path, monkeypatch):
 
     monkeypatch.setattr(kernel_rates, "measure_max_rows", fail)
     kernel_rates._memo.clear()
-    assert kernel_rates.max_rows("int8", 64, 32, torch.float32, path) == 16  # read back from the file
+    assert kernel_rates.shape_timings("int8", 64, 32, torch.float32, path=path)["max_rows"] == 16  # from the file
 
 
 def _entry(**changes) -> dict:
@@ -99,13 +99,15 @@ def test_a_stale_entry_is_replaced_by_a_new_measurement(tmp_path, monkeypatch):
     path.write_text(json.dumps({key: _entry(max_rows=1024, measured_at=0)}))
     monkeypatch.setattr(kernel_rates, "measure_max_rows", lambda *a, **k: (16, TIMINGS))
     kernel_rates._memo.clear()
-    assert kernel_rates.max_rows("int8", 64, 32, torch.float32, path) == 16
+    assert kernel_rates.shape_timings("int8", 64, 32, torch.float32, path=path)["max_rows"] == 16
     assert json.loads(path.read_text())[key]["measured_at"] > 0
 
 
-def test_the_machine_key_names_the_cpu_flags_torch_and_threads():
+def test_the_machine_key_names_the_cpu_flags_torch_threads_and_the_kernel_build():
     key = kernel_rates.machine_key()
     assert "|flags " in key and f"torch {torch.__version__}" in key and f"threads {torch.get_num_threads()}" in key
+    if compiled.ops() is not None:  # a rebuilt kernel library is measured anew
+        assert f"build {compiled.build_key()}" in key
 
 
 def test_measure_max_rows_times_both_paths():

@@ -1,12 +1,12 @@
-"""Decode attention by measured kernel: SDPA and the chunked path agree, greedy float32 tokens equal transformers'
-with SDPA decode over plain and 4-bit caches, and the choice is measured once per shape and cached."""
+"""Decode attention by the kernel of a fixed rule: SDPA and the chunked path agree, greedy float32 tokens equal
+transformers' with SDPA decode over plain and 4-bit caches, and the rule names the own kernel wherever it is built
+and takes the head size, else the chunked path over a 4-bit cache and SDPA over a plain one."""
 
 import pytest
 import torch
 
 from engine.compression.int4 import quantize
 from engine.kernels import decode_choice as dk
-from engine.kernels import rates as kernel_rates
 
 
 @pytest.mark.parametrize("kind", ["plain", "4bit"])
@@ -28,39 +28,16 @@ def test_greedy_fp32_with_sdpa_decode_matches_transformers(greedy_fp32_matches_t
     greedy_fp32_matches_transformers(variant, compress_cache)
 
 
-def test_the_kernel_is_measured_once_per_shape_bucket_and_cached(tmp_path, monkeypatch):
+@pytest.mark.parametrize("machine", ["amx", "avx2", "scalar"])
+def test_the_rule_names_the_own_kernel_where_it_takes_the_shape(monkeypatch, machine):
     monkeypatch.undo()  # the autouse pin of the chunked path
-    monkeypatch.setattr(kernel_rates, "DEFAULT_PATH", tmp_path / "rates.json")
-    calls = []
-    real = dk.measure
-
-    def counted(*args, **kw):
-        calls.append(args)
-        return real(*args, repeats=1)
-
-    monkeypatch.setattr(dk, "measure", counted)
-    kernel_rates._memo.clear()
+    monkeypatch.setattr(dk, "kernel_class", lambda: machine)
+    own = machine != "scalar"
+    assert dk.decode_kernel("plain", torch.bfloat16, 3, 8, 2, 64) == ("own" if own else "sdpa")
+    assert dk.decode_kernel("4bit", torch.float32, 3, 8, 2, 128) == ("own" if own else "chunked")
+    assert dk.decode_kernel("plain", torch.float32, 3, 8, 2, 24) == "sdpa"  # a head size the own kernel refuses
+    assert dk.decode_kernel("4bit", torch.float32, 3, 8, 2, 320) == "chunked"
     q = torch.randn(3, 4, 1, 16)
     k = v = torch.randn(3, 2, 10, 16)
     out = dk.decode(q, k, v, torch.ones(3, 1, 1, 10, dtype=torch.bool))
-    assert out.shape == q.shape and dk.decode_kernel("plain", torch.float32, 4, 4, 2, 16) in dk.KERNELS
-    assert calls == [("plain", torch.float32, 4, 4, 2, 16)]  # batch 3 measured as 4, once
-    assert f"decode-attention|plain|float32|4x4x2x16|{dk.MEASURE}" in (tmp_path / "rates.json").read_text()
-    # lengths between the chunked path's chunk boundaries, as a decode's are (whole chunks flattered it)
-    assert all(s % 64 for s in dk.SLOTS) and min(dk.SLOTS) > 64
-    kernel_rates._memo.clear()
-
-
-def test_the_measurement_fits_a_small_memory_room(monkeypatch):
-    """Measured inside a job, the kernels' caches stay within a sixteenth of the memory left: fewer rows and
-    only the lengths that fit, not 2 x 64 MiB beside a block that filled its budget."""
-    from types import SimpleNamespace
-
-    from engine.kernels import decode_choice as dk
-
-    monkeypatch.setattr(dk, "memory_room", lambda: SimpleNamespace(available_bytes=32 << 20))
-    out = dk.measure("plain", torch.float32, 1024, 8, 4, 64, repeats=1)
-    assert out["batch_measured"] < 1024 and [t["rows"] for t in out["timings"]] == [dk.SLOTS[0]]
-    assert dk.kv_bytes(out["batch_measured"], 4, dk.SLOTS[0], 64) <= (32 << 20) // 16
-    monkeypatch.setattr(dk, "memory_room", lambda: SimpleNamespace(available_bytes=None))
-    assert dk.measure("plain", torch.float32, 4, 8, 4, 64, repeats=1)["batch_measured"] == 4
+    torch.testing.assert_close(out, dk.sdpa(q, k, v, torch.ones(3, 1, 1, 10, dtype=torch.bool)))

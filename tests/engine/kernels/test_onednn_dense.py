@@ -1,6 +1,6 @@
 """Dense weights reordered for oneDNN (engine/kernels/onednn_dense.py): with every weight packed, greedy fp32 tokens
-equal transformers' for Llama and OPT layers; the choice is a cached measurement per shape; small weights and
-layers that also compute on a GPU stay plain."""
+equal transformers' for Llama and OPT layers; the choice is a fixed rule (large float32 and bf16 weights, where the CPU
+reorders the dtype), measured nowhere; small weights and layers that also compute on a GPU stay plain."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.kernels import onednn_dense, rates
+from engine.kernels import gemm_choice, onednn_dense, rates
 from engine.kernels.onednn_dense import OnednnWeight
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
@@ -17,7 +17,7 @@ from tests.engine.reference import PROMPTS, hf_greedy, hf_model
 
 @pytest.fixture
 def pack_everything(monkeypatch):
-    monkeypatch.setattr(rates, "packs_dense", lambda w: w.dim() == 2 and w.dtype == torch.float32)
+    monkeypatch.setattr("engine.kernels.native.packs_dense", lambda w: w.dim() == 2 and w.dtype == torch.float32)
 
 
 @pytest.mark.parametrize("variant", ["llama_gqa_llama3", "opt"])
@@ -40,21 +40,16 @@ def test_the_packed_linear_equals_the_plain_one():
     assert packed.nbytes == w.numel() * 4 and packed.out_features == 96
 
 
-def test_the_choice_is_measured_once_per_shape_and_small_weights_are_never_measured(monkeypatch, tmp_path):
-    monkeypatch.setattr(rates, "DEFAULT_PATH", tmp_path / "rates.json")
-    calls = []
+def test_large_weights_are_reordered_by_rule_and_small_ones_never(monkeypatch):
+    def no_timing(*args, **kwargs):
+        raise AssertionError("the choice timed a kernel")
 
-    def fake_measure(fmt, n, k, dtype, repeats=5, every_row_count=False):
-        calls.append((fmt, n, k))
-        gain = 2.0 if n == 2048 else 1.0
-        return 0, [{"rows": r, "fast_s": 1.0, "dense_s": gain} for r in rates.ROWS]
-
-    monkeypatch.setattr(rates, "measure_max_rows", fake_measure)
-    assert rates.packs_dense(torch.empty(2048, 1024))
-    assert rates.packs_dense(torch.empty(2048, 1024))
-    assert not rates.packs_dense(torch.empty(1024, 1024))  # measured, no faster
-    assert not rates.packs_dense(torch.empty(64, 64))  # below MIN_PACK_PARAMS: not measured
-    assert calls == [("onednn", 2048, 1024), ("onednn", 1024, 1024)]
+    monkeypatch.setattr(rates, "measure_max_rows", no_timing)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert gemm_choice.packs_dense(torch.empty(2048, 1024, dtype=dtype)) == gemm_choice.reorders(dtype)
+        assert not gemm_choice.packs_dense(torch.empty(64, 64, dtype=dtype))  # below MIN_PACK_PARAMS
+    assert not gemm_choice.packs_dense(torch.empty(2048, 1024, dtype=torch.float16))
+    assert gemm_choice.reorders(torch.float32)  # every x86 CPU oneDNN runs on
 
 
 def test_layers_that_also_compute_on_a_gpu_stay_plain(checkpoint, pack_everything):
