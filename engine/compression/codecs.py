@@ -3,7 +3,7 @@
 Weights: every Linear weight [out, in] is kept compressed (a 4-bit QTensor grouped along `in`, row-wise int8,
 or bfloat16 for a run computing in float32; norms, biases and embeddings stay as they are); compressed tensors
 are what is stored and moved. On its compute device a layer's weights are computed on directly by the compressed
-kernels where those were measured faster (engine/compression/qlinear.py), else decompressed into one of two
+kernels up to the row count their rule names (engine/compression/qlinear.py), else decompressed into one of two
 reused buffer sets (the layer computing, the layer being prefetched).
 KV cache: `QuantKVCache`, 4-bit groups along the head dimension, read chunk by chunk by CPU attention."""
 

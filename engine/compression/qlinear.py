@@ -1,10 +1,10 @@
-"""Compressed Linear weights as they compute: the compressed kernel where it was measured faster than the
-dense GEMM, a dequantized copy and the dense GEMM elsewhere.
+"""Compressed Linear weights as they compute: the compressed kernel up to the row count its rule names, a
+dequantized copy and the dense GEMM above it.
 
-The choice is per weight shape and row count (rows = batch x tokens of the call, so decode and prefill choose
-apart): `max_rows` is the largest row count at which the compressed kernel beat dequantize + GEMM in a
-measurement on this machine (engine/kernels/rates.py); calls with more rows take the dense path, unless the
-kernel still won at the largest row count measured: then int8 takes the call whole (`int8_linear` goes through
+The choice is per row count (rows = batch x tokens of the call, so decode and prefill choose apart): `max_rows`
+is the largest row count the compressed kernel takes, a fixed rule of the machine class, format and dtype
+(engine/kernels/gemm_choice.py); calls with more rows take the dense path, unless the kernel takes every row count
+(`max_rows` at the largest row count measured): then int8 takes the call whole (`int8_linear` goes through
 it in chunks of rows written into one output, nothing concatenated), and int4's kernel, built for decode-sized
 rows, runs on chunks of that many rows. The dense copy is made on first need and kept for the rest of the step
 (one dequantization per layer per step, as before), in buffers the weight store hands back when the next layer
@@ -91,10 +91,15 @@ class QLinear:
     def uses_fast(self, rows: int) -> bool:
         return self.weight.fast is not None and rows <= self.weight.max_rows
 
+    def takes_kernel(self, rows: int) -> bool:
+        """Whether a call of `rows` rows runs the compressed kernel on all of them at once."""
+        w = self.weight
+        takes_any_rows = isinstance(w.fast, (Int8Tiles, Int8Rows, Int8Weight, Int4Tiles))
+        return self.uses_fast(rows) or (takes_any_rows and w.max_rows >= LARGEST_MEASURED)
+
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         rows, w = x.numel() // x.shape[-1], self.weight
-        takes_any_rows = isinstance(w.fast, (Int8Tiles, Int8Rows, Int8Weight, Int4Tiles))
-        if self.uses_fast(rows) or (takes_any_rows and w.max_rows >= LARGEST_MEASURED):
+        if self.takes_kernel(rows):
             y = _kernel(x, w.fast)
         elif w.fast is not None and w.max_rows >= LARGEST_MEASURED:  # still faster at the largest row count
             x2 = x.reshape(-1, x.shape[-1])  # measured: run the kernel on chunks of that many rows

@@ -18,7 +18,7 @@ BACKEND_CHOICES = ("native", "aten", "ipex", "auto")  # importable without torch
 DEFAULT_BACKEND = "native"
 BACKEND = Option("backend", kind="choice", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND,
                  flag=Flag("--backend"),
-                 help="CPU kernels: native (PyTorch, dense weights reordered for oneDNN where measured faster); aten "
+                 help="CPU kernels: native (PyTorch, large dense weights reordered for oneDNN); aten "
                       "(native with every dense Linear through aten's F.linear as loaded); ipex (Intel Extension for "
                       "PyTorch, in its own torch 2.8 environment: scripts/setup_ipex_venv.sh); auto (ipex where it "
                       "imports, else native).")

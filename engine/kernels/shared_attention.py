@@ -77,7 +77,7 @@ def own_decode(q: torch.Tensor, k) -> bool:
 
 
 def own_prefill(q: torch.Tensor, k) -> bool:
-    """Whether a prefill attends over the row's own tokens with the own kernel (bf16, measured faster)."""
+    """Whether a prefill attends over the row's own tokens with the own kernel (bf16, by engine/kernels/prefill_choice.py's rule)."""
     B, NH, _, D = q.shape
     return (own_attention.supports_prefill(q, k)
             and prefill_choice.prefill_kernel(q.dtype, B, NH, k.shape[1], D) == "own")
