@@ -161,7 +161,7 @@ def cpu_device_spec(dtype: torch.dtype, refresh: bool = False) -> tuple[DeviceSp
                                                                                               cold_bytes=cold),
                       elementwise_bytes_per_s=elementwise_bytes_per_s(dtype), attention_prefill_lens=PREFILL_LENS,
                       attention_prefill_gflop_per_s=prefill_attention_table(dtype),
-                      # the engine's decode takes the faster of the two kernels (engine/kernels/decode_choice.py)
+                      # priced at the faster PyTorch path; the engine's kernel is engine/kernels/decode_choice.py's rule
                       attention_bf16_bytes_per_s=max(max(a["chunked_bf16_gb_s"], a["sdpa_bf16_gb_s"])
                                                      for a in attn) * 1e9,
                       attention_4bit_bytes_per_s=max(a["chunked_4bit_gb_s"] for a in attn) * 1e9,
