@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine.checkpoint import LayerWeights
+from engine.kernels import int4_experts
 from engine.spec import ModelSpec
 
 
@@ -27,9 +28,10 @@ def route(logits: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, torch.Te
     return weights, chosen
 
 
-def mixture(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, expert) -> torch.Tensor:
+def mixture(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, expert, experts=None) -> torch.Tensor:
     """sum over each token's chosen experts e of weight * expert(e, rows): x [N, H], weights / chosen [N, k],
-    `expert(e, rows [n, H]) -> [n, H]` -> [N, H] in x's dtype.
+    `expert(e, rows [n, H]) -> [n, H]` -> [N, H] in x's dtype. `experts(ids, counts, rows)`, where given, computes
+    every chosen expert over its rows at once ([R, H] grouped by expert, or None where it cannot): the same values.
 
     The (token, choice) slots are grouped by expert with one sort, and the rows gathered once: each expert's rows
     are one slice, ordered by rank, then token, as the reference's mask orders them. Each weighted output lands
@@ -38,16 +40,16 @@ def mixture(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, expert
     N, k = chosen.shape
     slots = chosen.t().reshape(-1)  # slot r * N + t: token t's rank-r choice
     order = torch.argsort(slots, stable=True)
-    experts, counts = torch.unique_consecutive(slots[order], return_counts=True)
-    rows, scale = x[order % N], weights.t().reshape(-1)[order, None]
-    done = torch.empty_like(rows)
-    start = 0
-    for e, n in zip(experts.tolist(), counts.tolist()):
-        part = slice(start, start + n)
-        done[part] = expert(e, rows[part]) * scale[part]
-        start += n
-    by_slot = torch.empty_like(done)
-    by_slot[order] = done
+    ids, counts = (t.tolist() for t in torch.unique_consecutive(slots[order], return_counts=True))
+    rows = x[order % N]
+    done = experts(ids, counts, rows) if experts is not None else None
+    if done is None:
+        done, start = torch.empty_like(rows), 0
+        for e, n in zip(ids, counts):
+            done[start : start + n] = expert(e, rows[start : start + n])
+            start += n
+    by_slot = torch.empty_like(rows)
+    by_slot[order] = (done * weights.t().reshape(-1)[order, None]).to(x.dtype)  # float32 products, rounded once
     by_slot = by_slot.view(k, N, -1)
     ascending, tokens, out = chosen.argsort(dim=1), torch.arange(N), torch.zeros_like(x)
     for j in range(k):
@@ -70,7 +72,13 @@ def moe_block(model, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         gated = model._gate(linear(rows, lw[up + ".weight"], lw.get(up + ".bias")))
         return linear(gated, lw[down + ".weight"], lw.get(down + ".bias"))
 
-    out = mixture(flat, weights, chosen, expert)
+    def experts(ids: list[int], counts: list[int], rows: torch.Tensor) -> torch.Tensor | None:
+        if read_ahead or spec.expert_bias or spec.gate_limit is not None or spec.activation != "silu":
+            return None  # experts read as routed compute as they arrive; biases and other gates: one at a time
+        names = [(f"{p}experts.{e}.gate_up_proj.weight", f"{p}experts.{e}.{spec.expert_down}.weight") for e in ids]
+        return int4_experts.run(rows, counts, [lw[u] for u, _ in names], [lw[d] for _, d in names])
+
+    out = mixture(flat, weights, chosen, expert, experts)
     if spec.shared_expert_ffn_size:
         shared = linear(model._gate(linear(flat, lw[p + "shared_expert.gate_up_proj.weight"])),
                         lw[p + "shared_expert.down_proj.weight"])

@@ -165,3 +165,34 @@ def test_streamed_experts_are_read_once_in_routed_order_and_held_until_released(
             layer["mlp.experts.3.down_proj.weight"]
         held = layer.release()
     assert calls == [1, 4, 0, 3] and sorted(held) == ["buffer 0", "buffer 1", "buffer 4"] and not layer
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_experts_in_one_kernel_call_give_the_bytes_of_one_call_per_expert(checkpoint, dtype, monkeypatch,
+                                                                             compressed_kernels):
+    """4-bit experts in the kernel's tiles: every routed expert's gate_up, SiLU * up and down in one call
+    (engine/kernels/int4_experts.py) give each row the bytes one expert's calls at a time give it."""
+    from engine.kernels import int4_experts
+    from engine.kernels.int4_tiles import available
+    from engine.models.experts import moe_block
+
+    if not available():
+        pytest.skip("the project's kernels are not built here")
+    engine = Engine.load(checkpoint("mixtral"), dtype=dtype,  # experts wide enough for the kernel's groups
+                         policy=Policy(compress_weight=True, weight_format="int4"))
+    model, lw = engine.model, engine.weights.get(0, "cpu")
+    calls, run = [], int4_experts.run
+
+    def counted(rows, counts, gate_up, down):
+        out = run(rows, counts, gate_up, down)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(int4_experts, "run", counted)
+    x = torch.randn(5, 7, engine.spec.hidden_size, generator=torch.Generator().manual_seed(0)).to(engine.dtype)
+    with torch.inference_mode():
+        fused = moe_block(model, lw, x)
+        monkeypatch.setattr(int4_experts, "run", lambda *a: None)
+        one_by_one = moe_block(model, lw, x)
+    assert calls == [True] and torch.equal(fused, one_by_one)
+    engine.weights.close()

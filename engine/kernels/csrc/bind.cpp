@@ -14,6 +14,7 @@ void bind_int4(pybind11::module_& m);
 void bind_int8(pybind11::module_& m);
 void bind_layer(pybind11::module_& m);
 void bind_attn(pybind11::module_& m);
+void bind_moe(pybind11::module_& m);
 
 namespace {
 
@@ -57,4 +58,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   flexbatch::bind_int8(m);
   flexbatch::bind_layer(m);
   flexbatch::bind_attn(m);
+  flexbatch::bind_moe(m);
 }
