@@ -1,5 +1,5 @@
 """Preallocated KV caches for one batch: per layer, K and V of shape [B, KVH, max_len, D], plain (`KVCache`)
-or 4-bit (`QuantKVCache`). Decode attention over them runs by the kernel measured faster
+or 4-bit (`QuantKVCache`). Decode attention over them runs by the kernel its rule chooses
 (`engine/kernels/decode_choice.py`); a prefill's by SDPA."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class KVCache:
 
     def attend(self, layer: int, q, k_new, v_new, start: int, mask, scale: float | None = None):
         """Store this step's K/V, then attend q [B, NH, S, D] over every slot so far -> [B, NH, S, D]
-        (one query: the decode kernel measured faster)."""
+        (one query: the decode kernel `decode_choice` chooses)."""
         k_all, v_all = self.update(layer, k_new, v_new, start)
         return decode(q, k_all, v_all, mask, scale) if q.shape[2] == 1 else attention(q, k_all, v_all, mask, scale)
 
