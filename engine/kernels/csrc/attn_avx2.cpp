@@ -1,7 +1,7 @@
-// Decode attention on AVX2 + FMA: scores of 8 slots for one query row, or 4 for two, at a time (one accumulator per
-// slot and row, summed across lanes by one transposing reduction), p . V split by dims (blocks of slots, 16 dims at
-// a time, 4 query rows' sums in registers); bf16 caches widened to float32 as they are read (evens and odds, one
-// shift or one and each), the 4-bit cache by attn_int4.h's passes over 8 slots at a time (Slots8).
+// Decode attention on AVX2 + FMA: scores of 8 slots for one query row, 4 for two or 2 for four at a time (one
+// accumulator per slot and row, summed across lanes by one transposing reduction), p . V split by dims (blocks of
+// slots, 16 dims at a time, 4 query rows' sums in registers); bf16 caches widened to float32 as they are read (evens
+// and odds, one shift or one and each), the 4-bit cache by attn_int4.h's passes over 8 slots at a time (Slots8).
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -104,8 +104,8 @@ void permute_q(const AttnQuery* a, const Scratch& w) {
         w.qp[h * a->dp + c + i] = a->q[h * a->dp + c + (BF16 ? (i < 8 ? 2 * i : 2 * (i - 8) + 1) : i)];
 }
 
-// Scores of query rows [h0, h0 + H) (H = 1 or 2) against every slot, 8 / H slots per step: each key chunk is
-// loaded once for the H rows, the 8 accumulators summed across lanes by one reduce8 (lane hh * (8 / H) + j: row
+// Scores of query rows [h0, h0 + H) (H = 1, 2 or 4) against every slot, 8 / H slots per step: each key chunk is
+// loaded (and widened) once for the H rows, the 8 accumulators summed across lanes by one reduce8 (lane hh * (8 / H) + j: row
 // h0 + hh, slot j); -inf where a slot may not be attended.
 template <bool BF16, int H>
 void scores_rows(const AttnQuery* a, const PlainKv* kv, const Scratch& w, int64_t h0) {
@@ -141,9 +141,15 @@ void scores_rows(const AttnQuery* a, const PlainKv* kv, const Scratch& w, int64_
       const __m256 r = _mm256_mul_ps(reduce8(acc), sc);
       if constexpr (H == 1) {
         _mm256_storeu_ps(w.s + h0 * w.tp + t0, r);
-      } else {
+      } else if constexpr (H == 2) {
         _mm_storeu_ps(w.s + h0 * w.tp + t0 + half, _mm256_castps256_ps128(r));
         _mm_storeu_ps(w.s + (h0 + 1) * w.tp + t0 + half, _mm256_extractf128_ps(r, 1));
+      } else {
+        const __m128 lo = _mm256_castps256_ps128(r), hi = _mm256_extractf128_ps(r, 1);
+        _mm_storel_pi(reinterpret_cast<__m64*>(w.s + h0 * w.tp + t0 + half), lo);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(w.s + (h0 + 1) * w.tp + t0 + half), lo);
+        _mm_storel_pi(reinterpret_cast<__m64*>(w.s + (h0 + 2) * w.tp + t0 + half), hi);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(w.s + (h0 + 3) * w.tp + t0 + half), hi);
       }
     }
     for (int hh = 0; hh < H; ++hh)
@@ -156,6 +162,7 @@ template <bool BF16>
 void scores_plain(const AttnQuery* a, const PlainKv* kv, const Scratch& w) {
   permute_q<BF16>(a, w);
   int64_t h = 0;
+  for (; h + 4 <= a->n; h += 4) scores_rows<BF16, 4>(a, kv, w, h);
   for (; h + 2 <= a->n; h += 2) scores_rows<BF16, 2>(a, kv, w, h);
   if (h < a->n) scores_rows<BF16, 1>(a, kv, w, h);
 }
