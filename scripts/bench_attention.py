@@ -3,13 +3,15 @@ machine's own ceilings timed in the same rounds: decode as cache GB/s against a 
 tensor's sum), prefill as GFLOP/s against torch.mm (bfloat16 for the AVX-512 kernel, whose products are bf16;
 float32 for the AVX2 one, whose products are float32), each timed interleaved with the kernels. `--isas avx512,avx2`
 times the own kernels under each instruction set in the same rounds. The machine is shared: every figure is the
-median of `--repeats` interleaved rounds, a ratio the median of the rounds' own ratios. The C heap runs under the engine's default policy (engine/memory/heap.py:
+median of `--repeats` interleaved rounds, a ratio the median of the rounds' own ratios; on one thread (`--threads
+1`) the rounds are timed in the thread's CPU time. The C heap runs under the engine's default policy (engine/memory/heap.py:
 freed blocks reused, not faulted in afresh at every call), as the kernels run inside an engine.
 
     python scripts/bench_attention.py [--threads 2] [--repeats 5] [--heads 32 --kv-heads 8 --head-dim 128]
 
 The AVX2 path on an AVX-512 CPU, with torch's GEMMs held to AVX2 as well (so that the peak is an AVX2 one):
-    FLEXBATCH_ISA=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 python scripts/bench_attention.py"""
+    FLEXBATCH_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+        python scripts/bench_attention.py"""
 
 from __future__ import annotations
 
@@ -33,17 +35,24 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
 READ_BYTES = 512 << 20
 
 
+def clock():
+    """The timer: on one thread, the calling thread's CPU time (torch's ops and the kernels then run on it, and the
+    time other processes take the core from it is not counted: on a shared machine the figures are those of the
+    code, not of the load); else wall time."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
 def rounds(fns, repeats: int) -> list[list[float]]:
     """Seconds of each of `fns` in each of `repeats` rounds, timed interleaved (after one warm-up call each): a
     round's figures were taken under the same load, so their ratios hold even where the load drifts."""
     for fn in fns:
         fn()
-    times = [[] for _ in fns]
+    times, now = [[] for _ in fns], clock()
     for _ in range(repeats):
         for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
-            times[i].append(time.perf_counter() - t0)
+            times[i].append(now() - t0)
     return times
 
 
