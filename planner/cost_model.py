@@ -18,10 +18,10 @@ seconds."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from engine.kernels.rates import MIN_PACK_GAIN, MIN_PACK_PARAMS, ROWS
+from engine.kernels.gemm_choice import EVERY, max_rows
+from engine.kernels.rates import MIN_PACK_PARAMS, ROWS
 from engine.memory.disk_read import reads_direct
 from engine.memory.expert_reads import streams_experts
 from engine.memory.footprint import (
@@ -232,15 +232,14 @@ def reorder_s(blk: Block, phase: str, device: str) -> Affine:
     """The GEMM seconds saved where dense weights kept in CPU memory are reordered for oneDNN (negative), as the
     engine does for the layers of a run that computes on the CPU only, uncompressed: per GPU batch, the plain
     GEMM's seconds times (1 - 1 / gain at its rows), over the share of parameters reordered and the fraction
-    of layers kept in CPU memory. The engine decides per weight shape from the same measurement (a geometric-mean
-    gain over the row counts of at least MIN_PACK_GAIN); here the profile's curves at the model's width stand for
-    every weight. Zero without the profile's gains for the workload's dtype."""
+    of layers kept in CPU memory. The engine reorders by a rule (engine/kernels/gemm_choice.py: every weight large
+    enough, where the CPU reorders the dtype); the profile's measured gains at the model's width price it (a gain
+    below 1 costs). Zero without the profile's gains for the workload's dtype."""
     p, spec = blk.policy, blk.hw.device(device)
     if device != "cpu" or p.compress_weight or p.prefill_device != "cpu" or p.decode_device != "cpu":
         return Affine()
     width, dtype = blk.model.hidden_size, blk.work.dtype
-    gains = [spec.reorder_gain(dtype, rows, width) for rows in ROWS]
-    if gains[0] is None or math.prod(gains) ** (1 / len(gains)) < MIN_PACK_GAIN:
+    if spec.reorder_gain(dtype, ROWS[0], width) is None:  # measured only where the CPU reorders the dtype
         return Affine()
     t, p_lin, hot = tokens(blk.work, phase), active_linear_params(blk.model), weights_stay_cached(blk, device)
     saved = sum(2 * b * t * p_lin / spec.matmul_flop_per_s(b * t, width, hot, dtype)
@@ -250,17 +249,16 @@ def reorder_s(blk: Block, phase: str, device: str) -> Affine:
 
 def kernel_batches(blk: Block, phase: str, device: str) -> list[bool]:
     """Per GPU batch: whether compressed weights are computed on by their kernel, as the engine chooses (on the
-    CPU, where the kernel's measured time beats one dequantization + the dense GEMM; int4 only for layers kept
-    in CPU memory, which are packed for it at load). All False without compressed weights or without the
-    kernel's rates in the profile."""
+    CPU, up to the row limit of engine/kernels/gemm_choice.py's rule for this machine class, format and dtype;
+    int4 only for layers kept in CPU memory, which are packed for it at load). All False without compressed
+    weights or without the kernel's rates in the profile (nothing to price it with)."""
     spec, p, t = blk.hw.device(device), blk.policy, tokens(blk.work, phase)
     resident = p.weight_format == "int8" or p.weight_cpu == 1.0  # int4 is packed for its kernel once, at load
     if not p.compress_weight or device != "cpu" or not resident or p.weight_format not in spec.kernel_gflop_per_s:
         return [False] * len(blk.batches)
-    flops, width, hot = 2 * t * active_linear_params(blk.model), blk.model.hidden_size, weights_stay_cached(blk, device)
-    deq = layer_dequant_s(blk, device)
-    return [b * flops / spec.kernel_flop_per_s(p.weight_format, b * t, width)
-            < b * flops / spec.matmul_flop_per_s(b * t, width, hot, blk.work.dtype) + deq for b in blk.batches]
+    h = blk.model.hidden_size
+    limit = max_rows(p.weight_format, h, h, blk.work.dtype)
+    return [b * t <= limit or limit >= EVERY for b in blk.batches]
 
 
 def prefill_attention_s(blk: Block, device: str) -> float:
