@@ -3,7 +3,7 @@
 Home memory is what the engine reserves on a tier and checks against its budget: the layers placed there, the
 embeddings and head (on the tier of the device they compute on: `engine.memory.weight_store.globals_tier`), the
 KV cache of a whole block (preallocated for all T slots, so prefill and decode hold the same), the activations of
-a block, a shared prefix's K/V, and two disk layers staged on the CPU when any layer lives on disk. Each is a
+a block, a shared prefix's K/V, and the disk layers staged on the CPU when any layer lives on disk. Each is a
 per-unit figure of engine/memory/footprint.py, the one the engine checks its budgets with
 (`engine.loop.schedule.BlockExecutor.block_bytes`), multiplied here by the placement fractions. Working memory
 is what the engine does not account: the intermediates of one layer on one GPU batch, the dense buffers of
@@ -16,6 +16,7 @@ from engine.memory.footprint import (
     act_row_bytes,
     dense_buffer_bytes,
     disk_kv_buffer_bytes,
+    disk_staged_bytes,
     global_bytes,
     int4_kernel_layout_bytes,
     keeps_tiles,
@@ -48,10 +49,11 @@ def act_block_bytes(model: ModelSpec, work: Workload, rows: int) -> float:
 
 
 def disk_staging_bytes(model: ModelSpec, work: Workload, policy: Policy) -> float:
-    """Two layers read from disk held on the CPU (the one computing, the one prefetched): staged_bytes(W), and
-    the dense buffers they are dequantized into where resident layers need none (`streamed_dense_bytes`). Counted
+    """The layers read from disk held on the CPU (the one computing, the one prefetched): disk_staged_bytes(W),
+    and the dense buffers they are dequantized into where resident layers need none (`streamed_dense_bytes`). Counted
     when any layer lives on disk."""
-    return (staged_bytes(stored_layer_bytes(model, work.dtype_bytes, policy))
+    W = stored_layer_bytes(model, work.dtype_bytes, policy)
+    return (disk_staged_bytes(model, work.dtype_bytes, policy, W)
             + streamed_dense_bytes(model, work.dtype_bytes, policy))
 
 
@@ -94,7 +96,7 @@ def working_bytes(model: ModelSpec, work: Workload, policy: Policy, phase: str) 
             continue
         out[device] += intermediate_bytes(model, policy.gbs, tokens, work.dtype_bytes)
         if policy.compress_weight and not keeps_tiles(policy):
-            out[device] += dense_buffer_bytes(model, work.dtype_bytes)
+            out[device] += dense_buffer_bytes(model, work.dtype_bytes, policy)
         if device == "gpu" and streams_to_gpu(policy, model.num_layers):
             out[device] += staged_bytes(stored_layer_bytes(model, work.dtype_bytes, policy))
     return out

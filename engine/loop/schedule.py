@@ -24,10 +24,10 @@ from engine.memory.footprint import (
     ACT_DTYPE,
     act_row_bytes,
     disk_kv_buffer_bytes,
+    disk_staged_bytes,
     kv_row_bytes,
     prefix_bytes,
     prefix_tier,
-    staged_bytes,
     streamed_dense_bytes,
 )
 from engine.memory.kv_cache import KVCache
@@ -400,9 +400,9 @@ class BlockExecutor:
         """Bytes a block of `rows` rows (prompt length S, total length T, after `shared` prefix tokens) needs per
         tier, by engine/memory/footprint.py: each GPU batch's KV cache (T slots a row) and activations (S
         positions a row) on their row segments, the shared prefix's K/V (one row, uncompressed) on `prefix_tier`,
-        and on the CPU the two one-layer buffers of a plain disk-tier cache and the two layers staged from disk
-        (the one computing, the one prefetched), with the dense buffers they are dequantized into where resident
-        layers need none (footprint.streamed_dense_bytes)."""
+        and on the CPU the two one-layer buffers of a plain disk-tier cache and the layers staged from disk
+        (the one computing, the one prefetched: footprint.disk_staged_bytes), with the dense buffers they are
+        dequantized into where resident layers need none (footprint.streamed_dense_bytes)."""
         spec, p, compressed = self.loaded.spec, self.policy, self.loaded.kv_codec is not None
         elem = torch.empty((), dtype=self.loaded.dtype).element_size()
         need = dict.fromkeys(("gpu", "cpu", "disk"), 0)
@@ -417,5 +417,6 @@ class BlockExecutor:
             for tier, r in row_segments(B, {"gpu": p.act_gpu, "cpu": p.act_cpu, "disk": p.act_disk}):
                 need[tier] += (r.stop - r.start) * act_row_bytes(spec, S)
         if "disk" in self.loaded.weights.placement:
-            need["cpu"] += staged_bytes(max(self.loaded.weights.layer_bytes)) + streamed_dense_bytes(spec, elem, p)
+            need["cpu"] += (disk_staged_bytes(spec, elem, p, max(self.loaded.weights.layer_bytes))
+                            + streamed_dense_bytes(spec, elem, p))
         return need

@@ -59,6 +59,7 @@ class DirectReader:
         self._free: list[torch.Tensor] = []
         self._lock = threading.Lock()
         self.buffers_made = 0
+        self.bytes_made = 0  # the buffers' bytes: what the reader holds once every buffer is released
 
     def buffer(self, n: int) -> torch.Tensor:
         """A free aligned buffer of at least n bytes (made when none is), to `release` once its views are unused."""
@@ -66,8 +67,10 @@ class DirectReader:
             for k, buf in enumerate(self._free):
                 if buf.numel() >= n:
                     return self._free.pop(k)
+        buf = aligned_empty(n)
         self.buffers_made += 1
-        return aligned_empty(n)
+        self.bytes_made += buf.numel()
+        return buf
 
     def release(self, buf: torch.Tensor) -> None:
         with self._lock:

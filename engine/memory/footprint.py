@@ -191,10 +191,16 @@ def act_row_bytes(model: ModelSpec, positions: int) -> float:
     return positions * model.hidden_size * ACT_DTYPE.itemsize
 
 
-def dense_buffer_bytes(model: ModelSpec, dtype_bytes: int) -> float:
+def dense_weight_bytes(dtype_bytes: int, policy: Policy) -> int:
+    """Bytes per weight of a compressed weight's dense buffer (engine/compression/codecs.py `dense`): the dense
+    value, and for 4-bit codes the uint8 scratch they are unpacked into."""
+    return dtype_bytes + (policy.weight_format == "int4")
+
+
+def dense_buffer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
     """The two reused buffers compressed layers are dequantized into (engine/compression/codecs.py): two dense
-    layers, 2 * params_per_layer * dtype_bytes."""
-    return 2 * model.params_per_layer * dtype_bytes
+    layers, 2 * params_per_layer * dense_weight_bytes."""
+    return 2 * model.params_per_layer * dense_weight_bytes(dtype_bytes, policy)
 
 
 def keeps_tiles(policy: Policy) -> bool:
@@ -208,10 +214,27 @@ def keeps_tiles(policy: Policy) -> bool:
 
 def streamed_dense_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
     """CPU memory the layers read from disk need beside their staging where resident layers keep their tiles: the
-    dense buffers they are dequantized into (elsewhere those buffers are counted for every compressed run)."""
-    return dense_buffer_bytes(model, dtype_bytes) if policy.compress_weight and keeps_tiles(policy) else 0.0
+    dense buffers they are dequantized into (elsewhere those buffers are counted for every compressed run). Where
+    a mixture's experts stream, the routed experts of every layer share one set (a layer's experts are handed
+    back before the next layer's are read), and the two layers' sets hold their trunks only."""
+    if not (policy.compress_weight and keeps_tiles(policy)):
+        return 0.0
+    if not streams_experts(model, policy):
+        return dense_buffer_bytes(model, dtype_bytes, policy)
+    experts = model.num_experts * 3 * model.hidden_size * model.expert_ffn_size * dense_weight_bytes(dtype_bytes, policy)
+    return dense_buffer_bytes(model, dtype_bytes, policy) - experts
 
 
 def staged_bytes(layer: float) -> float:
     """Layers held while weights stream (from disk into CPU memory, or onto the GPU): STAGED_LAYERS * one layer."""
     return STAGED_LAYERS * layer
+
+
+def disk_staged_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy, layer: float) -> float:
+    """CPU memory the layers read from disk are held in, `layer` the widest one's stored bytes: `staged_bytes`,
+    or, where a mixture's experts stream (engine/memory/expert_reads.py), the layer computing with every expert
+    it may read and only the trunk of the one prefetched (its experts are read once routed, after the layer
+    before it is handed back)."""
+    if not streams_experts(model, policy):
+        return staged_bytes(layer)
+    return 2 * layer - model.num_experts * expert_bytes(model, dtype_bytes, policy)

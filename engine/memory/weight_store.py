@@ -179,6 +179,9 @@ class WeightStore:
                          for i, tier in enumerate(self.placement) if streams and tier == "disk" and spec.moe_layers[i]}
         self._moe_prefix = spec.moe_prefix
         self._expert_buffers = DirectReader()
+        # the routed experts' dense buffers, one set for every streamed layer: a layer's experts are handed back
+        # before the next layer's are read
+        self._expert_dense = codec.acquire() if codec is not None and self.streamed else None
         self._expert_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexbatch-experts",
                                                initializer=torch.set_num_threads, initargs=(1,))
         if disk:
@@ -255,15 +258,16 @@ class WeightStore:
         (engine/memory/expert_reads.py), readied into the layer's codec buffers."""
         stored, disk_buf = self._read_plan(self.streamed[i][0], self.direct or self._buffers)
         weights, buffers = self.kernels.ready(stored, self.meta[i], self.codec, "cpu")
-        layer = StreamedExperts(weights, self._moe_prefix, partial(self._read_expert, i, buffers), self._expert_pool)
+        layer = StreamedExperts(weights, self._moe_prefix, partial(self._read_expert, i), self._expert_pool)
         return layer, (None, buffers, disk_buf, layer)
 
-    def _read_expert(self, i: int, buffers: dict | None, e: int) -> tuple[LayerWeights, tuple]:
-        """Expert e of streamed layer i, read (in the experts' reader thread) and readied; and its buffer."""
+    def _read_expert(self, i: int, e: int) -> tuple[LayerWeights, tuple]:
+        """Expert e of streamed layer i, read (in the experts' reader thread) and readied (into the experts' own
+        dense buffers); and its buffer."""
         with torch.inference_mode():
             stored, (pool, buf) = self._read_plan(self.streamed[i][1][e], self._expert_buffers)
             try:
-                weights, _ = self.kernels.ready(stored, self.meta[i], self.codec, "cpu", buffers)
+                weights, _ = self.kernels.ready(stored, self.meta[i], self.codec, "cpu", self._expert_dense)
             except BaseException:
                 pool.release(buf)
                 raise

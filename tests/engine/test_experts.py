@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine.engine import Engine
-from engine.memory.footprint import routed_layer_bytes
+from engine.memory.footprint import disk_staged_bytes, routed_layer_bytes
 from engine.models.experts import mixture, route
 from engine.policy import Policy
 from engine.request import Request, SamplingParams
@@ -137,6 +137,19 @@ def test_a_mixture_on_disk_reads_its_trunk_and_only_the_experts_its_tokens_chose
     assert distinct[-1] == k < every and moved < steps * sum(store.layer_bytes)
     # the planner prices a one-token step's read of a mixture layer as the engine reads it
     assert routed_layer_bytes(engine.spec, 4, engine.policy, 1) == store.streamed[moe[0]][0].stored_bytes + k * expert
+    # the reads held one layer with its experts and the next one's trunk at most (every buffer the readers made,
+    # each kept for reuse), not two layers: what the footprint stages for them, in stored bytes
+    trunk, experts = store.streamed[moe[0]]
+    held = sum(r.bytes_made for r in (store._buffers, store._expert_buffers, store.direct) if r is not None)
+    assert held <= 2 * trunk.buffer_bytes + sum(p.buffer_bytes for p in experts.values())
+    assert (disk_staged_bytes(engine.spec, 4, engine.policy, max(store.layer_bytes))
+            == 2 * trunk.stored_bytes + len(experts) * expert < 2 * max(store.layer_bytes))
+    if fmt:  # the dense buffers compressed weights are dequantized into: the layers' sets hold their trunks, and
+        # every layer's routed experts share one set (footprint.streamed_dense_bytes)
+        names = [{n.split(".weight")[0] for n in b} for b in store.codec._free]
+        assert len(names) == 2 and all(n and not any(".experts." in x for x in n) for n in names)
+        experts_dense = {n.split(".weight")[0] for n in store._expert_dense}
+        assert experts_dense and all(n.startswith(f"{engine.spec.moe_prefix}experts.") for n in experts_dense)
 
 
 def test_streamed_experts_are_read_once_in_routed_order_and_held_until_released():

@@ -1,13 +1,14 @@
 """Under a binding memory limit the engine's large temporaries are mmapped, so freeing them gives the memory
-back instead of leaving holes in the C heap (engine/memory/heap.py); elsewhere freed blocks stay in the heap, reused. mallopt is
-process-wide and cannot be undone: each check runs in a process of its own."""
+back instead of leaving holes in the C heap, and oneDNN keeps few primitives (engine/memory/heap.py); elsewhere freed
+blocks stay in the heap, reused. mallopt is process-wide and cannot be undone: each check runs in a process of its
+own."""
 
 import subprocess
 import sys
 
 import pytest
 
-from engine.memory.heap import _libc
+from engine.memory.heap import ONEDNN_PRIMITIVES, _libc
 from tests.cgroups import memory_cgroup, remove_cgroup, run_in_cgroup
 
 MIB = 2**20
@@ -36,8 +37,9 @@ def _mmapped_mib(done: subprocess.CompletedProcess) -> int:
 
 
 def _load(model_dir) -> list[str]:
-    code = f"import logging\nlogging.basicConfig(level=logging.INFO)\nfrom engine.engine import Engine\nEngine.load({str(model_dir)!r})\n" + _CHECK
-    return [sys.executable, "-c", code]
+    code = (f"import logging, os\nlogging.basicConfig(level=logging.INFO)\nfrom engine.engine import Engine\n"
+            f"Engine.load({str(model_dir)!r})\nprint('onednn', os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))\n")
+    return [sys.executable, "-c", code + _CHECK]
 
 
 # Twenty rounds of a 64 MiB and a 16 MiB block allocated, filled and freed, as a prefill's layers do (glibc's
@@ -53,7 +55,8 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def test_without_a_binding_limit_freed_blocks_are_reused_without_page_faults(tiny_llama_dir):
-    assert _mmapped_mib(subprocess.run(_load(tiny_llama_dir), capture_output=True, text=True, timeout=120)) == 0
+    done = subprocess.run(_load(tiny_llama_dir), capture_output=True, text=True, timeout=120)
+    assert _mmapped_mib(done) == 0 and "onednn None" in done.stdout
     load = _load(tiny_llama_dir)
     faults = [_mmapped_mib(subprocess.run(cmd, capture_output=True, text=True, timeout=120))
               for cmd in ([sys.executable, "-c", _REUSE], [*load[:-1], load[-1].replace(_CHECK, _REUSE)])]
@@ -70,3 +73,4 @@ def test_under_a_binding_memory_limit_an_engine_mmaps_large_blocks(tiny_llama_di
         remove_cgroup(group)
     assert _mmapped_mib(done) >= 6
     assert "allocations of 4 MiB or more are mmapped" in done.stderr
+    assert f"onednn {ONEDNN_PRIMITIVES}" in done.stdout  # oneDNN keeps a few primitives, not 1,024 scratchpads
