@@ -101,7 +101,9 @@ class WeightCodec:
         return plain, packed
 
     def dense(self, name: str, w, buffers: dict) -> torch.Tensor:
-        """The dense weight [out, in] of compressed weight `name`, written into `buffers` (reused)."""
+        """The dense weight [out, in] of compressed weight `name`, written into `buffers` (reused). 4-bit codes are
+        unpacked into one scratch buffer of the set, as large as its largest weight: a set's weights are
+        dequantized one after another, by one thread (the one readying the layer, or the one computing it)."""
         if isinstance(w, Int8Weight):
             return dequantize_int8(w, self.dtype, out=_buffer(buffers, name, w.codes.numel(), self.dtype,
                                                                w.codes.device).view(w.codes.shape))
@@ -115,7 +117,7 @@ class WeightCodec:
             return int4_tiles.dequantize(w, self.dtype, out=_buffer(buffers, name, n, self.dtype, w.codes.device))
         n = math.prod(w.buffer_shape)
         buf = _buffer(buffers, name, n, self.dtype, w.data.device)
-        return dequantize(w, out=buf, scratch=_buffer(buffers, name + "#scratch", n, torch.uint8, w.data.device))
+        return dequantize(w, out=buf, scratch=_buffer(buffers, SCRATCH, n, torch.uint8, w.data.device))
 
     def decode(self, tensors: dict[str, torch.Tensor], meta: dict[str, str], buffers: dict) -> LayerWeights:
         """Dense weights (int4: strided views of W^T buffers) on the tensors' device; `buffers` is reused."""
@@ -129,6 +131,9 @@ class WeightCodec:
     def release(self, buffers: dict) -> None:
         with self._lock:
             self._free.append(buffers)
+
+
+SCRATCH = "#scratch"  # a buffer set's key of its 4-bit unpacking scratch
 
 
 def _buffer(buffers: dict, key: str, n: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -132,16 +132,22 @@ def stored_layer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> fl
     return layer_bytes(model, dtype_bytes, policy.compress_weight, policy.weight_format)
 
 
-def int4_kernel_layout_bytes(model: ModelSpec) -> int:
-    """Bytes the int4 kernel's layout keeps beside the codes of one CPU-resident layer (engine.compression.int4.pack_int4):
-    each fused Linear [out, in] with out padded to a multiple of 16, in int4_bytes' own format."""
+def fused_linear_shapes(model: ModelSpec) -> list[tuple[int, int]]:
+    """(out, in) of a layer's Linear weights as stored, projections fused (engine/kernels/fuse.py): qkv, o, and
+    gate_up and down of the MLP or of each expert and the shared expert (OPT: fc1, fc2)."""
     h, f = model.hidden_size, model.ffn_size
     q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     mlp = [(f, h), (h, f)] if model.family == "opt" else [(2 * f, h), (h, f)]
     if model.num_experts:
         fe, fs = model.expert_ffn_size, model.shared_expert_ffn_size
         mlp = [(2 * fe, h), (h, fe)] * model.num_experts + ([(2 * fs, h), (h, fs)] if fs else [])
-    return sum(int4_bytes(-(-o // 16) * 16, i) for o, i in [(q + 2 * kv, h), (h, q), *mlp])
+    return [(q + 2 * kv, h), (h, q), *mlp]
+
+
+def int4_kernel_layout_bytes(model: ModelSpec) -> int:
+    """Bytes the int4 kernel's layout keeps beside the codes of one CPU-resident layer (engine.compression.int4.pack_int4):
+    each fused Linear [out, in] with out padded to a multiple of 16, in int4_bytes' own format."""
+    return sum(int4_bytes(-(-o // 16) * 16, i) for o, i in fused_linear_shapes(model))
 
 
 def global_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy | None = None) -> float:
@@ -191,16 +197,16 @@ def act_row_bytes(model: ModelSpec, positions: int) -> float:
     return positions * model.hidden_size * ACT_DTYPE.itemsize
 
 
-def dense_weight_bytes(dtype_bytes: int, policy: Policy) -> int:
-    """Bytes per weight of a compressed weight's dense buffer (engine/compression/codecs.py `dense`): the dense
-    value, and for 4-bit codes the uint8 scratch they are unpacked into."""
-    return dtype_bytes + (policy.weight_format == "int4")
+def unpack_scratch_bytes(model: ModelSpec, policy: Policy) -> int:
+    """The uint8 scratch a set of dense buffers unpacks 4-bit codes into (engine/compression/codecs.py `dense`):
+    one byte per weight of the layer's largest (fused) Linear; none for the other formats."""
+    return max(o * i for o, i in fused_linear_shapes(model)) if policy.weight_format == "int4" else 0
 
 
 def dense_buffer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
-    """The two reused buffers compressed layers are dequantized into (engine/compression/codecs.py): two dense
-    layers, 2 * params_per_layer * dense_weight_bytes."""
-    return 2 * model.params_per_layer * dense_weight_bytes(dtype_bytes, policy)
+    """The two reused sets of buffers compressed layers are dequantized into (engine/compression/codecs.py): two
+    dense layers, 2 * params_per_layer * dtype_bytes, and each set's unpacking scratch."""
+    return 2 * (model.params_per_layer * dtype_bytes + unpack_scratch_bytes(model, policy))
 
 
 def keeps_tiles(policy: Policy) -> bool:
@@ -221,8 +227,8 @@ def streamed_dense_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> 
         return 0.0
     if not streams_experts(model, policy):
         return dense_buffer_bytes(model, dtype_bytes, policy)
-    experts = model.num_experts * 3 * model.hidden_size * model.expert_ffn_size * dense_weight_bytes(dtype_bytes, policy)
-    return dense_buffer_bytes(model, dtype_bytes, policy) - experts
+    experts = model.num_experts * 3 * model.hidden_size * model.expert_ffn_size * dtype_bytes
+    return dense_buffer_bytes(model, dtype_bytes, policy) - experts + unpack_scratch_bytes(model, policy)
 
 
 def staged_bytes(layer: float) -> float:

@@ -58,10 +58,13 @@ sys.argv = [script, *sys.argv[4:]]
 runpy.run_path(script, run_name="__main__")
 """
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context holds
-# how llama.cpp loads the GGUF (its -lm): "mmap", its default, maps the file and also keeps repacked copies of the
-# weights its kernels reorder (at 7B in Q4_0: 3.9 GB mapped beside 3.7 GB repacked); "none" reads the file into
-# its buffers, the repacked weights once
-LOAD_MODES = ("mmap", "none")
+# how llama.cpp loads the GGUF (its -lm and --no-repack): "mmap", its default, maps the file and also keeps repacked
+# copies of the weights its kernels reorder (at 7B in Q4_0: 3.9 GB mapped beside 3.7 GB repacked); "none" reads the
+# file into its buffers, the repacked weights once; "mmap-no-repack" maps the file and computes on the mapped
+# weights as they are, so they stay page cache the kernel may drop and read again (under a memory limit below the
+# GGUF's size the only mode that does not hold every weight in its own memory)
+LOAD_MODES = ("mmap", "none", "mmap-no-repack")
+LOAD_FLAGS = {"mmap": ["-lm", "mmap"], "none": ["-lm", "none"], "mmap-no-repack": ["-lm", "mmap", "--no-repack"]}
 BATCH, UBATCH = 2048, 512  # llama.cpp's defaults of -b (tokens per llama_decode call) and -ub (per graph)
 ATTEMPTS = 3  # runs of llama-batched-bench until every expected result line was printed
 # where llama.cpp's AMX kernels (its own layout of Q4_0/Q8_0 weights, used where the CPU has amx_int8) crash, as its
@@ -201,7 +204,7 @@ def bench_command(tools: LlamaCpp, gguf: Path, rows: int, prompt_len: int, gen_l
     chunks, tg = sequence_chunks(rows), gen_len - 1
     return [str(tools.bench), "-m", str(gguf), "-npp", str(prompt_len), "-ntg", str(tg),
             "-npl", ",".join(map(str, chunks)), "-no-kvu", "-fa", "auto", "-t", str(threads), "-tb", str(threads),
-            "-c", str(max(chunks) * (prompt_len + tg)), "-b", str(BATCH), "-ub", str(UBATCH), "-lm", load_mode]
+            "-c", str(max(chunks) * (prompt_len + tg)), "-b", str(BATCH), "-ub", str(UBATCH), *LOAD_FLAGS[load_mode]]
 
 
 def parse_results(text: str) -> list[dict]:

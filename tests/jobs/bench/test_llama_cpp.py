@@ -58,6 +58,8 @@ def test_the_command_runs_separate_prompts_through_a_prefill_and_g_minus_1_decod
     assert "-no-kvu" in argv and arg("-fa") == "auto" and arg("-t") == arg("-tb") == "2"
     assert (arg("-b"), arg("-ub"), arg("-lm")) == ("2048", "512", "mmap")
     assert lc.bench_command(tools(tmp_path), tmp_path / "Q4_0.gguf", rows, P, G, 2, "none")[-2:] == ["-lm", "none"]
+    assert lc.bench_command(tools(tmp_path), tmp_path / "Q4_0.gguf", rows, P, G, 2, "mmap-no-repack")[-3:] == [
+        "-lm", "mmap", "--no-repack"]
 
 
 def test_the_result_table_is_read_row_by_row_and_a_lost_last_line_is_missing():
