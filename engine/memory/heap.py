@@ -80,7 +80,8 @@ def choose_heap(room) -> str | None:
     """The C heap's policy for this process, from its memory room (an engine.memory.room.MemoryRoom): under a
     binding limit (`room.limit_binds`: the kernel kills at the cgroup's limit) `mmap_large_blocks`, so that the
     peak is what the tensors take, not that plus the heap's holes, and oneDNN keeps ONEDNN_PRIMITIVES primitives;
-    elsewhere `reuse_freed_blocks`, so that large temporaries are not faulted in afresh at every layer. Which it set ("mmap-large", "reuse"), None if neither."""
+    elsewhere `reuse_freed_blocks`, so that large temporaries are not faulted in afresh at every layer. Which it
+    set ("mmap-large", "reuse"), None if neither."""
     if room.limit_binds:
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVES))
         if not mmap_large_blocks():

@@ -255,7 +255,7 @@ class WeightStore:
 
     def _load_trunk(self, i: int) -> tuple[StreamedExperts, tuple]:
         """Streamed mixture layer i ready on the CPU: its trunk read now, each expert once the router chose it
-        (engine/memory/expert_reads.py), readied into the layer's codec buffers."""
+        (engine/memory/expert_reads.py); the trunk readied into the layer's codec buffers."""
         stored, disk_buf = self._read_plan(self.streamed[i][0], self.direct or self._buffers)
         weights, buffers = self.kernels.ready(stored, self.meta[i], self.codec, "cpu")
         layer = StreamedExperts(weights, self._moe_prefix, partial(self._read_expert, i), self._expert_pool)
