@@ -15,6 +15,7 @@ void bind_int8(pybind11::module_& m);
 void bind_layer(pybind11::module_& m);
 void bind_attn(pybind11::module_& m);
 void bind_moe(pybind11::module_& m);
+void bind_mxfp4(pybind11::module_& m);
 
 namespace {
 
@@ -59,4 +60,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   flexbatch::bind_layer(m);
   flexbatch::bind_attn(m);
   flexbatch::bind_moe(m);
+  flexbatch::bind_mxfp4(m);
 }
