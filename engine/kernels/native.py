@@ -29,9 +29,18 @@ from engine.checkpoint import LayerWeights
 from engine.compression.bf16 import Bf16Weight
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
-from engine.kernels import int4_tiles, int8_rows, int8_tiles, layer_ops, onednn_dense, prefill_choice
+from engine.kernels import (
+    int4_tiles,
+    int8_rows,
+    int8_tiles,
+    layer_ops,
+    mxfp4_linear,
+    onednn_dense,
+    prefill_choice,
+)
 from engine.kernels.gemm_choice import max_rows, packs_dense
 from engine.kernels.int4_tiles import Int4Tiles
+from engine.kernels.mxfp4_linear import Mxfp4Weight
 from engine.kernels.onednn_dense import OnednnWeight
 from engine.kernels.rope import apply_rope, cos_sin
 
@@ -57,6 +66,8 @@ class NativeKernels:
             return w(x, b)
         if isinstance(w, OnednnWeight):
             return onednn_dense.linear(x, w, b)
+        if isinstance(w, Mxfp4Weight):
+            return mxfp4_linear.linear(x, w, b)
         if isinstance(w, QWeight):  # kept outside a layer (the int8 head)
             return one_call(w, x.dtype)(x, b)
         return F.linear(x, w, b)
@@ -103,9 +114,11 @@ class NativeKernels:
         it computes them at some row count (engine/kernels/gemm_choice.py): the project's tiles
         (engine/kernels/int4_tiles.py) replace the stored form (the dense path dequantizes the tiles), aten's
         layout is kept beside it; dense ones are reordered for oneDNN where gemm_choice.packs_dense says
-        (engine/kernels/onednn_dense.py)."""
+        (engine/kernels/onednn_dense.py). MXFP4 experts kept packed become Mxfp4Weights
+        (engine/kernels/mxfp4_linear.py)."""
+        stored = mxfp4_linear.gather(stored)
         if codec is None or meta is None:
-            return {name: onednn_dense.pack(w) if self.reorders_dense and packs_dense(w) else w
+            return {name: onednn_dense.pack(w) if self.reorders_dense and _packs_dense(w) else w
                     for name, w in stored.items()}
         plain, packed = codec.split(stored, meta)
         return plain | {name: qweight(w, codec.dtype, pack=True) for name, w in packed.items()}
@@ -135,7 +148,9 @@ class NativeKernels:
         """A layer's weights on compute `device`, ready for `linear`, and the codec buffers they occupy
         (handed back when the next layer is taken). On the CPU, compressed weights become QLinears (the
         compressed kernel, or a dense copy made in those buffers on first need); elsewhere they are dequantized.
-        Part of a layer read later (a routed expert) is readied into its layer's `buffers`, then held by it."""
+        Part of a layer read later (a routed expert) is readied into its layer's `buffers`, then held by it. MXFP4
+        experts kept packed compute as they are (engine/kernels/mxfp4_linear.py)."""
+        stored = mxfp4_linear.gather(stored)
         if codec is None:
             return stored, None
         own = buffers is None
@@ -159,6 +174,10 @@ class AtenKernels(NativeKernels):
 
     name = "aten"
     reorders_dense = False
+
+
+def _packs_dense(w) -> bool:
+    return isinstance(w, torch.Tensor) and packs_dense(w)
 
 
 def int8_head(gw: LayerWeights, tied: bool, dtype: torch.dtype) -> LayerWeights:

@@ -20,15 +20,18 @@ from engine.checkpoint import CheckpointReader
 from engine.kernels.fuse import LAYOUT, fuse_projections
 from engine.memory.fingerprint import checkpoint_fingerprint
 from engine.memory.offload import layer_path, offload_root, unwritable, write_layer
+from engine.quantized.mxfp4_layer import packed_layer
 
 log = logging.getLogger(__name__)
 
 
-def layer_identity(reader: CheckpointReader, dtype: torch.dtype, codec, offload_dir: str | Path | None) -> dict:
-    """What the converted layers of this checkpoint in `dtype` and `codec`'s format (None: as loaded) are: the
-    checkpoint's content fingerprint (engine/memory/fingerprint.py), the format and the dtype. It names their
-    folder and is written into each layer's record, which must name it again for the layer to be reused."""
-    fmt = f"{codec.metadata() if codec else 'plain'}:{LAYOUT}"
+def layer_identity(reader: CheckpointReader, dtype: torch.dtype, codec, offload_dir: str | Path | None,
+                   packed_experts: bool = False) -> dict:
+    """What the converted layers of this checkpoint in `dtype` and `codec`'s format (None: as loaded) are, MXFP4
+    experts kept packed where `packed_experts`: the checkpoint's content fingerprint (engine/memory/fingerprint.py),
+    the format and the dtype. It names their folder and is written into each layer's record, which must name it
+    again for the layer to be reused."""
+    fmt = f"{codec.metadata() if codec else 'plain'}:{LAYOUT}" + (":mxfp4-experts" if packed_experts else "")
     model = checkpoint_fingerprint(reader.dir, offload_root(offload_dir))
     return {"model": model, "format": fmt, "dtype": str(dtype).removeprefix("torch.")}
 
@@ -47,10 +50,10 @@ def layer_folder(identity: dict, offload_dir: str | Path | None) -> Path:
     return folder
 
 
-def encode_layer(reader: CheckpointReader, i: int, dtype: torch.dtype, codec):
-    """Layer i read from the checkpoint in `dtype`, its projections fused, then in `codec`'s format: (tensors,
-    metadata or None)."""
-    lw = fuse_projections(reader.layer(i, dtype))
+def encode_layer(reader: CheckpointReader, i: int, dtype: torch.dtype, codec, packed_experts: bool = False):
+    """Layer i read from the checkpoint in `dtype`, its projections fused (MXFP4 experts kept packed where
+    `packed_experts`: engine/quantized/mxfp4_layer.py), then in `codec`'s format: (tensors, metadata or None)."""
+    lw = packed_layer(reader, i, dtype) if packed_experts else fuse_projections(reader.layer(i, dtype))
     return codec.encode(lw) if codec else (lw, None)
 
 

@@ -29,6 +29,7 @@ from engine.memory.heap import release_freed_memory
 from engine.memory.offload import layer_path, stored_layer, write_layer
 from engine.memory.tiers import Devices, tensor_bytes
 from engine.policy import Policy
+from engine.quantized.mxfp4_layer import keeps_packed
 from engine.quantized.repack import repacked_layer
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,9 @@ class WeightStore:
     packed form (accounted at its stored size).
 
     A mixture layer on disk, where every layer computes on the CPU, is read by expert (`streamed`): its trunk as
-    a layer is, each expert once a token of the step chose it (engine/memory/expert_reads.py).
+    a layer is, each expert once a token of the step chose it (engine/memory/expert_reads.py). There too, a gpt-oss
+    checkpoint's MXFP4 experts are kept in their checkpoint form, on every tier (`packed_experts`:
+    engine/quantized/mxfp4_layer.py).
 
     `weight_wait_s` is the time the computing thread waited for a layer or a routed expert (a prefetch not yet
     done, or a load of its own), `load_s` the time the prefetch thread spent loading: together they tell a run bound by the disk
@@ -154,12 +157,13 @@ class WeightStore:
         self._pending: dict[tuple[int, str], Future] = {}
         self._as_kept: dict[tuple[int, str], bool] = {}  # (layer, device): ready as kept, so not prefetched
         on_disk = [i for i, tier in enumerate(self.placement) if tier == "disk"]
+        self.packed_experts = keeps_packed(reader.spec, policy)  # MXFP4 experts in their checkpoint form
         self.plans = checkpoint_plans(reader, on_disk, dtype, codec)  # read from the checkpoint: no offload copy
         # in the offload folder (engine/memory/converted.py): disk layers not read from the checkpoint, and every
         # compressed layer, converted once and read by later runs
         copies = [i for i, tier in enumerate(self.placement)
                   if i not in self.plans and (tier == "disk" or codec is not None)]
-        self.identity = layer_identity(reader, dtype, codec, offload_dir) if copies else {}
+        self.identity = layer_identity(reader, dtype, codec, offload_dir, self.packed_experts) if copies else {}
         folder = layer_folder(self.identity, offload_dir) if copies else None
         room = memory_room_bytes()  # before the layers, as the planner measured it (planner.cost_model)
         kept = stored_layers(folder, copies, self.identity)
@@ -207,7 +211,7 @@ class WeightStore:
             stored, self.meta[i] = read_kept(folder, i), kept or None
         else:
             stored, self.meta[i] = (repacked_layer(reader, i, self.codec)  # a GPTQ/AWQ layer's own 4-bit codes
-                                    or encode_layer(reader, i, self.dtype, self.codec))
+                                    or encode_layer(reader, i, self.dtype, self.codec, self.packed_experts))
         nbytes = tensor_bytes(stored.values())
         self.layer_bytes.append(nbytes)
         self.devices.tiers[tier].reserve(nbytes, f"layer {i}")

@@ -2,8 +2,9 @@
 expert for each token, the token's top k run, and their outputs are summed weighted by the router.
 
 Tokens are grouped by expert: each expert that any token of the call chose runs once, as one GEMM (through the
-backend's Linear: dense, int8 or 4-bit weights alike) over the rows of the tokens that chose it, and its weighted
-output is added into theirs; no loop runs over tokens. Experts are taken in ascending order, so each token's sum is
+backend's Linear: dense, int8, 4-bit or gpt-oss's MXFP4 weights alike) over the rows of the tokens that chose it, and
+its weighted output is added into theirs; no loop runs over tokens. Where every chosen expert's weights are in a form
+the project's kernels take whole (4-bit tiles, MXFP4 kept packed), all of them run in one kernel call. Experts are taken in ascending order, so each token's sum is
 formed in the order the checkpoints' own code forms it (exact in float32)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from engine.checkpoint import LayerWeights
-from engine.kernels import int4_experts
+from engine.kernels import int4_experts, mxfp4_experts
 from engine.spec import ModelSpec
 
 
@@ -73,10 +74,16 @@ def moe_block(model, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         return linear(gated, lw[down + ".weight"], lw.get(down + ".bias"))
 
     def experts(ids: list[int], counts: list[int], rows: torch.Tensor) -> torch.Tensor | None:
-        if read_ahead or spec.expert_bias or spec.gate_limit is not None or spec.activation != "silu":
-            return None  # experts read as routed compute as they arrive; biases and other gates: one at a time
-        names = [(f"{p}experts.{e}.gate_up_proj.weight", f"{p}experts.{e}.{spec.expert_down}.weight") for e in ids]
-        return int4_experts.run(rows, counts, [lw[u] for u, _ in names], [lw[d] for _, d in names])
+        if read_ahead:
+            return None  # experts read as routed compute as they arrive
+        up, down = [f"{p}experts.{e}.gate_up_proj" for e in ids], [f"{p}experts.{e}.{spec.expert_down}" for e in ids]
+        gate_up, down_w = [lw[n + ".weight"] for n in up], [lw[n + ".weight"] for n in down]
+        if spec.gate_limit is not None:  # gpt-oss: MXFP4 experts kept packed
+            return mxfp4_experts.run(rows, counts, gate_up, [lw.get(n + ".bias") for n in up], down_w,
+                                     [lw.get(n + ".bias") for n in down], spec.gate_limit, spec.gate_alpha)
+        if spec.expert_bias or spec.activation != "silu":
+            return None  # biases and other gates: one at a time
+        return int4_experts.run(rows, counts, gate_up, down_w)
 
     out = mixture(flat, weights, chosen, expert, experts)
     if spec.shared_expert_ffn_size:

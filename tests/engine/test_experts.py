@@ -78,26 +78,104 @@ def test_each_expert_runs_once_over_the_tokens_that_chose_it():
     assert sum(n for _, n in calls) == 20 * 3  # every (token, choice) once
 
 
-def test_an_mxfp4_gpt_oss_checkpoint_matches_transformers_dequantizing_loader(tmp_path):
-    """gpt-oss's experts as published in MXFP4 (e2m1 blocks of 32, e8m0 scales): dequantized one layer at a time,
-    the values transformers' own MXFP4 loader gives (dequantize=True, its CPU path), and its greedy tokens."""
-    from safetensors import safe_open
+@pytest.fixture(scope="module")
+def mxfp4_gpt_oss(tmp_path_factory):
+    """A tiny gpt-oss checkpoint with its experts in MXFP4 (e2m1 blocks of 32, e8m0 scales) and transformers' model
+    of it, read by transformers' own MXFP4 loader (dequantize=True: its CPU path)."""
     from transformers import AutoModelForCausalLM, Mxfp4Config
 
-    from engine.quantized.mxfp4 import dense
     from tests.quantized_checkpoints import make_mxfp4_gpt_oss
 
-    model_dir = make_mxfp4_gpt_oss(tmp_path)
+    model_dir = make_mxfp4_gpt_oss(tmp_path_factory.mktemp("gpt-oss"))
     ref = AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=Mxfp4Config(dequantize=True),
                                                dtype=torch.float32).eval()
+    return model_dir, ref
+
+
+def _mxfp4_expected(ref, engine) -> list[list[int]]:
+    return [hf_greedy(ref, engine.tokenizer, p, MAX_NEW, engine.eos_ids) for p in PROMPTS]
+
+
+def _checkpoint_expert_bytes(model_dir, layer: int) -> int:
+    """The bytes of one layer's MXFP4 expert weights in the checkpoint (blocks and scales)."""
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        return sum(f.get_tensor(f"model.layers.{layer}.mlp.experts.{proj}_{part}").nbytes
+                   for proj in ("gate_up_proj", "down_proj") for part in ("blocks", "scales"))
+
+
+def test_mxfp4_experts_dequantize_to_transformers_own_values(mxfp4_gpt_oss):
+    from safetensors import safe_open
+
+    from engine.quantized.mxfp4 import dense
+
+    model_dir, ref = mxfp4_gpt_oss
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         ours = dense(f.get_tensor("model.layers.0.mlp.experts.gate_up_proj_blocks"),
                      f.get_tensor("model.layers.0.mlp.experts.gate_up_proj_scales"), torch.float32, "gate_up_proj")
     assert torch.equal(ours, ref.model.layers[0].mlp.experts.gate_up_proj.data)
+
+
+def test_mxfp4_experts_compute_in_their_checkpoint_form_token_exact_with_transformers(mxfp4_gpt_oss, monkeypatch):
+    """Every expert's gate_up and down kept as the checkpoint's bytes (engine/kernels/mxfp4_linear.py), every routed
+    expert of a step in one kernel call (engine/kernels/mxfp4_experts.py): greedy float32 tokens equal those of
+    transformers' dequantized model."""
+    from engine.kernels import mxfp4_experts
+    from engine.kernels.mxfp4_linear import Mxfp4Weight, available
+    from engine.memory.footprint import layer_bytes
+
+    if not available():
+        pytest.skip("the project's kernels are not built here: the experts are dequantized (tested below)")
+    model_dir, ref = mxfp4_gpt_oss
     engine = Engine.load(model_dir, dtype="float32")
-    assert engine.spec.quantization.method == "mxfp4"
-    expected = [hf_greedy(ref, engine.tokenizer, p, MAX_NEW, engine.eos_ids) for p in PROMPTS]
-    assert [c.token_ids for c in engine.generate(_reqs(PROMPTS))] == expected
+    spec = engine.spec
+    widened = 3 * spec.num_experts * spec.expert_ffn_size * spec.hidden_size * 4  # float32 experts
+    for i, lw in engine.weights.resident.items():
+        experts = [w for name, w in lw.items() if ".experts." in name and name.endswith(".weight")]
+        assert len(experts) == 2 * spec.num_experts and all(isinstance(w, Mxfp4Weight) for w in experts)
+        packed = _checkpoint_expert_bytes(model_dir, i)
+        assert sum(w.nbytes for w in experts) == packed == widened * 17 // 128  # 4.25 of 32 bits a weight
+        assert engine.weights.layer_bytes[i] == layer_bytes(spec, 4, False) - widened + packed
+    calls, run = [], mxfp4_experts.run
+    monkeypatch.setattr(mxfp4_experts, "run", lambda *a: calls.append(run(*a)) or calls[-1])
+    assert [c.token_ids for c in engine.generate(_reqs(PROMPTS))] == _mxfp4_expected(ref, engine)
+    assert calls and all(y is not None for y in calls)
+
+
+def test_with_the_kernels_off_mxfp4_experts_are_dequantized_at_load(mxfp4_gpt_oss, monkeypatch):
+    """FLEXBATCH_KERNELS=off (no kernels module): the experts are widened to the run's dtype at load, as before, and
+    the tokens are the same."""
+    from engine.kernels import compiled
+
+    monkeypatch.setattr(compiled, "_loaded", [None])
+    model_dir, ref = mxfp4_gpt_oss
+    engine = Engine.load(model_dir, dtype="float32")
+    spec, lw = engine.spec, engine.weights.resident[0]
+    w = lw["mlp.experts.0.gate_up_proj.weight"]
+    assert isinstance(w, torch.Tensor) and w.dtype == torch.float32
+    assert w.shape == (2 * spec.expert_ffn_size, spec.hidden_size)
+    assert [c.token_ids for c in engine.generate(_reqs(PROMPTS))] == _mxfp4_expected(ref, engine)
+
+
+def test_mxfp4_experts_on_disk_are_stored_packed_and_read_by_expert(mxfp4_gpt_oss, tmp_path):
+    """Layers on the disk tier are converted once into the offload folder with their experts packed, and read by
+    expert as tokens route (each expert's projections through the MXFP4 GEMM one at a time): the tokens stay
+    transformers'."""
+    from engine.kernels.mxfp4_linear import available
+
+    if not available():
+        pytest.skip("the project's kernels are not built here")
+    model_dir, ref = mxfp4_gpt_oss
+    engine = Engine.load(model_dir, dtype="float32", policy=Policy(weight_cpu=0.0), offload_dir=tmp_path)
+    store = engine.weights
+    assert sorted(store.streamed) == [0, 1] and not store.plans
+    stored = load_file(next(tmp_path.rglob("layer_0000.safetensors")))
+    packed = {n: t for n, t in stored.items() if n.endswith(".mxfp4")}
+    assert len(packed) == 2 * engine.spec.num_experts and all(t.dtype == torch.uint8 for t in packed.values())
+    assert sum(t.nbytes for t in packed.values()) == _checkpoint_expert_bytes(model_dir, 0)
+    assert [c.token_ids for c in engine.generate(_reqs(PROMPTS))] == _mxfp4_expected(ref, engine)
+    store.close()
 
 
 @pytest.mark.parametrize("variant,fmt", [("qwen2_moe", None), ("qwen3_moe", "int4")])
