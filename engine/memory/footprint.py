@@ -8,6 +8,7 @@ promises is what the engine then needs. Every figure is in bytes."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 
@@ -16,6 +17,8 @@ from engine.kernels import int4_tiles, int8_rows, int8_tiles
 from engine.memory.expert_reads import streams_experts
 from engine.memory.weight_store import globals_tier, head_in_int8
 from engine.policy import Policy
+from engine.quantized.mxfp4 import BLOCK as MXFP4_BLOCK
+from engine.quantized.mxfp4_layer import keeps_packed
 from engine.spec import ModelSpec
 
 ACT_DTYPE = torch.float32  # the residual stream between layers, whatever the compute dtype (engine/models/llama.py)
@@ -68,10 +71,11 @@ def expected_experts(model: ModelSpec, routed: int) -> float:
 
 def expert_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
     """One routed expert as `policy` stores it: its gate, up and down weights in the weight format (dense when not
-    compressed), and its biases dense where the model has them."""
+    compressed; mxfp4_bytes where kept in the checkpoint's MXFP4), and its biases dense where the model has them."""
     h, f = model.hidden_size, model.expert_ffn_size
-    size = ({"int8": int8_bytes, "bf16": bf16_bytes}.get(policy.weight_format, int4_bytes) if policy.compress_weight
-            else lambda o, i: o * i * dtype_bytes)
+    size = (mxfp4_bytes if keeps_packed(model, policy)
+            else {"int8": int8_bytes, "bf16": bf16_bytes}.get(policy.weight_format, int4_bytes)
+            if policy.compress_weight else lambda o, i: o * i * dtype_bytes)
     return sum(size(o, i) for o, i in [(f, h), (f, h), (h, f)]) + (2 * f + h) * dtype_bytes * model.expert_bias
 
 
@@ -115,21 +119,38 @@ def bf16_bytes(out: int, inp: int) -> int:
     return 2 * out * inp
 
 
-def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool, weight_format: str = "int4") -> float:
+def mxfp4_bytes(out: int, inp: int) -> int:
+    """An MXFP4 [out, in] weight in its checkpoint form (engine/kernels/mxfp4_linear.py): 17 bytes per block of 32
+    values along in (16 of codes, one of scale), 4.25 bits a weight."""
+    return out * (inp // MXFP4_BLOCK) * (MXFP4_BLOCK // 2 + 1)
+
+
+def expert_shapes(model: ModelSpec) -> list[tuple[int, int]]:
+    """(out, in) of a mixture's routed experts' weights: each expert's gate, up and down."""
+    h, fe = model.hidden_size, model.expert_ffn_size
+    return [(fe, h), (fe, h), (h, fe)] * model.num_experts
+
+
+def layer_bytes(model: ModelSpec, dtype_bytes: int, compressed: bool, weight_format: str = "int4",
+                mxfp4_experts: bool = False) -> float:
     """W: one layer as stored and moved. Dense: params_per_layer * dtype_bytes; compressed: int4_bytes, int8_bytes
-    or bf16_bytes (by `weight_format`) of each Linear weight plus the norms and biases, which stay dense."""
-    dense = model.params_per_layer * dtype_bytes
-    if not compressed:
-        return dense
-    compressed = linear_shapes(model)[: len(linear_shapes(model)) - len(router_shapes(model))]
-    other = model.params_per_layer - sum(o * i for o, i in compressed)
+    or bf16_bytes (by `weight_format`) of each Linear weight plus the norms and biases, which stay dense. With
+    `mxfp4_experts` (gpt-oss's experts kept in the checkpoint's MXFP4: engine/quantized/mxfp4_layer.py), the routed
+    experts' weights are mxfp4_bytes whatever the format."""
+    shapes = linear_shapes(model)
+    coded = shapes[: len(shapes) - len(router_shapes(model))] if compressed else []
+    packed = expert_shapes(model) if mxfp4_experts else []
+    coded = list((Counter(coded) - Counter(packed)).elements())
     size = {"int8": int8_bytes, "bf16": bf16_bytes}.get(weight_format, int4_bytes)
-    return sum(size(o, i) for o, i in compressed) + other * dtype_bytes
+    plain = model.params_per_layer - sum(o * i for o, i in coded + packed)
+    return sum(size(o, i) for o, i in coded) + sum(mxfp4_bytes(o, i) for o, i in packed) + plain * dtype_bytes
 
 
 def stored_layer_bytes(model: ModelSpec, dtype_bytes: int, policy: Policy) -> float:
-    """W of one layer in the form `policy` stores it (dense, or compressed in its weight format)."""
-    return layer_bytes(model, dtype_bytes, policy.compress_weight, policy.weight_format)
+    """W of one layer in the form `policy` stores it (dense, or compressed in its weight format; MXFP4 experts in
+    their checkpoint form where the run keeps them so: `keeps_packed`)."""
+    return layer_bytes(model, dtype_bytes, policy.compress_weight, policy.weight_format,
+                       keeps_packed(model, policy))
 
 
 def fused_linear_shapes(model: ModelSpec) -> list[tuple[int, int]]:

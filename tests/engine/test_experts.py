@@ -120,10 +120,10 @@ def test_mxfp4_experts_dequantize_to_transformers_own_values(mxfp4_gpt_oss):
 def test_mxfp4_experts_compute_in_their_checkpoint_form_token_exact_with_transformers(mxfp4_gpt_oss, monkeypatch):
     """Every expert's gate_up and down kept as the checkpoint's bytes (engine/kernels/mxfp4_linear.py), every routed
     expert of a step in one kernel call (engine/kernels/mxfp4_experts.py): greedy float32 tokens equal those of
-    transformers' dequantized model."""
+    transformers' dequantized model; the layer and the planner count the same bytes."""
     from engine.kernels import mxfp4_experts
     from engine.kernels.mxfp4_linear import Mxfp4Weight, available
-    from engine.memory.footprint import layer_bytes
+    from engine.memory.footprint import layer_bytes, stored_layer_bytes
 
     if not available():
         pytest.skip("the project's kernels are not built here: the experts are dequantized (tested below)")
@@ -137,16 +137,35 @@ def test_mxfp4_experts_compute_in_their_checkpoint_form_token_exact_with_transfo
         packed = _checkpoint_expert_bytes(model_dir, i)
         assert sum(w.nbytes for w in experts) == packed == widened * 17 // 128  # 4.25 of 32 bits a weight
         assert engine.weights.layer_bytes[i] == layer_bytes(spec, 4, False) - widened + packed
+        assert engine.weights.layer_bytes[i] == stored_layer_bytes(spec, 4, engine.policy)
     calls, run = [], mxfp4_experts.run
     monkeypatch.setattr(mxfp4_experts, "run", lambda *a: calls.append(run(*a)) or calls[-1])
     assert [c.token_ids for c in engine.generate(_reqs(PROMPTS))] == _mxfp4_expected(ref, engine)
     assert calls and all(y is not None for y in calls)
 
 
+@pytest.mark.parametrize("dtype,fmt", [("bfloat16", None), ("float32", "int4"), ("float32", "int8")])
+def test_the_footprint_counts_mxfp4_experts_at_their_checkpoint_bytes_beside_any_format(mxfp4_gpt_oss, tmp_path,
+                                                                                      dtype, fmt):
+    """Compressed runs compress the other Linear weights and keep the experts packed; the planner's figure for a
+    layer is the engine's."""
+    from engine.kernels.mxfp4_linear import Mxfp4Weight, available
+    from engine.memory.footprint import stored_layer_bytes
+
+    if not available():
+        pytest.skip("the project's kernels are not built here")
+    policy = Policy(compress_weight=True, weight_format=fmt) if fmt else Policy()
+    engine = Engine.load(mxfp4_gpt_oss[0], dtype=dtype, policy=policy, offload_dir=tmp_path)
+    assert isinstance(engine.weights.get(0, "cpu")["mlp.experts.0.down_proj.weight"], Mxfp4Weight)
+    assert engine.weights.layer_bytes[0] == stored_layer_bytes(engine.spec, engine.dtype.itemsize, policy)
+    engine.weights.settle()
+
+
 def test_with_the_kernels_off_mxfp4_experts_are_dequantized_at_load(mxfp4_gpt_oss, monkeypatch):
     """FLEXBATCH_KERNELS=off (no kernels module): the experts are widened to the run's dtype at load, as before, and
-    the tokens are the same."""
+    the tokens are the same; the footprint counts them widened too."""
     from engine.kernels import compiled
+    from engine.memory.footprint import stored_layer_bytes
 
     monkeypatch.setattr(compiled, "_loaded", [None])
     model_dir, ref = mxfp4_gpt_oss
@@ -155,13 +174,14 @@ def test_with_the_kernels_off_mxfp4_experts_are_dequantized_at_load(mxfp4_gpt_os
     w = lw["mlp.experts.0.gate_up_proj.weight"]
     assert isinstance(w, torch.Tensor) and w.dtype == torch.float32
     assert w.shape == (2 * spec.expert_ffn_size, spec.hidden_size)
+    assert engine.weights.layer_bytes[0] == stored_layer_bytes(spec, 4, engine.policy)
     assert [c.token_ids for c in engine.generate(_reqs(PROMPTS))] == _mxfp4_expected(ref, engine)
 
 
 def test_mxfp4_experts_on_disk_are_stored_packed_and_read_by_expert(mxfp4_gpt_oss, tmp_path):
     """Layers on the disk tier are converted once into the offload folder with their experts packed, and read by
     expert as tokens route (each expert's projections through the MXFP4 GEMM one at a time): the tokens stay
-    transformers'."""
+    transformers'; the planner prices a one-token step's read as the engine reads it."""
     from engine.kernels.mxfp4_linear import available
 
     if not available():
@@ -175,6 +195,9 @@ def test_mxfp4_experts_on_disk_are_stored_packed_and_read_by_expert(mxfp4_gpt_os
     assert len(packed) == 2 * engine.spec.num_experts and all(t.dtype == torch.uint8 for t in packed.values())
     assert sum(t.nbytes for t in packed.values()) == _checkpoint_expert_bytes(model_dir, 0)
     assert [c.token_ids for c in engine.generate(_reqs(PROMPTS))] == _mxfp4_expected(ref, engine)
+    expert = store.streamed[0][1][0].stored_bytes
+    assert routed_layer_bytes(engine.spec, 4, engine.policy, 1) == (store.streamed[0][0].stored_bytes
+                                                                     + engine.spec.experts_per_token * expert)
     store.close()
 
 
