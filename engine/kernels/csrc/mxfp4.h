@@ -4,10 +4,9 @@
 // Weights as gpt-oss's checkpoints store its experts (engine/kernels/mxfp4_linear.py): per output column, per block
 // of 32 inputs, 17 bytes: 16 code bytes (two e2m1 values a byte, the low nibble first) and the block's e8m0 scale,
 // w = E2M1[code] * 2^(scale - 127). Decoded through a 16-entry table scaled by the block's power of two (exact: a
-// value has 2 significant bits), multiplied in float32.
+// value has 2 significant bits), multiplied and summed in float32.
 #pragma once
 #include <stdint.h>
-#include <string.h>
 
 namespace flexbatch {
 
@@ -22,8 +21,8 @@ struct Mxfp4Kernels {
   void (*gemm)(const uint8_t* w, int64_t blocks, const float* x, int64_t ldx, int64_t r0, int64_t r1, int64_t n0,
                int64_t n1, const float* bias, float* y, int64_t ldy);
   // Rows [r0, r1) of gu [R][2F] float32 (gate, then up; row stride ldg) -> gpt-oss's clamped SwiGLU
-  // (min(up, limit) clamped at -limit, + 1) * g sigmoid(alpha g), g = min(gate, limit), into out [R][F] float32 in
-  // block order (row stride ldo), the down projection's input; F a multiple of 32.
+  // (min(up, limit) clamped at -limit, + 1) * g sigmoid(alpha g), g = min(gate, limit), into out [R][F] float32
+  // (row stride ldo).
   void (*clamped_swiglu)(const float* gu, int64_t ldg, float* out, int64_t ldo, int64_t f, float limit, float alpha,
                          int64_t r0, int64_t r1);
 };
@@ -33,14 +32,25 @@ const Mxfp4Kernels* avx2_mxfp4();
 
 namespace {
 
-// The e8m0 scale's power of two as float32, exactly: 2^(s - 127), a subnormal for s = 0 (255, NaN in the format,
-// reads as 2^128 = inf).
-inline float e8m0(uint8_t s) {
-  const uint32_t bits = s ? (uint32_t)s << 23 : 0x00400000u;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
+// Each e8m0 scale's power of two as float32, exactly: 2^(s - 127), a subnormal for s = 0 (255, NaN in the format,
+// reads as inf). A constant table: a kernel's broadcast of its block's scale is then one load.
+struct Scales {
+  float of[256];
+};
+
+constexpr Scales make_scales() {
+  Scales t{};
+  float p = 1.0f;
+  for (int i = 0; i < 127; ++i) p *= 0.5f;  // 2^-127
+  for (int s = 0; s < 255; ++s) {
+    t.of[s] = p;
+    if (s < 254) p *= 2.0f;  // up to 2^127: float32's largest power of two
+  }
+  t.of[255] = __builtin_inff();
+  return t;
 }
+
+constexpr Scales kScales = make_scales();
 
 }  // namespace
 }  // namespace flexbatch

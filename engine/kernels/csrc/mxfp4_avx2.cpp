@@ -35,7 +35,7 @@ void tile(const uint8_t* w, int64_t blocks, const float* x, int64_t ldx, int64_t
     __m256 scaled[C];
     for (int c = 0; c < C; ++c) {
       p[c] = w + ((n + c) * blocks + b) * kMxBlockBytes;
-      scaled[c] = _mm256_mul_ps(lut, _mm256_set1_ps(e8m0(p[c][16])));
+      scaled[c] = _mm256_mul_ps(lut, _mm256_set1_ps(kScales.of[p[c][16]]));
     }
     for (int h = 0; h < 2; ++h) {
       __m256i v[C];
@@ -59,24 +59,38 @@ void tile(const uint8_t* w, int64_t blocks, const float* x, int64_t ldx, int64_t
     for (int c = 0; c < C; ++c) y[(r0 + r) * ldy + n + c] = hsum(acc[r][c]) + (bias ? bias[n + c] : 0.0f);
 }
 
-template <int C>
-void column_rows(const uint8_t* w, int64_t blocks, const float* x, int64_t ldx, int64_t r0, int64_t r1, int64_t n,
-                 const float* bias, float* y, int64_t ldy) {
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) tile<4, C>(w, blocks, x, ldx, r, n, bias, y, ldy);
-  switch (r1 - r) {
-    case 3: tile<3, C>(w, blocks, x, ldx, r, n, bias, y, ldy); break;
-    case 2: tile<2, C>(w, blocks, x, ldx, r, n, bias, y, ldy); break;
-    case 1: tile<1, C>(w, blocks, x, ldx, r, n, bias, y, ldy); break;
-    default: break;
+// The last `left` (< R) rows of a column group: one tile of that many rows.
+template <int R, int C>
+void last_rows(int64_t left, const uint8_t* w, int64_t blocks, const float* x, int64_t ldx, int64_t r0, int64_t n,
+               const float* bias, float* y, int64_t ldy) {
+  if constexpr (R > 0) {
+    if (left == R) return tile<R, C>(w, blocks, x, ldx, r0, n, bias, y, ldy);
+    last_rows<R - 1, C>(left, w, blocks, x, ldx, r0, n, bias, y, ldy);
   }
 }
 
+// Columns [n0, n1) in groups of C (the last group narrower), each over rows [r0, r1) in tiles of up to R rows.
+template <int R, int C>
+void columns(const uint8_t* w, int64_t blocks, const float* x, int64_t ldx, int64_t r0, int64_t r1, int64_t n0,
+             int64_t n1, const float* bias, float* y, int64_t ldy) {
+  int64_t n = n0;
+  for (; n + C <= n1; n += C) {
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) tile<R, C>(w, blocks, x, ldx, r, n, bias, y, ldy);
+    last_rows<R - 1, C>(r1 - r, w, blocks, x, ldx, r, n, bias, y, ldy);
+  }
+  if constexpr (C > 1)
+    if (n < n1) columns<R, C - 1>(w, blocks, x, ldx, r0, r1, n, n1, bias, y, ldy);
+}
+
+// Up to 4 rows: 2 columns at a time (8 accumulators); more: 8 rows x 1 column, so that up to 8 rows decode each
+// block once.
 void gemm(const uint8_t* w, int64_t blocks, const float* x, int64_t ldx, int64_t r0, int64_t r1, int64_t n0,
           int64_t n1, const float* bias, float* y, int64_t ldy) {
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) column_rows<2>(w, blocks, x, ldx, r0, r1, n, bias, y, ldy);
-  if (n < n1) column_rows<1>(w, blocks, x, ldx, r0, r1, n, bias, y, ldy);
+  if (r1 - r0 <= 4)
+    columns<4, 2>(w, blocks, x, ldx, r0, r1, n0, n1, bias, y, ldy);
+  else
+    columns<8, 1>(w, blocks, x, ldx, r0, r1, n0, n1, bias, y, ldy);
 }
 
 // 1 / (1 + e^-z): Cephes' e^x (lanes.h) on -z clamped to [-87, 88], scaled by 2 * 2^(n - 1) through the exponent
@@ -93,21 +107,14 @@ inline __m256 sigmoid(__m256 z) {
   return _mm256_div_ps(one, _mm256_add_ps(one, e));
 }
 
-// One row: each block of 32 gated values computed in order, then stored evens first, odds after (block order).
+// One row; f a multiple of 8 (of 32: whole blocks).
 void clamped_swiglu(const float* gu, float* out, int64_t f, float limit, float alpha) {
   const __m256 lim = _mm256_set1_ps(limit), neg = _mm256_set1_ps(-limit), a = _mm256_set1_ps(alpha);
   const __m256 one = _mm256_set1_ps(1.0f);
-  for (int64_t j = 0; j < f; j += kMxBlock) {
-    float v[kMxBlock];
-    for (int q = 0; q < kMxBlock; q += 8) {
-      const __m256 g = _mm256_min_ps(_mm256_loadu_ps(gu + j + q), lim);
-      const __m256 u = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(gu + f + j + q), lim), neg);
-      _mm256_storeu_ps(v + q, _mm256_mul_ps(_mm256_add_ps(u, one), _mm256_mul_ps(g, sigmoid(_mm256_mul_ps(g, a)))));
-    }
-    for (int i = 0; i < kMxBlock / 2; ++i) {
-      out[j + i] = v[2 * i];
-      out[j + kMxBlock / 2 + i] = v[2 * i + 1];
-    }
+  for (int64_t j = 0; j < f; j += 8) {
+    const __m256 g = _mm256_min_ps(_mm256_loadu_ps(gu + j), lim);
+    const __m256 u = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(gu + f + j), lim), neg);
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_add_ps(u, one), _mm256_mul_ps(g, sigmoid(_mm256_mul_ps(g, a)))));
   }
 }
 

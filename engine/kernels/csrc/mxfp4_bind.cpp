@@ -39,14 +39,15 @@ const float* float_bias(const at::Tensor& b, int64_t n, std::vector<at::Tensor>&
   return held.back().data_ptr<float>();
 }
 
-// x [R, K] -> float32 [R, K] in block order (mxfp4.h): each block of 32 inputs as its 16 evens, then its 16 odds.
+// Rows x [R, K] as the GEMM takes them: float32 in block order (mxfp4.h), each block of 32 inputs as its 16 evens,
+// then its 16 odds.
 at::Tensor block_order(const at::Tensor& x) {
   const int64_t R = x.size(0), K = x.size(1);
   TORCH_CHECK(K % kMxBlock == 0, "mxfp4: rows of ", K, " values are not whole blocks of ", kMxBlock);
   return x.to(at::kFloat).reshape({R, K / kMxBlock, kMxBlock / 2, 2}).transpose(2, 3).contiguous().view({R, K});
 }
 
-// y [R, n] float32: each part's rows of x (block order) times its weight's transpose, plus its bias.
+// y [R, n] float32: each part's rows of x (in block order) times its weight's transpose, plus its bias.
 void gemm_parts(const std::vector<Part>& parts, int64_t n, int64_t blocks, const at::Tensor& x, at::Tensor& y) {
   const int64_t col_items = (n + kItemCols - 1) / kItemCols;
   std::vector<int64_t> items{0};  // items[j]: part j's first work item
@@ -59,9 +60,9 @@ void gemm_parts(const std::vector<Part>& parts, int64_t n, int64_t blocks, const
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t j = std::upper_bound(items.begin(), items.end(), i) - items.begin() - 1;
       const int64_t local = i - items[j], r0 = parts[j].r0 + local / col_items * kItemRows;
-      const int64_t n0 = local % col_items * kItemCols;
-      k.gemm(parts[j].w, blocks, xp, ldx, r0, std::min(parts[j].r1, r0 + kItemRows), n0, std::min(n, n0 + kItemCols),
-             parts[j].bias, yp, n);
+      const int64_t r1 = std::min(parts[j].r1, r0 + kItemRows), n0 = local % col_items * kItemCols;
+      const int64_t n1 = std::min(n, n0 + kItemCols);
+      k.gemm(parts[j].w, blocks, xp, ldx, r0, r1, n0, n1, parts[j].bias, yp, n);
     }
   });
 }
@@ -82,7 +83,7 @@ at::Tensor mxfp4_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
 
 // rows [R, H] float32 or bfloat16, grouped by expert (`starts`: each expert's first row, then R); each expert's
 // gate_up [2F, H / 32, 17] (gate rows, then up rows) and bias [2F], down [H, F / 32, 17] and bias [H]
-// -> down(clamped SwiGLU(gate_up + bias)) + bias [R, H] in rows' dtype.
+// -> down(clamped SwiGLU(gate_up + bias)) + bias [R, H] in rows' dtype, float32 between the two GEMMs.
 at::Tensor mxfp4_experts(const at::Tensor& rows, const std::vector<int64_t>& starts,
                          const std::vector<at::Tensor>& gate_up, const std::vector<at::Tensor>& gate_up_bias,
                          const std::vector<at::Tensor>& down, const std::vector<at::Tensor>& down_bias, double limit,
@@ -115,7 +116,7 @@ at::Tensor mxfp4_experts(const at::Tensor& rows, const std::vector<int64_t>& sta
     k.clamped_swiglu(gate_up_out.data_ptr<float>(), two_f, gated.data_ptr<float>(), f, f, (float)limit, (float)alpha,
                      r0, r1);
   });
-  gemm_parts(dn, h, f / kMxBlock, gated, y);
+  gemm_parts(dn, h, f / kMxBlock, block_order(gated), y);
   return y.to(rows.scalar_type());
 }
 
