@@ -97,3 +97,12 @@ def check_home_bytes(tmp_path, tiny_llama_dir, policy, dtype="float32"):
 def test_a_mixtures_bytes_match_the_engine(tmp_path, checkpoint, variant, policy):
     """Every expert is stored (all of them count, compressed or not), its router stays as it is."""
     check_home_bytes(tmp_path, checkpoint(variant), policy)
+
+
+@pytest.mark.parametrize("policy", [POLICIES[0], POLICIES[2], POLICIES[4]], ids=["cpu", "compressed-disk", "int8-disk"])
+def test_mxfp4_experts_bytes_match_the_engine(tmp_path, policy):
+    """gpt-oss's MXFP4 experts count at their checkpoint bytes where the run keeps them packed (every layer on the
+    CPU, the kernels built), dequantized where it does not (a layer on the GPU)."""
+    from tests.quantized_checkpoints import make_mxfp4_gpt_oss
+
+    check_home_bytes(tmp_path, make_mxfp4_gpt_oss(tmp_path / "checkpoint"), policy)
