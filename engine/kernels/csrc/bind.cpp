@@ -16,6 +16,7 @@ void bind_layer(pybind11::module_& m);
 void bind_attn(pybind11::module_& m);
 void bind_moe(pybind11::module_& m);
 void bind_mxfp4(pybind11::module_& m);
+void bind_bf16w(pybind11::module_& m);
 
 namespace {
 
@@ -61,4 +62,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   flexbatch::bind_attn(m);
   flexbatch::bind_moe(m);
   flexbatch::bind_mxfp4(m);
+  flexbatch::bind_bf16w(m);
 }
