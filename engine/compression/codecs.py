@@ -21,7 +21,8 @@ from engine.compression.int4 import DEFAULT_CONFIG, QTensor, QuantConfig, dequan
 from engine.compression.int8 import FORMAT as INT8_FORMAT
 from engine.compression.int8 import Int8Weight, dequantize_int8, quantize_int8
 from engine.errors import InvalidParamsError
-from engine.kernels import int4_tiles, int8_tiles
+from engine.kernels import bf16_tiles, int4_tiles, int8_tiles
+from engine.kernels.bf16_tiles import Bf16Tiles
 from engine.kernels.int4_tiles import Int4Tiles
 from engine.kernels.int8_tiles import Int8Tiles
 from engine.memory.kv_cache import QuantKVCache
@@ -109,6 +110,9 @@ class WeightCodec:
                                                                w.codes.device).view(w.codes.shape))
         if isinstance(w, Bf16Weight):
             return _buffer(buffers, name, w.values.numel(), self.dtype, w.values.device).view(w.shape).copy_(w.values)
+        if isinstance(w, Bf16Tiles):
+            n, k = w.shape
+            return bf16_tiles.dequantize(w, self.dtype, out=_buffer(buffers, name, n * k, self.dtype, w.values.device))
         if isinstance(w, Int8Tiles):
             return int8_tiles.dequantize(w, self.dtype, out=_buffer(buffers, name, w.codes.numel(), self.dtype,
                                                                     w.codes.device))

@@ -14,7 +14,9 @@ is taken.
            int4 GEMM (`_weight_int4pack_mm_for_cpu`), for layers packed once at load
     int8   int8 x int8 GEMM with activations quantized per row: the project's kernel over its tiles for layers
            packed once at load (engine/kernels/int8_tiles.py) or over the codes as stored for layers read anew
-           (engine/kernels/int8_rows.py), else PyTorch's (`engine/compression/int8.py`)"""
+           (engine/kernels/int8_rows.py), else PyTorch's (`engine/compression/int8.py`)
+    bf16   bfloat16 weights of a float32 run (weights at rest): the project's bf16 x float32 kernel over its tiles
+           (engine/kernels/bf16_tiles.py) for layers packed once at load, else widened to float32 + the dense GEMM"""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ import torch.nn.functional as F
 
 from engine.compression.int4 import Int4Packed
 from engine.compression.int8 import Int8Weight, dequantize_int8
-from engine.kernels import int4_tiles, int8_rows, int8_tiles
+from engine.kernels import bf16_tiles, int4_tiles, int8_rows, int8_tiles
+from engine.kernels.bf16_tiles import Bf16Tiles
 from engine.kernels.int4_tiles import Int4Tiles
 from engine.kernels.int8_rows import Int8Rows
 from engine.kernels.int8_tiles import Int8Tiles
@@ -37,13 +40,13 @@ LARGEST_MEASURED = ROWS[-1]
 
 @dataclass(frozen=True)
 class QWeight:
-    """A compressed Linear weight as kept: `stored` (QTensor or Int8Weight) for the dense path, `fast` (the
-    compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows). A
-    weight in the project's tiles (4-bit or int8) keeps no stored form (None): its dense path dequantizes the
-    tiles."""
+    """A compressed Linear weight as kept: `stored` (QTensor, Int8Weight or Bf16Weight) for the dense path, `fast`
+    (the compressed kernel's operand, or None where there is none) and the row counts it serves (<= max_rows). A
+    weight in the project's tiles (4-bit, int8 or bf16) keeps no stored form (None): its dense path dequantizes
+    (or widens) the tiles."""
 
     stored: object
-    fast: Int4Tiles | Int4Packed | Int8Tiles | Int8Rows | Int8Weight | None
+    fast: Int4Tiles | Int4Packed | Int8Tiles | Int8Rows | Int8Weight | Bf16Tiles | None
     max_rows: int
 
 
@@ -94,7 +97,7 @@ class QLinear:
     def takes_kernel(self, rows: int) -> bool:
         """Whether a call of `rows` rows runs the compressed kernel on all of them at once."""
         w = self.weight
-        takes_any_rows = isinstance(w.fast, (Int8Tiles, Int8Rows, Int8Weight, Int4Tiles))
+        takes_any_rows = isinstance(w.fast, (Int8Tiles, Int8Rows, Int8Weight, Int4Tiles, Bf16Tiles))
         return self.uses_fast(rows) or (takes_any_rows and w.max_rows >= LARGEST_MEASURED)
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -109,7 +112,10 @@ class QLinear:
         return y if b is None else y.add_(b)
 
 
-def _kernel(x: torch.Tensor, fast: Int4Tiles | Int4Packed | Int8Tiles | Int8Rows | Int8Weight) -> torch.Tensor:
+def _kernel(x: torch.Tensor,
+            fast: Int4Tiles | Int4Packed | Int8Tiles | Int8Rows | Int8Weight | Bf16Tiles) -> torch.Tensor:
+    if isinstance(fast, Bf16Tiles):
+        return bf16_tiles.linear(x, fast)
     if isinstance(fast, Int8Tiles):
         return int8_tiles.linear(x, fast)
     if isinstance(fast, (Int8Rows, Int8Weight)):

@@ -30,6 +30,7 @@ from engine.compression.bf16 import Bf16Weight
 from engine.compression.int8 import Int8Weight, quantize_int8
 from engine.compression.qlinear import QLinear, QWeight, one_call
 from engine.kernels import (
+    bf16_tiles,
     int4_tiles,
     int8_rows,
     int8_tiles,
@@ -190,19 +191,30 @@ def int8_head(gw: LayerWeights, tied: bool, dtype: torch.dtype) -> LayerWeights:
 def qweight(w, dtype: torch.dtype, pack: bool) -> QWeight:
     """A QTensor, Int8Weight or Bf16Weight as a QWeight, packed for its kernel where `pack` (done once, for weights
     kept in memory): int8 in the kernel's tiles (engine/kernels/int8_tiles.py), which replace the stored codes, or
-    else computed on its codes as they are (a layer read anew at every step); int4 is packed only where its
-    kernel computes it at some row count."""
+    else computed on its codes as they are (a layer read anew at every step); int4 and bf16 are packed only where
+    their kernel computes them at some row count."""
     if isinstance(w, Int8Weight):
         n, k = w.codes.shape
         rows = max_rows("int8", n, k, dtype)
         if pack and int8_rows.available() and w.codes.device.type == "cpu":  # kept in the tiles alone
             return QWeight(None, int8_tiles.pack(w), rows)
         return QWeight(w, int8_rows.pack_fast(w), rows)
-    if isinstance(w, Bf16Weight):  # no kernel of its own: widened, then the dense GEMM
-        return QWeight(w, None, 0)
+    if isinstance(w, Bf16Weight):
+        return bf16_qweight(w, dtype, pack)
     n, k = w.shape
     fast = int4_tiles.pack_fast(w) if pack else None
     rows = max_rows("int4", n, k, dtype) if fast is not None else 0
     if rows and isinstance(fast, Int4Tiles):  # kept in the tiles alone: the calls it does not take dequantize them
         return QWeight(None, fast, rows)
     return QWeight(w, fast if rows else None, rows)
+
+
+def bf16_qweight(w: Bf16Weight, dtype: torch.dtype, pack: bool) -> QWeight:
+    """A bfloat16 weight at rest as a QWeight: in the bf16 kernel's tiles alone (engine/kernels/bf16_tiles.py) where
+    `pack` and its rule takes float32 calls of some row count on this machine class, else as stored (widened, then
+    the dense GEMM, at every row count)."""
+    n, k = w.shape
+    rows = max_rows("bf16", n, k, dtype) if dtype == torch.float32 and bf16_tiles.available() else 0
+    if pack and rows and w.values.device.type == "cpu":
+        return QWeight(None, bf16_tiles.pack(w.values), rows)
+    return QWeight(w, None, 0)

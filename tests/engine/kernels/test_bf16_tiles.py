@@ -1,11 +1,19 @@
 """The bfloat16-weight x float32 kernel (engine/kernels/bf16_tiles.py): float32 products of the weight as stored,
-each row's outputs independent of the rows beside it, and its layout undone exactly."""
+each row's outputs independent of the rows beside it, its layout undone exactly, and a float32 run over bfloat16
+weights at rest through it giving transformers' greedy tokens over the same weights widened to float32."""
 
 import pytest
 import torch
 
+from engine.compression.qlinear import QLinear
+from engine.engine import Engine
 from engine.kernels import bf16_tiles
+from engine.kernels.bf16_tiles import Bf16Tiles
+from engine.policy import Policy
+from engine.request import Request, SamplingParams
+from jobs.bench import models as bm
 from tests.engine.kernels.own_isas import isas
+from tests.engine.reference import hf_model
 
 pytestmark = pytest.mark.skipif(not isas(), reason="the own kernels are not built for this CPU")
 
@@ -45,3 +53,34 @@ def test_leading_dimensions_and_strided_rows_are_taken():
     y = bf16_tiles.linear(x, bf16_tiles.pack(w))
     assert y.shape == (2, 3, 40)
     torch.testing.assert_close(y, x @ w.float().T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def bf16_checkpoint(tmp_path_factory):
+    return bm.build_checkpoint("tiny", tmp_path_factory.mktemp("bf16-cache"))  # saved in bfloat16
+
+
+def hf_tokens(model, prompt: list[int], new: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                             min_new_tokens=new, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("isa", isas())
+def test_bf16_weights_at_rest_give_the_float32_tokens_of_the_bf16_weights(bf16_checkpoint, pinned, isa,
+                                                                           compressed_kernels):
+    """Weights kept in bfloat16, activations and KV cache in float32, every Linear through the kernel: greedy
+    tokens equal transformers' float32 over the checkpoint's bfloat16 weights (widening them is exact)."""
+    pinned(isa)
+    policy = Policy(gbs=4, num_gb=1, compress_weight=True, weight_format="bf16")
+    eng = Engine.load(bf16_checkpoint, dtype="float32", policy=policy)
+    linear = [w for w in eng.weights.get(0, "cpu").values() if isinstance(w, QLinear)]
+    assert linear and all(isinstance(w.weight.fast, Bf16Tiles) for w in linear)
+    prompts = [p[:n] for p, n in zip(bm.prompt_ids(4, 11, eng.spec.vocab_size, seed=5), (11, 3, 8, 1))]
+    new = 16
+    got = eng.generate([Request(str(i), "", SamplingParams(max_new_tokens=new), prompt_ids=tuple(p))
+                        for i, p in enumerate(prompts)])
+    ref = hf_model(bf16_checkpoint)
+    assert [c.token_ids for c in got] == [hf_tokens(ref, p, new) for p in prompts]
