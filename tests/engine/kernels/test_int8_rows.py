@@ -1,6 +1,7 @@
 """The int8 x int8 kernel (engine/kernels/int8_rows.py) against the same arithmetic written in PyTorch, on every
-instruction set this CPU runs, its tile layout's (engine/kernels/int8_tiles.py) equal to it bit for bit, and the
-fallback where the kernels are off."""
+instruction set this CPU runs (AVX-512 VNNI's vpdpbusd, AVX2's vpmaddubsw + vpmaddwd for CPUs without VNNI, equal
+bit for bit), its tile layout's (engine/kernels/int8_tiles.py) equal to it bit for bit, and the fallback where the
+kernels are off."""
 
 import pytest
 import torch
@@ -40,12 +41,28 @@ def test_kernel_equals_the_reference_arithmetic(pinned, isa, n, k, rows, dtype):
     assert torch.equal(int8_tiles.linear(x, int8_tiles.pack(w)), y)
 
 
+@pytest.mark.parametrize("isa", isas())
+def test_the_largest_products_sum_exactly(pinned, isa):
+    """Weight codes of -128 and 127 times activation codes of +-127: AVX2 (no VNNI) multiplies pairs with vpmaddubsw
+    into int16 as |w| times x with w's sign, at most 2 * 128 * 127 = 32,512 a pair, below int16's 32,767, so the
+    sums are exact as VNNI's int32 ones: both equal the integer dot product rescaled in float32, bit for bit."""
+    pinned(isa)
+    g = torch.Generator().manual_seed(7)
+    codes = torch.tensor([-128, 127, -127], dtype=torch.int8)[torch.randint(0, 3, (40, 1000), generator=g)]
+    w = Int8Weight(codes, torch.rand(40, generator=g) + 0.5)
+    x = torch.where(torch.rand(3, 1000, generator=g) < 0.5, -1.0, 1.0)  # every code +-127, scale 1 / 127
+    dot = (x.round().long() * 127) @ codes.long().T
+    expected = dot.float() * (torch.tensor(1.0) / 127 * w.scales)
+    assert torch.equal(int8_rows.fast_linear(x, int8_rows.pack_fast(w)), expected)
+    assert torch.equal(int8_tiles.linear(x, int8_tiles.pack(w)), expected)
+
+
 @needs_both
 def test_both_instruction_sets_agree(pinned):
     w = int8_rows.pack_fast(quantize_int8(torch.randn(80, 333)))
     x = torch.randn(9, 333)
     a, b = on_both(pinned, lambda: int8_rows.fast_linear(x, w))
-    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert torch.equal(a, b)  # exact integer sums, the same rescale
 
 
 def test_kernels_off_keep_the_pytorch_path(monkeypatch):
