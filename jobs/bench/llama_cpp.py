@@ -284,5 +284,8 @@ def line_name(fmt: str) -> str:
 
 
 def same_bits_line(fmt: str, dtype: str) -> str:
-    """The flexbatch line whose weights have the width of GGUF type `fmt` (bf16: the uncompressed line)."""
+    """The flexbatch line whose weights have the width of GGUF type `fmt` (bf16: the uncompressed line; in a float32
+    run the line with bfloat16 weights at rest, whose weights are as many bytes as the GGUF's)."""
+    if fmt == "bf16" and dtype == "float32":
+        return "flexbatch float32 bf16"
     return f"flexbatch {dtype}{FORMATS[fmt]}"

@@ -11,7 +11,9 @@ compare today's families with llama.cpp on the presets qwen3-100m and gemma3-100
 mixtral-800m and qwen3moe-700m (jobs/bench/models.py).
 
 Lines: flexbatch uncompressed in the run's dtype (with --backend aten also without oneDNN's reordered dense weights:
-the line "... aten"), with int4 and with int8 weights, and CTranslate2 (the `bench`
+the line "... aten"), with int4 and with int8 weights, in a float32 run also with bfloat16 weights at rest (the line
+"flexbatch float32 bf16": a bf16 checkpoint's weights kept as they are, activations and KV cache float32), and
+CTranslate2 (the `bench`
 extra) int8 and in the run's dtype, converted with its Transformers converter. Each line loads in a process of its
 own (jobs/bench/line_process.py: two engines in one process slow each other), and the lines' generations are timed
 inside those processes, interleaved round by round, one at a time (the machine is shared: the median of the rounds
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 WORKLOADS = {"W1": (32, 512, 32), "W2": (64, 64, 256), "W3": (128, 64, 16),  # rows, prompt tokens, generated
              "short": (96, 64, 16), "gen": (32, 64, 64), "bulk": (512, 128, 32)}
 ENGINE_FORMATS = {"": None, " int4": "int4", " int8": "int8"}  # line suffix -> compressed weight format
+BF16_AT_REST = " bf16"  # the suffix of the float32 line whose weights stay bfloat16 (engine/compression/bf16.py)
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,9 @@ def run_workload(cfg: WorkloadConfig, name: str, model_dir: Path, peak: float | 
 
 def line_specs(cfg: WorkloadConfig, model_dir: Path, prompts) -> dict[str, tuple]:
     """Each line's name and how its process makes it: (function, *arguments)."""
+    formats = ENGINE_FORMATS | ({BF16_AT_REST: "bf16"} if cfg.dtype == "float32" else {})
     specs = {f"flexbatch {cfg.dtype}{suffix}": (engine_line, model_dir, prompts, cfg.dtype, fmt)
-             for suffix, fmt in ENGINE_FORMATS.items()}
+             for suffix, fmt in formats.items()}
     for backend in cfg.backends:
         if backend != "native":
             specs[f"flexbatch {cfg.dtype} {backend}"] = (engine_line, model_dir, prompts, cfg.dtype, None, backend)

@@ -138,6 +138,10 @@ def test_each_llama_cpp_line_is_compared_with_the_flexbatch_line_of_its_weight_w
     assert wl.same_bits_ratio(cfg, res, "llama.cpp Q8_0") == 0.8
     assert wl.same_bits_ratio(cfg, res, "llama.cpp Q4_0") == 1.0
     assert wl.same_bits_ratio(cfg, res, "flexbatch bfloat16") is None
+    # a float32 run: llama.cpp's bf16 beside the float32 line whose weights stay bfloat16 (as many bytes)
+    f32 = {"flexbatch float32": {"tokens_per_s": 100.0}, "flexbatch float32 bf16": {"tokens_per_s": 240.0},
+           "llama.cpp bf16": {"tokens_per_s": 200.0}}
+    assert wl.same_bits_ratio(wl.WorkloadConfig(dtype="float32"), f32, "llama.cpp bf16") == 1.2
     report = {"machine": {"cpu_flags": "avx512_bf16"}, "config": {"dtype": "bfloat16"}, "gemm_peak_gflops": 200.0,
               "workloads": [{"workload": "gen", "rows": 32, "prompt_tokens": 64, "generated": 64, "lines": [
                   {"line": "llama.cpp Q4_0", "tokens_per_s": 250.0, "vs_ct2_int8": None, "gemm_fraction": 0.1,

@@ -77,6 +77,14 @@ def test_backend_aten_adds_an_uncompressed_line_without_reordered_weights(tmp_pa
     assert specs["flexbatch bfloat16 aten"][1:] == (tmp_path, [[1, 2]], "bfloat16", None, "aten")
 
 
+def test_a_float32_run_adds_a_line_with_bfloat16_weights_at_rest(tmp_path):
+    cfg = wl.WorkloadConfig(dtype="float32", ctranslate2=False)
+    specs = wl.line_specs(cfg, tmp_path, [[1, 2]])
+    assert list(specs) == ["flexbatch float32", "flexbatch float32 int4", "flexbatch float32 int8",
+                           "flexbatch float32 bf16"]
+    assert specs["flexbatch float32 bf16"][1:] == (tmp_path, [[1, 2]], "float32", "bf16")
+
+
 def test_ctranslate2_dense_line_falls_back_to_float32_where_bfloat16_is_refused(monkeypatch):
     ctranslate2 = pytest.importorskip("ctranslate2")
     monkeypatch.setattr(ctranslate2, "get_supported_compute_types", lambda device: {"int8", "float32"})
