@@ -14,9 +14,9 @@ MAX_ROWS, from those measurements:
            at every row count (the float32 GEMM has no AMX).
   avx512   the kernels win at every row count (own 4-bit 287 GFLOP/s vs bf16 188 at 1,024 rows on an EPYC Zen 4).
   avx2     the kernels win at every row count (no bf16 GEMM in hardware; the float32 GEMM ~100 GFLOP/s).
-           bf16 weights at rest in a float32 run: the bf16 x float32 kernel up to 256 rows (1 thread, torch held
-           to AVX2 on the AMX Xeon: 28-33 GFLOP/s at 1 row against 2.5 for widening the weight + aten's GEMM,
-           114 against 96-100 at 256; at 1,024 rows 107-114 against 111-116).
+           bf16 weights at rest in a float32 run: the bf16 x float32 kernel up to 512 rows (1 thread, torch held
+           to AVX2 on the AMX Xeon, against widening the weight + aten's GEMM: 28-33 GFLOP/s at 1 row against
+           2.5, 107-117 against 97-100 at 256, 115 against 105-109 at 512; at 1,024 rows 110-114 against 115-118).
   scalar   aten's int4 kernel and int8 x int8 GEMM up to 64 rows (measured on the AMX Xeon without own kernels).
 EVERY means every row count (qlinear runs the kernel on chunks of that many rows beyond it). bf16 weights at rest
 are widened + the dense GEMM on every class but avx2 (the bf16 kernel is written for AVX2 alone)."""
@@ -37,7 +37,7 @@ MAX_ROWS = {  # (machine class, format, compute dtype) -> the largest row count 
     ("amx", "int4", torch.float32): EVERY, ("amx", "int8", torch.float32): EVERY,
     ("scalar", "int4", torch.bfloat16): 64, ("scalar", "int8", torch.bfloat16): 64,
     ("scalar", "int4", torch.float32): 64, ("scalar", "int8", torch.float32): 64,
-    ("avx2", "bf16", torch.float32): 256, ("amx", "bf16", torch.float32): 0, ("avx512", "bf16", torch.float32): 0,
+    ("avx2", "bf16", torch.float32): 512, ("amx", "bf16", torch.float32): 0, ("avx512", "bf16", torch.float32): 0,
     ("scalar", "bf16", torch.float32): 0,
 }
 
