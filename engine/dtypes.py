@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # importable without torch: the CLI's --help needs none
 DTYPE = Option("dtype", kind="choice", choices=DTYPE_CHOICES, default="auto", flag=Flag("--dtype"),
-               help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32.")
+               help="Compute dtype; auto is bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32 "
+                    "(on AVX2 CPUs a bf16 checkpoint's weights are then kept in bf16 unless --compress-weight is "
+                    "given).")
 
 
 @cache

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from engine.compression import bf16
 from engine.errors import InvalidParamsError
 from engine.kernels import compiled
 from engine.memory.footprint import global_bytes, layer_bytes
@@ -116,7 +117,8 @@ def weight_forms(model: ModelSpec, pins: Mapping, allow_compression: bool, dtype
     """The (compress_weight, weight_format) choices: as pinned; else uncompressed, the pinned lossy format where
     compression is allowed or, with no format pinned, both int4 and int8 (the cost model prices each format's
     kernel from the profile, so the search takes whichever is faster where both fit), and bfloat16 at rest
-    wherever it loses nothing: a checkpoint stored in bfloat16 computing in float32 (engine/compression/bf16.py).
+    wherever it loses nothing: a checkpoint stored in bfloat16 computing in float32 (engine/compression/bf16.py),
+    on the avx2 machine class in place of the uncompressed form (`bf16.kept_unasked`, a fixed rule).
     A GPTQ or AWQ checkpoint keeps its own 4-bit form (engine/quantized/repack.py): widening it would hold the
     whole model dense for no gain in accuracy."""
     fmt = pins.get("weight_format", Policy.weight_format)
@@ -126,10 +128,12 @@ def weight_forms(model: ModelSpec, pins: Mapping, allow_compression: bool, dtype
     if quantization in INT4_METHODS and "weight_format" not in pins:
         return [(True, "int4")]
     lossy = [fmt] if "weight_format" in pins else list(LOSSY_FORMATS)
-    forms = [(False, fmt)] + ([(True, f) for f in lossy] if allow_compression else [])
-    if "weight_format" not in pins and dtype_bytes == 4 and model.checkpoint_dtype == "bfloat16" and not quantization:
-        forms.append((True, "bf16"))
-    return forms
+    compressed = [(True, f) for f in lossy] if allow_compression else []
+    if "weight_format" in pins or not bf16.lossless(model, dtype_bytes):
+        return [(False, fmt), *compressed]
+    if bf16.kept_unasked(model, dtype_bytes):  # this machine class's float32 form of a bf16 checkpoint
+        return [(True, "bf16"), *compressed]
+    return [(False, fmt), *compressed, (True, "bf16")]
 
 
 def _modes_for(w, cc, attn, pre, dec, weight_format: str, share_prefix: bool) -> list[dict]:

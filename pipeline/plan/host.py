@@ -9,7 +9,6 @@ policy; as rows finish, refill is chosen again from what they really generated."
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -22,7 +21,9 @@ from pipeline.input.sample import requests_sample, with_prompt_ids
 from pipeline.plan.planning import (
     choose_policy,
     plan_budgets,
+    planned_policy,
     refill_after,
+    unplanned_policy,
     workload_dtype,
     workload_from_sample,
 )
@@ -80,11 +81,9 @@ class EngineHost:
             if work is None:
                 raise ValueError("a planned engine needs the workload it plans for")
             plan = choose_policy(settings, work, spec, budgets=self.budgets)
-            # the planner prices the format's kernel (a pin) but counts 4-bit bytes; the user's format is what runs
-            self.policy = dataclasses.replace(plan.policy, weight_format=settings.pinned("weight_format"))
-            self.prediction = plan.prediction
+            self.policy, self.prediction = planned_policy(settings, plan.policy), plan.prediction
         else:
-            self.policy, self.prediction = settings.policy, None
+            self.policy, self.prediction = unplanned_policy(settings, spec), None
         key = load_key(model, settings, self.policy, self.budgets, spec.num_layers)
         if key == self._key:
             return True

@@ -212,6 +212,30 @@ def choose_policy(settings: EngineSettings, work: Workload, spec: ModelSpec, all
     return plan
 
 
+def planned_policy(settings: EngineSettings, planned: Policy) -> Policy:
+    """The policy an engine runs from the planner's: with the user's weight format (the planner prices a pinned
+    format's kernel but counts 4-bit bytes), unless the planner chose bfloat16 at rest itself, a lossless form it
+    takes unasked (engine/compression/bf16.py)."""
+    chose_bf16 = planned.compress_weight and planned.weight_format == "bf16" and "weight_format" not in settings.pins
+    return planned if chose_bf16 else dataclasses.replace(planned, weight_format=settings.pinned("weight_format"))
+
+
+def unplanned_policy(settings: EngineSettings, spec: ModelSpec) -> Policy:
+    """The policy an engine runs without planning: the pins, Policy's defaults for the rest, and for the weights,
+    where neither compress_weight nor weight_format is pinned, the form this machine class keeps the checkpoint in
+    unasked (`bf16.kept_unasked`: bfloat16 at rest in a float32 run on the avx2 class), as the planner's search
+    does."""
+    from engine.compression import bf16
+    from engine.dtypes import resolve_dtype
+
+    policy = settings.policy
+    if {"compress_weight", "weight_format"} & set(settings.pins):
+        return policy
+    if bf16.kept_unasked(spec, resolve_dtype(settings.dtype).itemsize):
+        return dataclasses.replace(policy, compress_weight=True, weight_format="bf16")
+    return policy
+
+
 def prediction_record(p: Prediction) -> dict:
     return {"seconds": p.total_s, "tokens_per_s": p.tokens_per_s, "prefill_s": p.prefill_s,
             "decode_token_s": p.decode_token_s, "workload": {"prompt_len": p.workload.prompt_len,

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 
 from engine.batching import BLOCKS_PER_CALL
+from engine.policy import Policy
 from engine.request import Completion, Request, SamplingParams
-from engine.spec import load_model_spec
+from engine.spec import load_model_spec, spec_from_config
 from engine.tokenizer import load_tokenizer
 from pipeline.input.sample import SAMPLE_ROWS, requests_sample
 from pipeline.plan.host import EngineHost
-from pipeline.plan.planning import workload_from_sample
+from pipeline.plan.planning import planned_policy, unplanned_policy, workload_from_sample
 from pipeline.plan.settings import EngineSettings
 from planner.hardware import save_hardware
 from tests.planner.specs import server_cpu
@@ -93,3 +94,29 @@ def test_rows_run_in_calls_of_one_block_then_many_each_once_and_in_place(tiny_ll
     by_id = {c.id: c for c in done.completions}
     assert [by_id[c.id].token_ids for c in alone] == [c.token_ids for c in alone]  # as one call computes them
     assert host.measured == (len(requests), sum(c.completion_tokens for c in alone)) and done.seconds > 0
+
+
+BF16_LLAMA = spec_from_config(dict(model_type="llama", hidden_size=256, intermediate_size=704, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                   max_position_embeddings=256, torch_dtype="bfloat16"))
+
+
+def test_without_planning_a_bf16_checkpoint_in_float32_keeps_bf16_weights_on_the_avx2_class(monkeypatch):
+    """The rule the planner's search follows (engine/compression/bf16.py: kept_unasked), for an engine that does not
+    plan; a pinned weight form, a bfloat16 run or another machine class keep the policy as given."""
+    monkeypatch.setattr("engine.compression.bf16.kernel_class", lambda: "avx2")
+    unplanned = unplanned_policy(EngineSettings(dtype="float32", plan=False), BF16_LLAMA)
+    assert unplanned.compress_weight and unplanned.weight_format == "bf16"
+    for pins in ({"compress_weight": False}, {"compress_weight": True}, {"weight_format": "int8"}):
+        settings = EngineSettings(dtype="float32", plan=False, pins=pins)
+        assert unplanned_policy(settings, BF16_LLAMA) == settings.policy
+    assert not unplanned_policy(EngineSettings(dtype="bfloat16", plan=False), BF16_LLAMA).compress_weight
+    monkeypatch.setattr("engine.compression.bf16.kernel_class", lambda: "amx")
+    assert not unplanned_policy(EngineSettings(dtype="float32", plan=False), BF16_LLAMA).compress_weight
+
+
+def test_a_planned_engine_runs_the_bf16_weights_the_planner_chose_and_a_pinned_format_otherwise():
+    at_rest = Policy(compress_weight=True, weight_format="bf16")
+    assert planned_policy(EngineSettings(dtype="float32"), at_rest) == at_rest
+    pinned = EngineSettings(dtype="float32", pins={"compress_weight": True, "weight_format": "int8"})
+    assert planned_policy(pinned, Policy(compress_weight=True)).weight_format == "int8"
