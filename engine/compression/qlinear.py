@@ -80,10 +80,12 @@ def one_call(w: QWeight, dtype: torch.dtype) -> QLinear:
 
 @dataclass
 class QLinear:
-    """One step's view of a QWeight: `dense()` dequantizes on first call, through `make_dense`."""
+    """One step's view of a QWeight: `dense()` dequantizes on first call, through `make_dense`; `gemm` computes the
+    calls the kernel does not take over that dense copy."""
 
     weight: QWeight
     make_dense: Callable[[], torch.Tensor]
+    gemm: Callable[..., torch.Tensor] = F.linear
     _dense: torch.Tensor | None = field(default=None, repr=False)
 
     def dense(self) -> torch.Tensor:
@@ -108,7 +110,7 @@ class QLinear:
             x2 = x.reshape(-1, x.shape[-1])  # measured: run the kernel on chunks of that many rows
             y = torch.cat([_kernel(c, w.fast) for c in x2.split(w.max_rows)]).view(*x.shape[:-1], -1)
         else:
-            return F.linear(x, self.dense(), b)
+            return self.gemm(x, self.dense(), b)
         return y if b is None else y.add_(b)
 
 

@@ -39,7 +39,8 @@ from engine.kernels import (
     onednn_dense,
     prefill_choice,
 )
-from engine.kernels.gemm_choice import max_rows, packs_dense
+from engine.kernels.bf16_tiles import Bf16Tiles
+from engine.kernels.gemm_choice import max_rows, packs_dense, packs_shape
 from engine.kernels.int4_tiles import Int4Tiles
 from engine.kernels.mxfp4_linear import Mxfp4Weight
 from engine.kernels.onednn_dense import OnednnWeight
@@ -164,10 +165,21 @@ class NativeKernels:
         for name, w in [*packed.items(), *((n, t) for n, t in plain.items() if isinstance(t, QWeight))]:
             q = w if isinstance(w, QWeight) else qweight(w, codec.dtype, pack=False)
             kept = q.stored if q.stored is not None else q.fast  # a layer in the kernel's tiles alone
-            out[name] = QLinear(q, partial(codec.dense, name, kept, buffers))
+            out[name] = QLinear(q, partial(codec.dense, name, kept, buffers), self.dense_gemm(q, codec.dtype))
             if q.fast is None:  # dense at every row count: dequantize now (in the prefetch thread)
                 out[name].dense()
         return out, held
+
+
+    def dense_gemm(self, q: QWeight, dtype: torch.dtype):
+        """The GEMM over a QWeight's dense copy: for bfloat16 weights at rest the float32 run's own, oneDNN's where
+        this backend reorders that weight (gemm_choice.packs_dense; over the widened weight as it is, which gives
+        the reordered weight's values bit for bit), so that those calls equal the uncompressed run's; else
+        F.linear."""
+        kept = q.stored if q.stored is not None else q.fast
+        if isinstance(kept, (Bf16Weight, Bf16Tiles)) and self.reorders_dense and packs_shape(*kept.shape, dtype):
+            return onednn_dense.linear_plain
+        return F.linear
 
 
 class AtenKernels(NativeKernels):

@@ -49,6 +49,26 @@ def test_bf16_at_rest_equals_the_float32_run_exactly(bf16_checkpoint, tmp_path, 
     assert 0.5 <= ratio < 0.51  # the Linear weights in half the bytes; the norms stay float32
 
 
+def test_widened_weights_take_onednn_where_the_float32_run_reorders_them(bf16_checkpoint, tmp_path, monkeypatch):
+    """Where the float32 run keeps a weight reordered for oneDNN, the widened bf16 weight goes through oneDNN too
+    (over the plain weight, which gives the same values): still the float32 run's bytes exactly."""
+    from dataclasses import replace
+
+    from engine.kernels import gemm_choice, onednn_dense
+
+    if not gemm_choice.reorders(torch.float32):
+        pytest.skip("oneDNN does not reorder float32 weights on this CPU")
+    monkeypatch.setattr(gemm_choice, "MIN_PACK_PARAMS", 0)  # every weight of the tiny model
+    policy = POLICIES["cpu"]
+    plain_eng, plain = _run(bf16_checkpoint, policy, tmp_path / "plain")
+    bf16_eng, bf16 = _run(bf16_checkpoint, replace(policy, compress_weight=True, weight_format="bf16"),
+                          tmp_path / "bf16")
+    with torch.inference_mode():  # its buffers were made in the run's inference mode
+        linear = [w for w in bf16_eng.weights.get(0, "cpu").values() if not isinstance(w, torch.Tensor)]
+    assert linear and all(w.gemm is onednn_dense.linear_plain for w in linear)
+    assert bf16 == plain
+
+
 def test_the_stored_weights_are_bfloat16_and_widen_to_float32(bf16_checkpoint, tmp_path):
     eng = Engine.load(bf16_checkpoint, dtype="float32", offload_dir=tmp_path,
                       policy=Policy(gbs=1, num_gb=1, weight_cpu=0.0, compress_weight=True, weight_format="bf16"))
